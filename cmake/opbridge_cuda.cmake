@@ -1,0 +1,22 @@
+# CUDA detection: OPBRIDGE_WITH_CUDA=AUTO compiles the CUDA kernels wherever nvcc is found.
+# Defines OPBRIDGE_CUDA_ENABLED, OPBRIDGE_CUDA_VERSION and, when enabled, the
+# opbridge_cuda_kernels static library that opbridge_add_op() fills with .cu files.
+set(OPBRIDGE_CUDA_ENABLED OFF)
+set(OPBRIDGE_CUDA_VERSION "")
+if(OPBRIDGE_WITH_CUDA STREQUAL "OFF")
+  return()
+endif()
+include(CheckLanguage)
+if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+  set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+endif()
+check_language(CUDA)
+if(NOT CMAKE_CUDA_COMPILER)
+  if(OPBRIDGE_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "OPBRIDGE_WITH_CUDA=ON but no CUDA compiler (nvcc) was found")
+  endif()
+  message(STATUS "opbridge: no nvcc found, CUDA kernels not built")
+  return()
+endif()
+set(OPBRIDGE_CUDA_ENABLED ON)
+message(STATUS "opbridge: CUDA kernels enabled (${CMAKE_CUDA_COMPILER})")

@@ -1,0 +1,60 @@
+// opbridge GroupNorm: y = (x - mean_g) / sqrt(var_g + eps) * weight[c] + bias[c]
+//
+// Semantics of torch.nn.functional.group_norm and ONNX GroupNormalization-21: the C channels
+// are split into num_groups groups of C / num_groups consecutive channels; mean and (biased)
+// variance are taken over each group's channels and all trailing ("spatial") elements of one
+// sample; weight and bias are per channel.
+//
+// Layout used by every kernel: x and y are contiguous [N, C, S], where S is the product of the
+// trailing dimensions (1 when there are none).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "opbridge/dtype.h"
+#include "opbridge/parallel.h"
+#include "opbridge/status.h"
+
+namespace opbridge {
+
+// The ONNX op type in domain ai.opbridge: the contract between exporter and ORT library.
+inline constexpr const char* kGroupNormOpType = "GroupNorm";
+
+// Validates GroupNorm arguments; the same checks and messages serve torch and ORT.
+//   rank:        rank of x (must be >= 2)
+//   channels:    x.shape[1]
+//   num_groups:  must be > 0 and divide `channels`
+//   weight_len:  number of elements of weight, or -1 when absent
+//   bias_len:    number of elements of bias, or -1 when absent
+//   eps:         must be finite and >= 0
+//   weight_name: how the caller's API names the per-channel scale ("weight" / "scale")
+Status group_norm_check(int64_t rank, int64_t channels, int64_t num_groups, int64_t weight_len,
+                        int64_t bias_len, double eps, const char* weight_name = "weight");
+
+// Forward on the CPU.
+//   x:      [N, C, S] input
+//   weight: [C] per-channel scale, or nullptr for 1
+//   bias:   [C] per-channel shift, or nullptr for 0
+//   y:      [N, C, S] output (may not alias x)
+//   mean, rstd: optional [N, G] outputs (nullptr to skip) with each group's mean and
+//               1/sqrt(var + eps), in the accumulation type of T
+//   pf:     the caller's parallel-for
+// T is float, double, Half or BFloat16 (accumulation in float for the 16-bit types, in the
+// type itself otherwise). Arguments must already have passed group_norm_check.
+template <class T>
+Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t N, int64_t C,
+                      int64_t S, int64_t num_groups, double eps, acc_t<T>* mean, acc_t<T>* rstd,
+                      const ParallelFor& pf);
+
+// Backward on the CPU: gradients of group_norm with respect to x, weight and bias.
+//   dy, x:   [N, C, S]; weight: [C] or nullptr
+//   dx:      [N, C, S] output, or nullptr to skip
+//   dweight, dbias: [C] outputs, or nullptr to skip
+// The group statistics are recomputed from x (one extra read of x, no saved state).
+template <class T>
+Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, T* dweight,
+                               T* dbias, int64_t N, int64_t C, int64_t S, int64_t num_groups,
+                               double eps, const ParallelFor& pf);
+
+}  // namespace opbridge

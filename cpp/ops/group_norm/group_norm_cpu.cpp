@@ -1,0 +1,251 @@
+// GroupNorm CPU kernels: framework-free, shared by the torch op, the ORT op and opbridge._core.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "opbridge/dtype.h"
+#include "opbridge/group_norm.h"
+
+namespace opbridge {
+
+Status group_norm_check(int64_t rank, int64_t channels, int64_t num_groups, int64_t weight_len,
+                        int64_t bias_len, double eps, const char* weight_name) {
+  if (rank < 2) {
+    return Status::InvalidArgument("x must have rank >= 2 (N, C, *), got rank " + std::to_string(rank));
+  }
+  if (num_groups <= 0) {
+    return Status::InvalidArgument("num_groups must be > 0, got " + std::to_string(num_groups));
+  }
+  if (channels % num_groups != 0) {
+    return Status::InvalidArgument("num_groups must divide the number of channels C = x.shape[1] = " +
+                                   std::to_string(channels) + ", got num_groups = " +
+                                   std::to_string(num_groups));
+  }
+  if (weight_len >= 0 && weight_len != channels) {
+    return Status::InvalidArgument(std::string(weight_name) + " must have C = " + std::to_string(channels) +
+                                   " elements (one per channel), got " + std::to_string(weight_len));
+  }
+  if (bias_len >= 0 && bias_len != channels) {
+    return Status::InvalidArgument("bias must have C = " + std::to_string(channels) +
+                                   " elements (one per channel), got " + std::to_string(bias_len));
+  }
+  if (!(eps >= 0.0) || !std::isfinite(eps)) {
+    return Status::InvalidArgument("eps must be finite and >= 0, got " + std::to_string(eps));
+  }
+  return Status::Ok();
+}
+
+namespace {
+
+// Elements summed in independent lanes before folding into a double. 16 lanes let the compiler
+// keep several SIMD accumulators busy; a block of 2048 keeps each float partial sum short
+// enough (<= 128 terms per lane) that its rounding error stays far below float epsilon * |sum|.
+constexpr int kLanes = 16;
+constexpr int64_t kBlock = 2048;
+
+// sum(x[i] - shift) over n elements, accumulated in blocks of lanes, folded in double.
+template <class T>
+double shifted_sum(const T* x, int64_t n, acc_t<T> shift) {
+  using A = acc_t<T>;
+  double total = 0.0;
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
+    A lanes[kLanes] = {};
+    int64_t i = b0;
+    for (; i + kLanes <= b1; i += kLanes) {
+      for (int l = 0; l < kLanes; ++l) lanes[l] += to_float(x[i + l]) - shift;
+    }
+    for (; i < b1; ++i) lanes[0] += to_float(x[i]) - shift;
+    double s = 0.0;
+    for (int l = 0; l < kLanes; ++l) s += static_cast<double>(lanes[l]);
+    total += s;
+  }
+  return total;
+}
+
+// sum((x[i] - m)^2) over n elements, same blocking as shifted_sum.
+template <class T>
+double sum_sq_dev(const T* x, int64_t n, acc_t<T> m) {
+  using A = acc_t<T>;
+  double total = 0.0;
+  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
+    const int64_t b1 = std::min(n, b0 + kBlock);
+    A lanes[kLanes] = {};
+    int64_t i = b0;
+    for (; i + kLanes <= b1; i += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        const A d = to_float(x[i + l]) - m;
+        lanes[l] += d * d;
+      }
+    }
+    for (; i < b1; ++i) {
+      const A d = to_float(x[i]) - m;
+      lanes[0] += d * d;
+    }
+    double s = 0.0;
+    for (int l = 0; l < kLanes; ++l) s += static_cast<double>(lanes[l]);
+    total += s;
+  }
+  return total;
+}
+
+// Mean and 1/sqrt(var + eps) of the contiguous group g[0..n). Two passes over data that is
+// small enough to stay in cache: the first pass is shifted by g[0] so that a large common
+// offset does not swamp the sum; the second takes deviations from the exact mean, so there is
+// no E[x^2] - E[x]^2 cancellation.
+template <class T>
+void group_stats(const T* g, int64_t n, double eps, double* mean_out, double* rstd_out) {
+  using A = acc_t<T>;
+  const A shift = to_float(g[0]);
+  const double mean = static_cast<double>(shift) + shifted_sum(g, n, shift) / static_cast<double>(n);
+  const double var = sum_sq_dev(g, n, static_cast<A>(mean)) / static_cast<double>(n);
+  *mean_out = mean;
+  *rstd_out = 1.0 / std::sqrt(var + eps);
+}
+
+// Rows of at most this many elements are too small to be worth a parallel task on their own.
+constexpr int64_t kMinTaskElems = 1 << 14;
+
+int64_t grain_for(int64_t elems_per_item) {
+  return std::max<int64_t>(1, kMinTaskElems / std::max<int64_t>(1, elems_per_item));
+}
+
+}  // namespace
+
+template <class T>
+Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t N, int64_t C,
+                      int64_t S, int64_t num_groups, double eps, acc_t<T>* mean, acc_t<T>* rstd,
+                      const ParallelFor& pf) {
+  using A = acc_t<T>;
+  const int64_t G = num_groups;
+  const int64_t Cg = C / G;
+  const int64_t group_elems = Cg * S;
+  if (N == 0 || C == 0) return Status::Ok();
+  pf(N * G, grain_for(group_elems), [&](int64_t begin, int64_t end) {
+    for (int64_t ng = begin; ng < end; ++ng) {
+      const int64_t g = ng % G;
+      const T* xg = x + ng * group_elems;
+      T* yg = y + ng * group_elems;
+      double m = 0.0, r = 0.0;
+      if (group_elems > 0) group_stats(xg, group_elems, eps, &m, &r);
+      if (mean != nullptr) mean[ng] = static_cast<A>(m);
+      if (rstd != nullptr) rstd[ng] = static_cast<A>(r);
+      for (int64_t ci = 0; ci < Cg; ++ci) {
+        const int64_t c = g * Cg + ci;
+        const double w = weight != nullptr ? static_cast<double>(to_float(weight[c])) : 1.0;
+        const double b = bias != nullptr ? static_cast<double>(to_float(bias[c])) : 0.0;
+        // y = x * a + (b - m * a): one multiply-add per element.
+        const A a = static_cast<A>(r * w);
+        const A off = static_cast<A>(b - m * r * w);
+        const T* xc = xg + ci * S;
+        T* yc = yg + ci * S;
+        for (int64_t i = 0; i < S; ++i) yc[i] = from_acc<T>(to_float(xc[i]) * a + off);
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+template <class T>
+Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, T* dweight,
+                               T* dbias, int64_t N, int64_t C, int64_t S, int64_t num_groups,
+                               double eps, const ParallelFor& pf) {
+  using A = acc_t<T>;
+  const int64_t G = num_groups;
+  const int64_t Cg = C / G;
+  const int64_t group_elems = Cg * S;
+  // Per (n, c): sum(dy * (x - mean)) and sum(dy); per (n, g): rstd. Reduced over n below.
+  std::vector<double> ds(static_cast<size_t>(N * C)), db(static_cast<size_t>(N * C));
+  std::vector<double> rstds(static_cast<size_t>(N * G));
+  pf(N * G, grain_for(group_elems), [&](int64_t begin, int64_t end) {
+    for (int64_t ng = begin; ng < end; ++ng) {
+      const int64_t n = ng / G, g = ng % G;
+      const T* xg = x + ng * group_elems;
+      const T* dyg = dy + ng * group_elems;
+      double m = 0.0, r = 0.0;
+      if (group_elems > 0) group_stats(xg, group_elems, eps, &m, &r);
+      rstds[ng] = r;
+      // sum over the group of dxhat and dxhat * xhat, where dxhat = dy * w.
+      double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+      const A mA = static_cast<A>(m);
+      for (int64_t ci = 0; ci < Cg; ++ci) {
+        const int64_t c = g * Cg + ci;
+        const T* xc = xg + ci * S;
+        const T* dyc = dyg + ci * S;
+        A l_ds[kLanes] = {}, l_db[kLanes] = {};
+        double s_ds = 0.0, s_db = 0.0;
+        for (int64_t b0 = 0; b0 < S; b0 += kBlock) {
+          const int64_t b1 = std::min(S, b0 + kBlock);
+          int64_t i = b0;
+          for (; i + kLanes <= b1; i += kLanes) {
+            for (int l = 0; l < kLanes; ++l) {
+              const A d = to_float(dyc[i + l]);
+              l_ds[l] += d * (to_float(xc[i + l]) - mA);
+              l_db[l] += d;
+            }
+          }
+          for (; i < b1; ++i) {
+            const A d = to_float(dyc[i]);
+            l_ds[0] += d * (to_float(xc[i]) - mA);
+            l_db[0] += d;
+          }
+          for (int l = 0; l < kLanes; ++l) {
+            s_ds += static_cast<double>(l_ds[l]);
+            s_db += static_cast<double>(l_db[l]);
+            l_ds[l] = A(0);
+            l_db[l] = A(0);
+          }
+        }
+        ds[n * C + c] = s_ds;
+        db[n * C + c] = s_db;
+        const double w = weight != nullptr ? static_cast<double>(to_float(weight[c])) : 1.0;
+        sum_dxhat += w * s_db;
+        sum_dxhat_xhat += w * s_ds * r;
+      }
+      if (dx == nullptr || group_elems == 0) continue;
+      // dx = r * (w * dy - sum_dxhat / M - xhat * sum_dxhat_xhat / M), xhat = (x - m) * r.
+      const double inv_m = 1.0 / static_cast<double>(group_elems);
+      const double c2 = -r * r * sum_dxhat_xhat * inv_m;
+      const double c3 = -r * sum_dxhat * inv_m - c2 * m;
+      T* dxg = dx + ng * group_elems;
+      for (int64_t ci = 0; ci < Cg; ++ci) {
+        const int64_t c = g * Cg + ci;
+        const double w = weight != nullptr ? static_cast<double>(to_float(weight[c])) : 1.0;
+        const A c1 = static_cast<A>(r * w), c2a = static_cast<A>(c2), c3a = static_cast<A>(c3);
+        const T* xc = xg + ci * S;
+        const T* dyc = dyg + ci * S;
+        T* dxc = dxg + ci * S;
+        for (int64_t i = 0; i < S; ++i) {
+          dxc[i] = from_acc<T>(c1 * to_float(dyc[i]) + c2a * to_float(xc[i]) + c3a);
+        }
+      }
+    }
+  });
+  if (dweight != nullptr || dbias != nullptr) {
+    for (int64_t c = 0; c < C; ++c) {
+      double sw = 0.0, sb = 0.0;
+      for (int64_t n = 0; n < N; ++n) {
+        sw += ds[n * C + c] * rstds[n * G + c / Cg];
+        sb += db[n * C + c];
+      }
+      if (dweight != nullptr) dweight[c] = from_acc<T>(static_cast<A>(sw));
+      if (dbias != nullptr) dbias[c] = from_acc<T>(static_cast<A>(sb));
+    }
+  }
+  return Status::Ok();
+}
+
+#define OPBRIDGE_INSTANTIATE_GROUP_NORM(T)                                                          \
+  template Status group_norm_cpu<T>(const T*, const T*, const T*, T*, int64_t, int64_t,   \
+                                              int64_t, int64_t, double, acc_t<T>*, acc_t<T>*,       \
+                                              const ParallelFor&);                                  \
+  template Status group_norm_backward_cpu<T>(const T*, const T*, const T*, T*, T*, T*, int64_t,     \
+                                             int64_t, int64_t, int64_t, double, const ParallelFor&);
+
+OPBRIDGE_INSTANTIATE_GROUP_NORM(float)
+OPBRIDGE_INSTANTIATE_GROUP_NORM(double)
+OPBRIDGE_INSTANTIATE_GROUP_NORM(Half)
+OPBRIDGE_INSTANTIATE_GROUP_NORM(BFloat16)
+
+}  // namespace opbridge

@@ -1,0 +1,62 @@
+// ORT CPU op ai.opbridge::GroupNorm (inputs X, scale?, bias?; attrs num_groups, epsilon).
+#include <string>
+#include <vector>
+
+#include "opbridge/group_norm.h"
+#include "ort_op.h"
+
+namespace opbridge::ort {
+namespace {
+
+template <class T>
+class GroupNormKernel {
+ public:
+  explicit GroupNormKernel(const OrtKernelInfo* info)
+      : label_(node_label(info, kGroupNormOpType)),
+        num_groups_(0),
+        epsilon_(attr_float(info, "epsilon", 1e-5f)) {
+    try {
+      num_groups_ = attr_int(info, "num_groups");
+    } catch (const Error& e) {
+      fail(ORT_INVALID_ARGUMENT, label_ + ": " + e.what());
+    }
+  }
+
+  void Compute(KernelIO& io) {
+    const Input x = io.input(0);
+    const Input scale = io.input(1);
+    const Input bias = io.input(2);
+    check(group_norm_check(x.rank(), x.rank() >= 2 ? x.shape[1] : 0, num_groups_,
+                           scale.present ? scale.numel : -1, bias.present ? bias.numel : -1, epsilon_,
+                           "scale"),
+          label_);
+    const int64_t N = x.shape[0], C = x.shape[1];
+    const int64_t S = (N * C) == 0 ? 0 : x.numel / (N * C);
+    T* y = io.output_as<T>(0, x.shape);
+    check(group_norm_cpu<T>(x.as<T>(), scale.present ? scale.as<T>() : nullptr,
+                            bias.present ? bias.as<T>() : nullptr, y, N, C, S, num_groups_, epsilon_,
+                            nullptr, nullptr, io.parallel()),
+          label_);
+  }
+
+ private:
+  std::string label_;
+  int64_t num_groups_;
+  float epsilon_;
+};
+
+template <class T>
+OpSpec group_norm_spec() {
+  const auto t = onnx_type<T>();
+  return make_op<GroupNormKernel<T>>(kGroupNormOpType, nullptr, {t, t, t}, {false, true, true}, {t});
+}
+
+std::vector<OpSpec> group_norm_specs() {
+  return {group_norm_spec<float>(), group_norm_spec<double>(), group_norm_spec<Half>(),
+          group_norm_spec<BFloat16>()};
+}
+
+}  // namespace
+}  // namespace opbridge::ort
+
+OPBRIDGE_REGISTER_ORT_OPS(opbridge::ort::group_norm_specs);

@@ -1,0 +1,193 @@
+// opbridge ORT adapter layer: helpers shared by every ORT op (see ort_op.h).
+#include "ort_op.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace opbridge::ort {
+
+namespace {
+const OrtApi* g_api = nullptr;
+uint32_t g_api_version = 0;
+}  // namespace
+
+const OrtApi& api() { return *g_api; }
+uint32_t api_version() { return g_api_version; }
+void set_api(const OrtApi* a, uint32_t version) {
+  g_api = a;
+  g_api_version = version;
+}
+
+void fail(OrtErrorCode code, const std::string& message) { throw Error(code, message); }
+
+void check(OrtStatus* status) {
+  if (status == nullptr) return;
+  const OrtErrorCode code = api().GetErrorCode(status);
+  std::string message = api().GetErrorMessage(status);
+  api().ReleaseStatus(status);
+  throw Error(code, std::move(message));
+}
+
+void check(const Status& status, const std::string& where) {
+  if (status.ok()) return;
+  OrtErrorCode code = ORT_FAIL;
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument: code = ORT_INVALID_ARGUMENT; break;
+    case StatusCode::kNotImplemented: code = ORT_NOT_IMPLEMENTED; break;
+    default: code = ORT_RUNTIME_EXCEPTION; break;
+  }
+  throw Error(code, where + ": " + status.message());
+}
+
+const char* type_name(ONNXTensorElementDataType t) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "float64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "bfloat16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return "int8";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: return "uint8";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT16: return "int16";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: return "bool";
+    default: return "other";
+  }
+}
+
+size_t KernelIO::input_count() const {
+  size_t n = 0;
+  check(api().KernelContext_GetInputCount(ctx_, &n));
+  return n;
+}
+
+Input KernelIO::input(size_t index) const {
+  Input in;
+  if (index >= input_count()) return in;
+  const OrtValue* value = nullptr;
+  check(api().KernelContext_GetInput(ctx_, index, &value));
+  if (value == nullptr) return in;
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  check(api().GetTensorTypeAndShape(value, &info));
+  // Release `info` on every path, including a throwing one.
+  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> holder(
+      info, [](OrtTensorTypeAndShapeInfo* p) { api().ReleaseTensorTypeAndShapeInfo(p); });
+  check(api().GetTensorElementType(info, &in.type));
+  size_t rank = 0;
+  check(api().GetDimensionsCount(info, &rank));
+  in.shape.resize(rank);
+  check(api().GetDimensions(info, in.shape.data(), rank));
+  size_t count = 0;
+  check(api().GetTensorShapeElementCount(info, &count));
+  in.numel = static_cast<int64_t>(count);
+  void* data = nullptr;
+  check(api().GetTensorMutableData(const_cast<OrtValue*>(value), &data));
+  in.data = data;
+  in.present = true;
+  return in;
+}
+
+void* KernelIO::output(size_t index, const std::vector<int64_t>& shape) const {
+  OrtValue* value = nullptr;
+  check(api().KernelContext_GetOutput(ctx_, index, shape.data(), shape.size(), &value));
+  void* data = nullptr;
+  check(api().GetTensorMutableData(value, &data));
+  return data;
+}
+
+namespace {
+struct ChunkJob {
+  ParallelFor::Body body;
+  void* body_ctx;
+  int64_t n;
+  int64_t chunk;
+};
+
+void run_chunk(void* user, size_t i) {
+  auto* job = static_cast<ChunkJob*>(user);
+  const int64_t b = static_cast<int64_t>(i) * job->chunk;
+  const int64_t e = std::min(job->n, b + job->chunk);
+  if (b < e) job->body(job->body_ctx, b, e);
+}
+
+// Upper bound on tasks handed to ORT's pool per call: enough to balance a many-core pool,
+// few enough that per-task overhead (~1 us) stays negligible.
+constexpr int64_t kMaxTasks = 256;
+
+void ort_runner(void* self, int64_t n, int64_t grain, ParallelFor::Body body, void* body_ctx) {
+  int64_t tasks = std::min<int64_t>((n + grain - 1) / grain, kMaxTasks);
+  ChunkJob job{body, body_ctx, n, (n + tasks - 1) / tasks};
+  tasks = (n + job.chunk - 1) / job.chunk;
+  OrtStatus* st = api().KernelContext_ParallelFor(static_cast<OrtKernelContext*>(self), run_chunk,
+                                                   static_cast<size_t>(tasks), 0, &job);
+  if (st != nullptr) {
+    // No pool available: run inline.
+    api().ReleaseStatus(st);
+    body(body_ctx, 0, n);
+  }
+}
+}  // namespace
+
+ParallelFor KernelIO::parallel() const { return ParallelFor(ort_runner, ctx_); }
+
+void* KernelIO::gpu_stream() const {
+  void* stream = nullptr;
+  check(api().KernelContext_GetGPUComputeStream(ctx_, &stream));
+  return stream;
+}
+
+int64_t attr_int(const OrtKernelInfo* info, const char* name) {
+  int64_t v = 0;
+  OrtStatus* st = api().KernelInfoGetAttribute_int64(info, name, &v);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    fail(ORT_INVALID_ARGUMENT, std::string("required int attribute '") + name + "' is missing");
+  }
+  return v;
+}
+
+int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback) {
+  int64_t v = 0;
+  OrtStatus* st = api().KernelInfoGetAttribute_int64(info, name, &v);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    return fallback;
+  }
+  return v;
+}
+
+float attr_float(const OrtKernelInfo* info, const char* name, float fallback) {
+  float v = 0.f;
+  OrtStatus* st = api().KernelInfoGetAttribute_float(info, name, &v);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    return fallback;
+  }
+  return v;
+}
+
+std::string node_label(const OrtKernelInfo* info, const char* op_type) {
+  std::string label = std::string(kDomain) + "::" + op_type;
+  size_t size = 0;
+  OrtStatus* st = api().KernelInfo_GetNodeName(info, nullptr, &size);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    return label;
+  }
+  std::string name(size, '\0');
+  st = api().KernelInfo_GetNodeName(info, name.data(), &size);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    return label;
+  }
+  name.resize(std::strlen(name.c_str()));
+  if (!name.empty()) label += " (node '" + name + "')";
+  return label;
+}
+
+std::vector<OpSpec>& op_registry() {
+  static std::vector<OpSpec> registry;
+  return registry;
+}
+
+}  // namespace opbridge::ort

@@ -1,0 +1,166 @@
+// opbridge ORT adapter layer: turns a small C++ kernel class into an OrtCustomOp.
+//
+// Only the ORT C API is used, through the table negotiated in RegisterCustomOps
+// (min(runtime, compiled) version), so one build loads into every ORT >= kMinOrtApiVersion.
+// No C++ exception crosses the C ABI: every callback ORT makes into us is wrapped by guard().
+#pragma once
+
+#include <onnxruntime_c_api.h>
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "opbridge/dtype.h"
+#include "opbridge/parallel.h"
+#include "opbridge/status.h"
+
+namespace opbridge::ort {
+
+// Oldest ORT C API we support: 1.17 added InferOutputShapeFn, opset ranges and
+// KernelContext_ParallelFor, all of which the ops rely on.
+inline constexpr uint32_t kMinOrtApiVersion = 17;
+
+// The custom-op domain of every opbridge op: a contract with the exporter.
+inline constexpr const char* kDomain = "ai.opbridge";
+
+// The API table negotiated at registration (never null once RegisterCustomOps succeeded).
+const OrtApi& api();
+uint32_t api_version();
+void set_api(const OrtApi* api, uint32_t version);
+
+// An error on its way to ORT. Thrown inside adapters, turned into an OrtStatus by guard().
+class Error : public std::exception {
+ public:
+  Error(OrtErrorCode code, std::string message) : code_(code), message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+  OrtErrorCode code() const { return code_; }
+
+ private:
+  OrtErrorCode code_;
+  std::string message_;
+};
+
+[[noreturn]] void fail(OrtErrorCode code, const std::string& message);
+// Throws Error when `status` is an error (and releases it).
+void check(OrtStatus* status);
+// Throws Error for a non-ok opbridge::Status, prefixed with `where`.
+void check(const Status& status, const std::string& where);
+
+// Runs f() and converts any exception into an OrtStatus*; nullptr means success.
+template <class F>
+OrtStatus* guard(F&& f) noexcept {
+  try {
+    f();
+    return nullptr;
+  } catch (const Error& e) {
+    return api().CreateStatus(e.code(), e.what());
+  } catch (const std::bad_alloc&) {
+    return api().CreateStatus(ORT_FAIL, "opbridge: out of memory");
+  } catch (const std::exception& e) {
+    return api().CreateStatus(ORT_FAIL, e.what());
+  } catch (...) {
+    return api().CreateStatus(ORT_FAIL, "opbridge: unknown error");
+  }
+}
+
+const char* type_name(ONNXTensorElementDataType t);
+template <class T> constexpr ONNXTensorElementDataType onnx_type();
+template <> constexpr ONNXTensorElementDataType onnx_type<float>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT; }
+template <> constexpr ONNXTensorElementDataType onnx_type<double>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE; }
+template <> constexpr ONNXTensorElementDataType onnx_type<Half>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16; }
+template <> constexpr ONNXTensorElementDataType onnx_type<BFloat16>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16; }
+
+// Read-only view of one kernel input.
+struct Input {
+  bool present = false;  // false for an omitted optional input
+  const void* data = nullptr;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+
+  template <class T> const T* as() const { return static_cast<const T*>(data); }
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+};
+
+// Inputs, outputs, thread pool and stream of one Compute call.
+class KernelIO {
+ public:
+  explicit KernelIO(OrtKernelContext* ctx) : ctx_(ctx) {}
+  size_t input_count() const;
+  Input input(size_t index) const;
+  // Allocates output `index` with `shape`; returns its data.
+  void* output(size_t index, const std::vector<int64_t>& shape) const;
+  template <class T> T* output_as(size_t index, const std::vector<int64_t>& shape) const {
+    return static_cast<T*>(output(index, shape));
+  }
+  // ORT's intra-op thread pool (serial when the session has one thread).
+  ParallelFor parallel() const;
+  // The execution provider's compute stream (a cudaStream_t for CUDA).
+  void* gpu_stream() const;
+  OrtKernelContext* raw() const { return ctx_; }
+
+ private:
+  OrtKernelContext* ctx_;
+};
+
+// Attribute readers for kernel construction.
+int64_t attr_int(const OrtKernelInfo* info, const char* name);  // required
+int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback);
+float attr_float(const OrtKernelInfo* info, const char* name, float fallback);
+// "Op 'name'" prefix for messages, with the node name where ORT provides it.
+std::string node_label(const OrtKernelInfo* info, const char* op_type);
+
+// One op as ORT sees it: a name, an execution provider, input/output types, a kernel class.
+struct OpSpec {
+  const char* name = nullptr;
+  const char* provider = nullptr;  // nullptr: CPU execution provider
+  std::vector<ONNXTensorElementDataType> inputs;
+  std::vector<bool> optional_inputs;  // same length as inputs
+  std::vector<ONNXTensorElementDataType> outputs;
+  std::vector<OrtMemType> input_mem;  // empty: all default memory
+  void* (*create)(const OrtKernelInfo* info) = nullptr;  // may throw
+  void (*compute)(void* kernel, OrtKernelContext* ctx) = nullptr;  // may throw
+  void (*destroy)(void* kernel) = nullptr;
+  // Output shape inference; nullptr: output 0 has input 0's type and shape.
+  void (*infer_shape)(OrtShapeInferContext* ctx) = nullptr;  // may throw
+};
+
+// Builds an OpSpec for kernel class K: K(const OrtKernelInfo*) and void Compute(KernelIO&).
+template <class K>
+OpSpec make_op(const char* name, const char* provider, std::vector<ONNXTensorElementDataType> inputs,
+               std::vector<bool> optional_inputs, std::vector<ONNXTensorElementDataType> outputs) {
+  OpSpec s;
+  s.name = name;
+  s.provider = provider;
+  s.inputs = std::move(inputs);
+  s.optional_inputs = std::move(optional_inputs);
+  s.outputs = std::move(outputs);
+  s.create = [](const OrtKernelInfo* info) -> void* { return new K(info); };
+  s.compute = [](void* k, OrtKernelContext* ctx) {
+    KernelIO io(ctx);
+    static_cast<K*>(k)->Compute(io);
+  };
+  s.destroy = [](void* k) { delete static_cast<K*>(k); };
+  return s;
+}
+
+// Every op file adds its specs here during static initialization; RegisterCustomOps reads it.
+// Adding an op never edits a shared list.
+std::vector<OpSpec>& op_registry();
+struct OpRegistrar {
+  explicit OpRegistrar(std::vector<OpSpec> (*make)()) {
+    for (auto& s : make()) op_registry().push_back(std::move(s));
+  }
+};
+
+}  // namespace opbridge::ort
+
+#define OPBRIDGE_ORT_CONCAT_(a, b) a##b
+#define OPBRIDGE_ORT_CONCAT(a, b) OPBRIDGE_ORT_CONCAT_(a, b)
+// OPBRIDGE_REGISTER_ORT_OPS(fn): fn() returns the std::vector<OpSpec> of one op file.
+#define OPBRIDGE_REGISTER_ORT_OPS(fn) \
+  static const ::opbridge::ort::OpRegistrar OPBRIDGE_ORT_CONCAT(opbridge_ort_registrar_, __LINE__)(fn)

@@ -1,0 +1,88 @@
+// opbridge._core: build information and the framework-free CPU kernels on numpy arrays, so the
+// kernels can be tested and used without torch or ONNX Runtime.
+#include "core_module.h"
+
+#include <nanobind/stl/string.h>
+
+#include <Eigen/Core>
+
+#ifndef OPBRIDGE_VERSION
+#error "OPBRIDGE_VERSION must be defined by the build"
+#endif
+
+namespace opbridge::py {
+
+std::vector<Binder>& binders() {
+  static std::vector<Binder> b;
+  return b;
+}
+
+DType dtype_of_array(const InArray& a, const char* op, const char* arg) {
+  const auto d = a.dtype();
+  if (d == nb::dtype<float>()) return DType::kFloat32;
+  if (d == nb::dtype<double>()) return DType::kFloat64;
+  if (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Float) && d.bits == 16 && d.lanes == 1)
+    return DType::kFloat16;
+  if (d.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16 && d.lanes == 1)
+    return DType::kBFloat16;
+  throw nb::type_error((std::string(op) + ": " + arg +
+                        " must be a float32, float64, float16 or bfloat16 array").c_str());
+}
+
+void check(const Status& st, const char* op) {
+  if (st.ok()) return;
+  const std::string msg = std::string(op) + ": " + st.message();
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument: throw nb::value_error(msg.c_str());
+    case StatusCode::kNotImplemented: throw nb::builtin_exception(nb::exception_type::runtime_error, msg.c_str());
+    default: throw std::runtime_error(msg);
+  }
+}
+
+std::vector<int64_t> shape_of(const InArray& a) {
+  std::vector<int64_t> s(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) s[i] = static_cast<int64_t>(a.shape(i));
+  return s;
+}
+
+OutArray new_array(DType dtype, const std::vector<int64_t>& shape, void** data) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  nb::dlpack::dtype dt{};
+  size_t itemsize = 0;
+  switch (dtype) {
+    case DType::kFloat32: dt = nb::dtype<float>(); itemsize = 4; break;
+    case DType::kFloat64: dt = nb::dtype<double>(); itemsize = 8; break;
+    case DType::kFloat16:
+      dt = {static_cast<uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
+      itemsize = 2;
+      break;
+    case DType::kBFloat16:
+      dt = {static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+      itemsize = 2;
+      break;
+  }
+  auto* buf = new unsigned char[n * itemsize > 0 ? n * itemsize : 1];
+  nb::capsule owner(buf, [](void* p) noexcept { delete[] static_cast<unsigned char*>(p); });
+  std::vector<size_t> ushape(shape.begin(), shape.end());
+  *data = buf;
+  return OutArray(buf, ushape.size(), ushape.data(), owner, nullptr, dt);
+}
+
+}  // namespace opbridge::py
+
+NB_MODULE(_core, m) {
+  namespace nb = nanobind;
+  m.doc() = "opbridge build information and framework-free CPU kernels on numpy arrays";
+  nb::dict info;
+  info["version"] = OPBRIDGE_VERSION;
+  info["torch_version"] = OPBRIDGE_TORCH_VERSION;  // "" when built without the torch extension
+  info["ort_api_version"] = OPBRIDGE_ORT_API_VERSION;
+  info["eigen_version"] = std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
+                          std::to_string(EIGEN_MINOR_VERSION);
+  info["cuda"] = static_cast<bool>(OPBRIDGE_WITH_CUDA);
+  info["cuda_version"] = OPBRIDGE_CUDA_VERSION;
+  info["compiler"] = OPBRIDGE_COMPILER;
+  m.attr("build_info") = info;
+  for (auto bind : opbridge::py::binders()) bind(m);
+}

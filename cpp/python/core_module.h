@@ -1,0 +1,55 @@
+// opbridge._core helpers shared by the per-op binding files (cpp/ops/<op>/<op>_py.cpp).
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "opbridge/dtype.h"
+#include "opbridge/status.h"
+
+namespace opbridge::py {
+
+namespace nb = nanobind;
+
+// A read-only, C-contiguous CPU array of any dtype (numpy, or anything speaking DLPack).
+using InArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+using OutArray = nb::ndarray<nb::numpy>;
+
+// The opbridge element type of `a`; raises TypeError naming `arg` otherwise.
+DType dtype_of_array(const InArray& a, const char* op, const char* arg);
+// Raises the Python exception matching a non-ok Status (ValueError / NotImplementedError / RuntimeError).
+void check(const Status& st, const char* op);
+std::vector<int64_t> shape_of(const InArray& a);
+// A new numpy array of `dtype` and `shape`, owning its memory.
+OutArray new_array(DType dtype, const std::vector<int64_t>& shape, void** data);
+
+// Calls f(T{}) with T matching dtype (float32/float64/float16/bfloat16).
+template <class F>
+void dispatch(DType t, F&& f) {
+  switch (t) {
+    case DType::kFloat32: f(float{}); break;
+    case DType::kFloat64: f(double{}); break;
+    case DType::kFloat16: f(Half{}); break;
+    case DType::kBFloat16: f(BFloat16{}); break;
+  }
+}
+
+// Each op's binding file registers a function that adds its functions to the module.
+using Binder = void (*)(nb::module_&);
+std::vector<Binder>& binders();
+struct BinderRegistrar {
+  explicit BinderRegistrar(Binder b) { binders().push_back(b); }
+};
+
+}  // namespace opbridge::py
+
+#define OPBRIDGE_PY_CONCAT_(a, b) a##b
+#define OPBRIDGE_PY_CONCAT(a, b) OPBRIDGE_PY_CONCAT_(a, b)
+#define OPBRIDGE_REGISTER_PY(fn) \
+  static const ::opbridge::py::BinderRegistrar OPBRIDGE_PY_CONCAT(opbridge_py_binder_, __LINE__)(fn)

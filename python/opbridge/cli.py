@@ -1,0 +1,60 @@
+"""The ``opbridge`` command line: info, demo."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    import opbridge
+
+    print(f"opbridge {opbridge.__version__}")
+    info = opbridge.build_info()
+    for key in ("torch_version", "ort_api_version", "eigen_version", "cuda", "cuda_version", "compiler"):
+        print(f"  built {key:16s} {info.get(key, '?')}")
+    print(f"  ORT library            {opbridge.get_library_path()}")
+    try:
+        import onnxruntime as ort
+
+        print(f"  onnxruntime            {ort.__version__} (providers: {', '.join(ort.get_available_providers())})")
+    except ImportError:
+        print("  onnxruntime            not installed")
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        print(f"  torch                  {torch.__version__} (CUDA available: {torch.cuda.is_available()})")
+        ops = sorted(n for n in dir(torch.ops.opbridge) if not n.startswith("_") and not n.endswith("_backward"))
+        print(f"  torch ops              {', '.join('torch.ops.opbridge.' + n for n in ops)}")
+    else:
+        print("  torch                  not installed (torch ops unavailable)")
+    print(f"  ONNX domain            {opbridge.DOMAIN}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    return run_demo(out_dir=args.out_dir, repeats=args.repeats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="opbridge", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="versions, library path, ops, ONNX Runtime providers")
+    d = sub.add_parser("demo", help="export a small conv net with opbridge ops with both exporters and run it in ORT")
+    d.add_argument("--out-dir", default="opbridge-demo", help="where to write the .onnx files (default: %(default)s)")
+    d.add_argument("--repeats", type=int, default=20, help="timed runs per implementation (default: %(default)s)")
+    args = p.parse_args(argv)
+    if args.cmd == "info":
+        return _cmd_info(args)
+    if args.cmd == "demo":
+        return _cmd_demo(args)
+    p.error(f"unknown command {args.cmd}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

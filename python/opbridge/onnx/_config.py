@@ -1,0 +1,42 @@
+"""Export configuration shared by the per-op export modules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Union
+
+DOMAIN = "ai.opbridge"
+DOMAIN_VERSION = 1
+
+LOWERINGS = ("custom", "standard")
+
+Lowering = Union[str, Mapping[str, str]]
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """How each op is lowered and which versions custom domains get.
+
+    lowering: "custom" (an ``ai.opbridge`` node, needs opbridge's ORT library) or "standard"
+        (standard ONNX / ORT contrib ops, runs on stock ONNX Runtime), for all ops, or a
+        mapping op name -> lowering (ops not named get ``default_lowering``).
+    custom_opsets: domain -> opset version for custom domains (e.g. {"com.microsoft": 1}).
+    opset_version: the default-domain opset of the export (None: the exporter's default).
+    """
+
+    lowering: Lowering = "custom"
+    custom_opsets: Mapping[str, int] = field(default_factory=dict)
+    opset_version: int | None = None
+    default_lowering: str = "custom"
+
+    def lowering_for(self, op: str, default: str | None = None) -> str:
+        if isinstance(self.lowering, str):
+            value = self.lowering
+        else:
+            value = self.lowering.get(op, default or self.default_lowering)
+        if value not in LOWERINGS:
+            raise ValueError(f"lowering for {op!r} must be one of {LOWERINGS}, got {value!r}")
+        return value
+
+    def domain_version(self, domain: str, default: int) -> int:
+        return int(self.custom_opsets.get(domain, default))

@@ -1,0 +1,24 @@
+"""Python entry points of the torch ops (``torch.ops.opbridge.*``).
+
+Importing this package loads the torch extension and registers, per op, its fake (meta) kernel
+and autograd formula. Every module in this package is one op; its public functions are
+re-exported here, so adding an op means adding a module.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from .._library import load_torch_library
+
+load_torch_library()
+
+__all__: list[str] = []
+for _m in pkgutil.iter_modules(__path__):
+    if _m.name.startswith("_"):
+        continue
+    _mod = importlib.import_module(f".{_m.name}", __name__)
+    for _name in getattr(_mod, "__all__", []):
+        globals()[_name] = getattr(_mod, _name)
+        __all__.append(_name)
