@@ -99,7 +99,8 @@ class EigenConan(ConanFile):
         if not data:
             raise ConanException(f"eigen/{want}: no offline copy found (cmeel-eigen in this Python, "
                             f"or {DEBIAN_EIGEN}) and no upstream URL in conandata.yml")
-        self.output.info(f"No offline Eigen {want} found; downloading {data['url']}")
+        self.output.info(f"No offline Eigen {want} (pip install cmeel-eigen=={want}, or Debian's "
+                         f"libeigen3-dev); downloading {data['url']}")
         upstream = os.path.join(self.source_folder, "_upstream")
         get(self, **data, destination=upstream, strip_root=True)
         self._copy_headers(upstream, self.source_folder)
