@@ -19,7 +19,9 @@
 #   OPBRIDGE_CONAN_HOME          conan home; empty = $ENV{CONAN_HOME}, else
 #                                <repo>/.conan-home (keep it outside the build dir so a
 #                                clean build does not download the ORT headers again)
-#   OPBRIDGE_CONAN_EXTRA_ARGS    extra arguments for `conan install` (a ;-list)
+#   OPBRIDGE_CONAN_EXTRA_ARGS    extra arguments for `conan install` (a ;-list), e.g. a
+#                                mirror of the ORT release tarball:
+#                                -c;user.opbridge:ort_tarball_url=<url>;-c;user.opbridge:ort_tarball_sha256=<hex>
 # Normal variable (set before the include to override):
 #   OPBRIDGE_SOURCE_DIR          repo root holding conanfile.py and conan/ (default: the
 #                                parent of this file's folder)
