@@ -10,7 +10,11 @@ _REPLACEMENTS = {torch.nn.GroupNorm: GroupNorm}
 
 def convert(model: torch.nn.Module) -> torch.nn.Module:
     """Replaces, in place, every torch.nn module that opbridge provides (e.g. nn.GroupNorm) by
-    its opbridge twin sharing the same parameters, and returns the model."""
+    its opbridge twin sharing the same parameters, and returns the model (a new module when
+    ``model`` itself is one that gets replaced)."""
+    repl = _REPLACEMENTS.get(type(model))
+    if repl is not None:
+        return repl.from_torch(model)
     for name, child in model.named_children():
         repl = _REPLACEMENTS.get(type(child))
         if repl is not None:

@@ -7,8 +7,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import os
+import warnings
 from typing import Any, Mapping
 
 import onnx
@@ -84,6 +87,25 @@ def _input_names(model: Any, args: tuple) -> list[str]:
     return names
 
 
+@contextlib.contextmanager
+def _quiet_exporter():
+    """Silences exporter chatter that says nothing about the user's model: the dynamo exporter
+    logs one warning per torchvision op when torchvision is absent, torch's pytree emits a
+    FutureWarning, and the TorchScript exporter warns that it is deprecated (it is the exporter
+    the caller chose with dynamo=False)."""
+    log = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export.*")
+            warnings.filterwarnings("ignore", message=r"The feature will be removed.*", category=DeprecationWarning)
+            yield
+    finally:
+        log.setLevel(level)
+
+
 def export(
     model: Any,
     args: Any,
@@ -126,9 +148,10 @@ def export(
                 {0: batch} if i in tensor_positions and args[i].dim() > 0 else None for i in range(len(args))
             )
         kwargs.setdefault("verbose", False)
-        program = torch.onnx.export(
-            model, args, dynamo=True, opset_version=opset_version, custom_translation_table=table, **kwargs
-        )
+        with _quiet_exporter():
+            program = torch.onnx.export(
+                model, args, dynamo=True, opset_version=opset_version, custom_translation_table=table, **kwargs
+            )
         proto = program.model_proto
     else:
         register_symbolics(cfg.lowering, cfg.custom_opsets, cfg.opset_version)
@@ -141,10 +164,11 @@ def export(
         import io
 
         buf = io.BytesIO()
-        torch.onnx.export(
-            model, args, buf, dynamo=False, opset_version=opset_version or 17, input_names=names,
-            custom_opsets=opsets, **kwargs,
-        )
+        with _quiet_exporter():
+            torch.onnx.export(
+                model, args, buf, dynamo=False, opset_version=opset_version or 17, input_names=names,
+                custom_opsets=opsets, **kwargs,
+            )
         proto = onnx.load_from_string(buf.getvalue())
     if f is not None:
         onnx.save(proto, os.fspath(f))

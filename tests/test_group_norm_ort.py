@@ -1,0 +1,126 @@
+"""ORT op ai.opbridge::GroupNorm on hand-built models: needs onnxruntime, onnx and numpy only."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import opbridge
+from onnx_models import single_node_model
+from reference import group_norm as ref_group_norm
+
+TOL = {np.float32: 2e-5, np.float64: 1e-12}
+
+
+def _run(model, feeds, threads=None):
+    so = ort.SessionOptions()
+    if threads:
+        so.intra_op_num_threads = threads
+    sess = opbridge.InferenceSession(model.SerializeToString(), sess_options=so)
+    return sess.run(None, feeds)[0]
+
+
+def _model(dtype, shape, num_groups=None, epsilon=None, scale=True, bias=True):
+    attrs = {}
+    if num_groups is not None:
+        attrs["num_groups"] = num_groups
+    if epsilon is not None:
+        attrs["epsilon"] = epsilon
+    c = shape[1] if len(shape) > 1 else 1
+    inputs = [("X", dtype, ["N"] + list(shape[1:])),
+              ("scale", dtype, [c]) if scale else None,
+              ("bias", dtype, [c]) if bias else None]
+    while inputs and inputs[-1] is None:
+        inputs.pop()
+    return single_node_model("GroupNorm", "ai.opbridge", inputs, attrs)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape,groups", [((3, 2, 1, 2), 2), ((2, 64, 16, 16), 32), ((4, 6), 3), ((2, 8, 7), 4),
+                                          ((2, 4, 3, 2, 5), 2), ((1, 9, 33), 3)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matches_float64_reference(rng, dtype, shape, groups, threads):
+    x = (rng.standard_normal(shape) * 2 - 0.5).astype(dtype)
+    w = rng.uniform(0.5, 2, shape[1]).astype(dtype)
+    b = rng.standard_normal(shape[1]).astype(dtype)
+    eps = float(np.float32(rng.uniform(1e-6, 1e-2)))
+    y = _run(_model(dtype, shape, groups, eps), {"X": x, "scale": w, "bias": b}, threads)
+    np.testing.assert_allclose(y, ref_group_norm(x, groups, w, b, eps), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+def test_default_epsilon_and_omitted_scale_bias(rng):
+    x = rng.standard_normal((2, 6, 5)).astype(np.float32)
+    y = _run(_model(np.float32, x.shape, 3, scale=False, bias=False), {"X": x})
+    np.testing.assert_allclose(y, ref_group_norm(x, 3, eps=1e-5), rtol=2e-5, atol=2e-5)
+
+
+def test_output_shape_is_inferred_by_ort(rng):
+    sess = opbridge.InferenceSession(_model(np.float32, (2, 6, 5), 3).SerializeToString())
+    out = sess.get_outputs()[0]
+    assert out.type == "tensor(float)"
+
+
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("not_divisible", r"num_groups must divide .*C = x.shape\[1\] = 6, got num_groups = 4"),
+        ("zero_groups", r"num_groups must be > 0, got 0"),
+        ("scale_length", r"scale must have C = 6 elements .*got 5"),
+        ("bias_length", r"bias must have C = 6 elements .*got 4"),
+        ("rank1", r"rank >= 2 .*got rank 1"),
+        ("negative_eps", r"eps must be finite and >= 0"),
+    ],
+)
+def test_bad_input_gives_error_status_and_process_survives(rng, case, match):
+    shape, groups, eps = (2, 6, 3), 3, 1e-5
+    feeds = {"X": rng.standard_normal(shape).astype(np.float32),
+             "scale": rng.standard_normal(6).astype(np.float32),
+             "bias": rng.standard_normal(6).astype(np.float32)}
+    if case == "not_divisible":
+        groups = 4
+    elif case == "zero_groups":
+        groups = 0
+    elif case == "scale_length":
+        feeds["scale"] = feeds["scale"][:5]
+    elif case == "bias_length":
+        feeds["bias"] = feeds["bias"][:4]
+    elif case == "rank1":
+        feeds = {"X": feeds["X"].reshape(-1)}
+    elif case == "negative_eps":
+        eps = -1.0
+    model = single_node_model(
+        "GroupNorm", "ai.opbridge",
+        [("X", np.float32, None), ("scale", np.float32, None), ("bias", np.float32, None)][: len(feeds)],
+        {"num_groups": groups, "epsilon": eps},
+    )
+    sess = opbridge.InferenceSession(model.SerializeToString())
+    with pytest.raises(Exception, match=match) as info:
+        sess.run(None, feeds)
+    assert "ai.opbridge::GroupNorm" in str(info.value)
+    # The session is still usable afterwards.
+    good = single_node_model("GroupNorm", "ai.opbridge", [("X", np.float32, None)], {"num_groups": 3})
+    x = rng.standard_normal((2, 6, 3)).astype(np.float32)
+    np.testing.assert_allclose(_run(good, {"X": x}), ref_group_norm(x, 3), rtol=2e-5, atol=2e-5)
+
+
+def test_missing_num_groups_fails_session_creation():
+    model = single_node_model("GroupNorm", "ai.opbridge", [("X", np.float32, [2, 4, 3])], {})
+    with pytest.raises(Exception, match="required int attribute 'num_groups' is missing"):
+        opbridge.InferenceSession(model.SerializeToString())
+
+
+def test_integer_input_is_rejected_at_session_creation():
+    model = single_node_model("GroupNorm", "ai.opbridge", [("X", np.float32, [2, 4, 3])], {"num_groups": 2})
+    model.graph.input[0].type.tensor_type.elem_type = 6  # int32
+    with pytest.raises(Exception):
+        opbridge.InferenceSession(model.SerializeToString())
+
+
+def test_library_path_and_session_options():
+    import os
+
+    path = opbridge.get_library_path()
+    assert os.path.isabs(path) and os.path.isfile(path)
+    so = opbridge.session_options()
+    assert isinstance(so, ort.SessionOptions)
