@@ -26,11 +26,20 @@ def _cmd_info(args: argparse.Namespace) -> int:
         import torch
 
         print(f"  torch                  {torch.__version__} (CUDA available: {torch.cuda.is_available()})")
-        ops = sorted(n for n in dir(torch.ops.opbridge) if not n.startswith("_") and not n.endswith("_backward"))
+        ns = torch.ops.opbridge
+        ops = sorted(
+            n for n in dir(ns)
+            if isinstance(getattr(ns, n, None), torch._ops.OpOverloadPacket) and not n.endswith("_backward")
+        )
         print(f"  torch ops              {', '.join('torch.ops.opbridge.' + n for n in ops)}")
     else:
         print("  torch                  not installed (torch ops unavailable)")
     print(f"  ONNX domain            {opbridge.DOMAIN}")
+    if importlib.util.find_spec("onnx") is not None:
+        from .onnx._registry import op_modules
+
+        types = sorted(getattr(m, "OP_TYPE") for m in op_modules() if hasattr(m, "OP_TYPE"))
+        print(f"  ONNX ops               {', '.join(opbridge.DOMAIN + '::' + t for t in types)}")
     return 0
 
 
