@@ -53,6 +53,11 @@ OrtStatus* infer_default(OrtShapeInferContext* ctx) {
   // The context owns the info it hands out (ORT's own C++ wrapper release()s it): never free it.
   OrtTensorTypeAndShapeInfo* info = nullptr;
   check(api().ShapeInferContext_GetInputTypeShape(ctx, 0, &info));
+  // ORT reports an input of unknown rank as rank 0; passing that on would declare a scalar
+  // output. Our ops take no scalars, so rank 0 means "unknown": leave the output to ORT.
+  size_t rank = 0;
+  check(api().GetDimensionsCount(info, &rank));
+  if (rank == 0) return nullptr;
   check(api().ShapeInferContext_SetOutputTypeShape(ctx, 0, info));
   return nullptr;
 }
