@@ -23,14 +23,29 @@ def _cuda_available() -> bool:
 HAS_CUDA = _cuda_available()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run tests marked slow (or set OPBRIDGE_RUN_SLOW=1)")
+
+
+def _run_slow(config) -> bool:
+    # Selecting them explicitly (-m slow) also runs them.
+    return (config.getoption("--run-slow") or os.environ.get("OPBRIDGE_RUN_SLOW") == "1"
+            or "slow" in (config.getoption("-m") or ""))
+
+
 def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="no CUDA device on this machine (torch.cuda.is_available() is False)")
     skip_torch = pytest.mark.skip(reason="torch is not installed (ORT-only environment)")
+    skip_slow = pytest.mark.skip(reason="slow: run with --run-slow or OPBRIDGE_RUN_SLOW=1")
+    run_slow = _run_slow(config)
     for item in items:
         if "cuda" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_cuda)
         if "torch" in item.keywords and not HAS_TORCH:
             item.add_marker(skip_torch)
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(skip_slow)
 
 
 def pytest_configure(config):

@@ -5,17 +5,64 @@ from __future__ import annotations
 import numpy as np
 
 
+def _groups(x, num_groups):
+    x = np.asarray(x, dtype=np.float64)
+    return x.reshape(x.shape[0], num_groups, -1)
+
+
+# NaN and inf inputs are legitimate (their propagation is tested): no warnings for them.
+_QUIET = dict(invalid="ignore", divide="ignore", over="ignore")
+
+
+def group_norm_stats(x, num_groups, eps=1e-5):
+    """Per-group mean and 1/sqrt(var + eps) of x (N, C, *), each (N, G, 1), in float64.
+
+    The deviations are taken from each group's first element before averaging (the same
+    numbers mathematically), so a constant group has exactly zero variance, as it should, even
+    where summing n copies of a float64 value would round."""
+    g = _groups(x, num_groups)
+    with np.errstate(**_QUIET):
+        shift = g[:, :, :1]
+        d = g - shift
+        dmean = d.mean(axis=2, keepdims=True)
+        var = ((d - dmean) ** 2).mean(axis=2, keepdims=True)
+        return shift + dmean, 1.0 / np.sqrt(var + eps)
+
+
 def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     """GroupNorm in float64: x (N, C, *), per-channel weight/bias."""
     x = np.asarray(x, dtype=np.float64)
     n, c = x.shape[:2]
-    g = x.reshape(n, num_groups, -1)
-    mean = g.mean(axis=2, keepdims=True)
-    var = ((g - mean) ** 2).mean(axis=2, keepdims=True)
-    y = ((g - mean) / np.sqrt(var + eps)).reshape(x.shape)
+    g = _groups(x, num_groups)
     bshape = (1, c) + (1,) * (x.ndim - 2)
-    if weight is not None:
-        y = y * np.asarray(weight, dtype=np.float64).reshape(bshape)
-    if bias is not None:
-        y = y + np.asarray(bias, dtype=np.float64).reshape(bshape)
+    with np.errstate(**_QUIET):
+        shift = g[:, :, :1]
+        d = g - shift
+        dmean = d.mean(axis=2, keepdims=True)
+        dev = d - dmean
+        var = (dev**2).mean(axis=2, keepdims=True)
+        y = (dev / np.sqrt(var + eps)).reshape(x.shape)
+        if weight is not None:
+            y = y * np.asarray(weight, dtype=np.float64).reshape(bshape)
+        if bias is not None:
+            y = y + np.asarray(bias, dtype=np.float64).reshape(bshape)
     return y
+
+
+def group_norm_backward(x, num_groups, weight, dy, eps=1e-5):
+    """Gradients (dx, dweight, dbias) of sum(group_norm(x, num_groups, weight, bias, eps) * dy)
+    in float64; weight None means 1 (dweight is then still returned, as for weight = 1)."""
+    x = np.asarray(x, dtype=np.float64)
+    dy = np.asarray(dy, dtype=np.float64)
+    n, c = x.shape[:2]
+    bshape = (1, c) + (1,) * (x.ndim - 2)
+    w = np.ones(c) if weight is None else np.asarray(weight, dtype=np.float64)
+    mean, rstd = group_norm_stats(x, num_groups, eps)
+    xhat = ((_groups(x, num_groups) - mean) * rstd).reshape(x.shape)
+    red = (0,) + tuple(range(2, x.ndim))
+    dweight = (dy * xhat).sum(axis=red)
+    dbias = dy.sum(axis=red)
+    dxhat = _groups(dy * w.reshape(bshape), num_groups)
+    xh = _groups(xhat, num_groups)
+    dx = rstd * (dxhat - dxhat.mean(axis=2, keepdims=True) - xh * (dxhat * xh).mean(axis=2, keepdims=True))
+    return dx.reshape(x.shape), dweight, dbias

@@ -136,11 +136,41 @@ void* KernelIO::gpu_stream() const {
   return stream;
 }
 
+namespace {
+// The type of attribute `name` when the node has it with another type than the one asked for, else
+// nullptr. ORT reports "missing" and "wrong type" alike (ORT_FAIL), so probe the other getters: a
+// wrong type must be an error, not a silent fallback to the default (epsilon=0 written as an int
+// would otherwise run with 1e-5).
+const char* other_attr_type(const OrtKernelInfo* info, const char* name) {
+  const auto ok = [](OrtStatus* st) {
+    if (st == nullptr) return true;
+    api().ReleaseStatus(st);
+    return false;
+  };
+  int64_t i = 0;
+  float f = 0.f;
+  size_t size = 0;
+  if (ok(api().KernelInfoGetAttribute_int64(info, name, &i))) return "an int";
+  if (ok(api().KernelInfoGetAttribute_float(info, name, &f))) return "a float";
+  if (ok(api().KernelInfoGetAttribute_string(info, name, nullptr, &size))) return "a string";
+  size = 0;
+  if (ok(api().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size))) return "a list of ints";
+  size = 0;
+  if (ok(api().KernelInfoGetAttributeArray_float(info, name, nullptr, &size))) return "a list of floats";
+  return nullptr;
+}
+
+[[noreturn]] void fail_attr_type(const char* name, const char* expected, const char* got) {
+  fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be " + expected + ", got " + got);
+}
+}  // namespace
+
 int64_t attr_int(const OrtKernelInfo* info, const char* name) {
   int64_t v = 0;
   OrtStatus* st = api().KernelInfoGetAttribute_int64(info, name, &v);
   if (st != nullptr) {
     api().ReleaseStatus(st);
+    if (const char* got = other_attr_type(info, name)) fail_attr_type(name, "an int", got);
     fail(ORT_INVALID_ARGUMENT, std::string("required int attribute '") + name + "' is missing");
   }
   return v;
@@ -151,6 +181,7 @@ int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback) 
   OrtStatus* st = api().KernelInfoGetAttribute_int64(info, name, &v);
   if (st != nullptr) {
     api().ReleaseStatus(st);
+    if (const char* got = other_attr_type(info, name)) fail_attr_type(name, "an int", got);
     return fallback;
   }
   return v;
@@ -161,6 +192,7 @@ float attr_float(const OrtKernelInfo* info, const char* name, float fallback) {
   OrtStatus* st = api().KernelInfoGetAttribute_float(info, name, &v);
   if (st != nullptr) {
     api().ReleaseStatus(st);
+    if (const char* got = other_attr_type(info, name)) fail_attr_type(name, "a float", got);
     return fallback;
   }
   return v;

@@ -107,7 +107,8 @@ class KernelIO {
   OrtKernelContext* ctx_;
 };
 
-// Attribute readers for kernel construction.
+// Attribute readers for kernel construction. An attribute present with another type is an error
+// (ORT_INVALID_ARGUMENT), never a silent fallback.
 int64_t attr_int(const OrtKernelInfo* info, const char* name);  // required
 int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback);
 float attr_float(const OrtKernelInfo* info, const char* name, float fallback);

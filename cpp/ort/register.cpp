@@ -4,6 +4,7 @@
 // (Python) or RegisterCustomOpsLibrary / RegisterCustomOpsUsingFunction (C/C++). We negotiate the
 // C API version (min of the runtime's and the headers'), wrap every OpSpec of op_registry() into an
 // OrtCustomOp whose `version` is capped to it, and add them all in one "ai.opbridge" domain.
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <cstdio>
@@ -58,7 +59,35 @@ OrtStatus* infer_default(OrtShapeInferContext* ctx) {
   size_t rank = 0;
   check(api().GetDimensionsCount(info, &rank));
   if (rank == 0) return nullptr;
-  check(api().ShapeInferContext_SetOutputTypeShape(ctx, 0, info));
+  // ORT (1.17 to 1.31) writes a dimension without a symbolic name as dim_value, so an unknown
+  // dimension (-1) handed back unchanged becomes a literal -1: its optimizer then folds a
+  // downstream Shape(Y) into the constant [-1, ...]. Give every unknown dimension a symbol of
+  // its own instead (unique, so that no two unknown dimensions are taken as equal).
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  check(api().GetTensorElementType(info, &type));
+  std::vector<int64_t> dims(rank);
+  check(api().GetDimensions(info, dims.data(), rank));
+  std::vector<const char*> names(rank, nullptr);
+  check(api().GetSymbolicDimensions(info, names.data(), rank));
+  std::vector<std::string> symbols(rank);
+  std::vector<const char*> symbol_ptrs(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    if (names[i] != nullptr && names[i][0] != '\0') {
+      symbols[i] = names[i];
+    } else if (dims[i] < 0) {
+      static std::atomic<uint64_t> counter{0};
+      symbols[i] = "opbridge_unk_" + std::to_string(counter.fetch_add(1));
+    }
+    symbol_ptrs[i] = symbols[i].c_str();
+  }
+  OrtTensorTypeAndShapeInfo* out = nullptr;
+  check(api().CreateTensorTypeAndShapeInfo(&out));
+  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> holder(
+      out, [](OrtTensorTypeAndShapeInfo* p) { api().ReleaseTensorTypeAndShapeInfo(p); });
+  check(api().SetTensorElementType(out, type));
+  check(api().SetDimensions(out, dims.data(), rank));
+  check(api().SetSymbolicDimensions(out, symbol_ptrs.data(), rank));
+  check(api().ShapeInferContext_SetOutputTypeShape(ctx, 0, out));
   return nullptr;
 }
 

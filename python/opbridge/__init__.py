@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from ._library import DOMAIN, build_info, get_library_path
+from ._library import DOMAIN, build_info, get_library_path, torch_library_path
 from ._session import InferenceSession, session_options
 from ._version import __version__
 
@@ -26,7 +26,9 @@ __all__ = [
     "onnx",
 ]
 
-if importlib.util.find_spec("torch") is not None:
+# A build without the torch extension (OPBRIDGE_WITH_TORCH=OFF) stays importable where torch is
+# installed; opbridge.ops then explains what is missing on first use.
+if importlib.util.find_spec("torch") is not None and torch_library_path() is not None:
     from . import ops  # noqa: F401  (registers torch.ops.opbridge.*)
 
 

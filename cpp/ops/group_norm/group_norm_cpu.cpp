@@ -90,16 +90,31 @@ double sum_sq_dev(const T* x, int64_t n, acc_t<T> m) {
   return total;
 }
 
+// The mean m as m_hi + m_lo: m_hi = m rounded to the accumulation type A, m_lo = m - m_hi
+// exactly (in double). x - m_hi is exact for x near the mean (Sterbenz), so a large common
+// offset costs no digits as long as m_lo is accounted for separately; rounding m to one float
+// instead would shift every deviation by up to ulp(m) / 2 (0.03 at mean 1e6).
+template <class A>
+void split_mean(double m, A* hi, double* lo) {
+  *hi = static_cast<A>(m);
+  *lo = m - static_cast<double>(*hi);
+}
+
 // Mean and 1/sqrt(var + eps) of the contiguous group g[0..n). Two passes over data that is
 // small enough to stay in cache: the first pass is shifted by g[0] so that a large common
-// offset does not swamp the sum; the second takes deviations from the exact mean, so there is
-// no E[x^2] - E[x]^2 cancellation.
+// offset does not swamp the sum; the second takes deviations from the mean, so there is no
+// E[x^2] - E[x]^2 cancellation: sum((x - m_hi)^2) = sum((x - m)^2) + n * m_lo^2, as
+// sum(x - m) = 0.
 template <class T>
 void group_stats(const T* g, int64_t n, double eps, double* mean_out, double* rstd_out) {
   using A = acc_t<T>;
   const A shift = to_float(g[0]);
   const double mean = static_cast<double>(shift) + shifted_sum(g, n, shift) / static_cast<double>(n);
-  const double var = sum_sq_dev(g, n, static_cast<A>(mean)) / static_cast<double>(n);
+  A m_hi;
+  double m_lo;
+  split_mean(mean, &m_hi, &m_lo);
+  double var = sum_sq_dev(g, n, m_hi) / static_cast<double>(n) - m_lo * m_lo;
+  if (var < 0.0) var = 0.0;  // rounding; NaN passes through
   *mean_out = mean;
   *rstd_out = 1.0 / std::sqrt(var + eps);
 }
@@ -119,28 +134,58 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t 
                       const ParallelFor& pf) {
   using A = acc_t<T>;
   const int64_t G = num_groups;
+  if (N <= 0 || C <= 0) return Status::Ok();
+  if (S <= 0) {
+    // Empty groups. N * G may be astronomically large here (x = [2^62, 1, 0] is a valid empty
+    // tensor), so only touch the statistics when the caller asked for (and so allocated) them.
+    if (mean != nullptr || rstd != nullptr) {
+      for (int64_t ng = 0; ng < N * G; ++ng) {
+        if (mean != nullptr) mean[ng] = A(0);
+        if (rstd != nullptr) rstd[ng] = A(0);
+      }
+    }
+    return Status::Ok();
+  }
   const int64_t Cg = C / G;
   const int64_t group_elems = Cg * S;
-  if (N == 0 || C == 0) return Status::Ok();
   pf(N * G, grain_for(group_elems), [&](int64_t begin, int64_t end) {
     for (int64_t ng = begin; ng < end; ++ng) {
       const int64_t g = ng % G;
       const T* xg = x + ng * group_elems;
       T* yg = y + ng * group_elems;
       double m = 0.0, r = 0.0;
-      if (group_elems > 0) group_stats(xg, group_elems, eps, &m, &r);
+      group_stats(xg, group_elems, eps, &m, &r);
       if (mean != nullptr) mean[ng] = static_cast<A>(m);
       if (rstd != nullptr) rstd[ng] = static_cast<A>(r);
+      // y = (x - m_hi) * a + (b - m_lo * a): x - m_hi is exact near the mean. Folding the
+      // whole mean into the bias instead (y = x * a + (b - m * a)) would round x * a at the
+      // offset's magnitude and lose ~|mean| * 2^-24 absolutely (0.06 at mean 1e6 in float).
+      A m_hi;
+      double m_lo;
+      split_mean(m, &m_hi, &m_lo);
       for (int64_t ci = 0; ci < Cg; ++ci) {
         const int64_t c = g * Cg + ci;
         const double w = weight != nullptr ? static_cast<double>(to_float(weight[c])) : 1.0;
         const double b = bias != nullptr ? static_cast<double>(to_float(bias[c])) : 0.0;
-        // y = x * a + (b - m * a): one multiply-add per element.
-        const A a = static_cast<A>(r * w);
-        const A off = static_cast<A>(b - m * r * w);
+        const double a_exact = r * w;
+        const A a = static_cast<A>(a_exact);
+        const A off = static_cast<A>(b - m_lo * static_cast<double>(a));
         const T* xc = xg + ci * S;
         T* yc = yg + ci * S;
-        for (int64_t i = 0; i < S; ++i) yc[i] = from_acc<T>(to_float(xc[i]) * a + off);
+        const bool off_overflows = !std::isfinite(static_cast<double>(off)) && std::isfinite(b);
+        if (!std::isfinite(static_cast<double>(a)) || off_overflows) {
+          // rstd * weight is infinite or NaN (an infinite or NaN weight, eps = 0 on a constant
+          // group) or overflows A (var + eps < ~1e-77, e.g. a constant group with eps = 1e-300).
+          // Evaluate (x - mean) * rstd * weight + bias as written, in double: a zero deviation
+          // then gives bias (or 0 * inf = NaN) and a nonzero one the right infinity, where the
+          // folded offset b - m_lo * a would be inf - inf. Rare and per channel: no cost otherwise.
+          for (int64_t i = 0; i < S; ++i) {
+            const double d = static_cast<double>(to_float(xc[i]) - m_hi) - m_lo;
+            yc[i] = from_acc<T>(static_cast<A>(d * a_exact + b));
+          }
+          continue;
+        }
+        for (int64_t i = 0; i < S; ++i) yc[i] = from_acc<T>((to_float(xc[i]) - m_hi) * a + off);
       }
     }
   });
@@ -153,6 +198,15 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, 
                                double eps, const ParallelFor& pf) {
   using A = acc_t<T>;
   const int64_t G = num_groups;
+  if (N <= 0 || C <= 0 || S <= 0) {
+    // x is empty: dx is empty too and the parameter gradients are sums over nothing. Nothing of
+    // size N * C is allocated: N may be huge when another dimension is 0.
+    for (int64_t c = 0; c < C && (dweight != nullptr || dbias != nullptr); ++c) {
+      if (dweight != nullptr) dweight[c] = from_acc<T>(A(0));
+      if (dbias != nullptr) dbias[c] = from_acc<T>(A(0));
+    }
+    return Status::Ok();
+  }
   const int64_t Cg = C / G;
   const int64_t group_elems = Cg * S;
   // Per (n, c): sum(dy * (x - mean)) and sum(dy); per (n, g): rstd. Reduced over n below.
@@ -164,11 +218,14 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, 
       const T* xg = x + ng * group_elems;
       const T* dyg = dy + ng * group_elems;
       double m = 0.0, r = 0.0;
-      if (group_elems > 0) group_stats(xg, group_elems, eps, &m, &r);
+      group_stats(xg, group_elems, eps, &m, &r);
       rstds[ng] = r;
-      // sum over the group of dxhat and dxhat * xhat, where dxhat = dy * w.
+      // sum over the group of dxhat and dxhat * xhat, where dxhat = dy * w. x - m is taken
+      // against the mean as m_hi + m_lo, as in the forward pass (no cancellation at large offsets).
       double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
-      const A mA = static_cast<A>(m);
+      A m_hi;
+      double m_lo;
+      split_mean(m, &m_hi, &m_lo);
       for (int64_t ci = 0; ci < Cg; ++ci) {
         const int64_t c = g * Cg + ci;
         const T* xc = xg + ci * S;
@@ -181,13 +238,13 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, 
           for (; i + kLanes <= b1; i += kLanes) {
             for (int l = 0; l < kLanes; ++l) {
               const A d = to_float(dyc[i + l]);
-              l_ds[l] += d * (to_float(xc[i + l]) - mA);
+              l_ds[l] += d * (to_float(xc[i + l]) - m_hi);
               l_db[l] += d;
             }
           }
           for (; i < b1; ++i) {
             const A d = to_float(dyc[i]);
-            l_ds[0] += d * (to_float(xc[i]) - mA);
+            l_ds[0] += d * (to_float(xc[i]) - m_hi);
             l_db[0] += d;
           }
           for (int l = 0; l < kLanes; ++l) {
@@ -197,27 +254,31 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, 
             l_db[l] = A(0);
           }
         }
+        // sum(dy * (x - m)) = sum(dy * (x - m_hi)) - m_lo * sum(dy)
+        s_ds -= m_lo * s_db;
         ds[n * C + c] = s_ds;
         db[n * C + c] = s_db;
         const double w = weight != nullptr ? static_cast<double>(to_float(weight[c])) : 1.0;
         sum_dxhat += w * s_db;
         sum_dxhat_xhat += w * s_ds * r;
       }
-      if (dx == nullptr || group_elems == 0) continue;
+      if (dx == nullptr) continue;
       // dx = r * (w * dy - sum_dxhat / M - xhat * sum_dxhat_xhat / M), xhat = (x - m) * r.
       const double inv_m = 1.0 / static_cast<double>(group_elems);
-      const double c2 = -r * r * sum_dxhat_xhat * inv_m;
-      const double c3 = -r * sum_dxhat * inv_m - c2 * m;
+      const double c2d = -r * r * sum_dxhat_xhat * inv_m;
+      const A c2 = static_cast<A>(c2d);
+      // x - m = (x - m_hi) - m_lo: the m_lo part folds into the constant term.
+      const A c3 = static_cast<A>(-r * sum_dxhat * inv_m - static_cast<double>(c2) * m_lo);
       T* dxg = dx + ng * group_elems;
       for (int64_t ci = 0; ci < Cg; ++ci) {
         const int64_t c = g * Cg + ci;
         const double w = weight != nullptr ? static_cast<double>(to_float(weight[c])) : 1.0;
-        const A c1 = static_cast<A>(r * w), c2a = static_cast<A>(c2), c3a = static_cast<A>(c3);
+        const A c1 = static_cast<A>(r * w);
         const T* xc = xg + ci * S;
         const T* dyc = dyg + ci * S;
         T* dxc = dxg + ci * S;
         for (int64_t i = 0; i < S; ++i) {
-          dxc[i] = from_acc<T>(c1 * to_float(dyc[i]) + c2a * to_float(xc[i]) + c3a);
+          dxc[i] = from_acc<T>(c1 * to_float(dyc[i]) + c2 * (to_float(xc[i]) - m_hi) + c3);
         }
       }
     }

@@ -12,11 +12,10 @@ template <class T>
 class GroupNormKernel {
  public:
   explicit GroupNormKernel(const OrtKernelInfo* info)
-      : label_(node_label(info, kGroupNormOpType)),
-        num_groups_(0),
-        epsilon_(attr_float(info, "epsilon", 1e-5f)) {
+      : label_(node_label(info, kGroupNormOpType)), num_groups_(0), epsilon_(0.f) {
     try {
       num_groups_ = attr_int(info, "num_groups");
+      epsilon_ = attr_float(info, "epsilon", 1e-5f);
     } catch (const Error& e) {
       fail(ORT_INVALID_ARGUMENT, label_ + ": " + e.what());
     }
@@ -30,9 +29,11 @@ class GroupNormKernel {
                            scale.present ? scale.numel : -1, bias.present ? bias.numel : -1, epsilon_,
                            "scale"),
           label_);
-    const int64_t N = x.shape[0], C = x.shape[1];
-    const int64_t S = (N * C) == 0 ? 0 : x.numel / (N * C);
     T* y = io.output_as<T>(0, x.shape);
+    // Nothing to compute for an empty x; only then could N * C overflow (x = [2^62, 4, 0]).
+    if (x.numel == 0) return;
+    const int64_t N = x.shape[0], C = x.shape[1];
+    const int64_t S = x.numel / (N * C);
     check(group_norm_cpu<T>(x.as<T>(), scale.present ? scale.as<T>() : nullptr,
                             bias.present ? bias.as<T>() : nullptr, y, N, C, S, num_groups_, epsilon_,
                             nullptr, nullptr, io.parallel()),

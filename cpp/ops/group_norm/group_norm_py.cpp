@@ -23,7 +23,8 @@ OutArray group_norm_py(const InArray& x, int64_t num_groups, std::optional<InArr
                          bias ? static_cast<int64_t>(bias->size()) : -1, eps),
         op);
   const int64_t N = shape[0], C = shape[1];
-  const int64_t S = N * C == 0 ? 0 : static_cast<int64_t>(x.size()) / (N * C);
+  // S = 0 for an empty x (the kernel then does nothing); only then could N * C overflow.
+  const int64_t S = x.size() == 0 ? 0 : static_cast<int64_t>(x.size()) / (N * C);
   void* out = nullptr;
   OutArray y = new_array(dt, shape, &out);
   dispatch(dt, [&](auto tag) {

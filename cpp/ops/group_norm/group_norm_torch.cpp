@@ -31,7 +31,8 @@ Dims check_group_norm(const at::Tensor& x, int64_t num_groups, const std::option
   check_status(group_norm_check(x.dim(), x.dim() >= 2 ? x.size(1) : 0, num_groups, len(weight), len(bias), eps),
                kOp);
   const int64_t N = x.size(0), C = x.size(1);
-  return {N, C, N * C == 0 ? 0 : x.numel() / (N * C)};
+  // S = 0 for an empty x (the kernels then do nothing); only then could N * C overflow.
+  return {N, C, x.numel() == 0 ? 0 : x.numel() / (N * C)};
 }
 
 std::optional<at::Tensor> contiguous(const std::optional<at::Tensor>& t) {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -22,15 +23,39 @@ def group_norm(
     return torch.ops.opbridge.group_norm.default(x, num_groups, weight, bias, eps)
 
 
+_OP = "opbridge::group_norm"
+
+
+def _check_param(p, x, name):
+    # The fake kernel also serves the Meta dispatch key, which wins over CPU when any argument
+    # is a meta tensor: without these checks a CPU x with a meta weight would return an
+    # uninitialized tensor instead of an error.
+    if p is None:
+        return
+    torch._check_type(p.dtype == x.dtype, lambda: f"{_OP}: {name} must have the dtype of x ({x.dtype}), got {p.dtype}")
+    torch._check_value(p.device == x.device,
+                       lambda: f"{_OP}: {name} must be on x's device ({x.device}), got {p.device}")
+    torch._check_value(p.dim() == 1,
+                       lambda: f"{_OP}: {name} must be 1-D (one value per channel), got shape {list(p.shape)}")
+    torch._check_value(p.shape[0] == x.shape[1], lambda: f"{_OP}: {name} must have C = {x.shape[1]} elements "
+                       f"(one per channel), got {p.shape[0]}")
+
+
 @torch.library.register_fake("opbridge::group_norm")
 def _group_norm_fake(x, num_groups, weight=None, bias=None, eps=1e-5):
-    torch._check(x.dim() >= 2, lambda: f"opbridge::group_norm: x must have rank >= 2 (N, C, *), got rank {x.dim()}")
-    torch._check(num_groups > 0, lambda: f"opbridge::group_norm: num_groups must be > 0, got {num_groups}")
-    torch._check(
+    torch._check_type(x.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+                      lambda: f"{_OP}: x must be a floating tensor (float32, float64, float16 or bfloat16), "
+                      f"got {x.dtype}")
+    torch._check_value(x.dim() >= 2, lambda: f"{_OP}: x must have rank >= 2 (N, C, *), got rank {x.dim()}")
+    torch._check_value(num_groups > 0, lambda: f"{_OP}: num_groups must be > 0, got {num_groups}")
+    torch._check_value(
         x.shape[1] % num_groups == 0,
-        lambda: f"opbridge::group_norm: num_groups must divide the number of channels C = {x.shape[1]}, "
+        lambda: f"{_OP}: num_groups must divide the number of channels C = {x.shape[1]}, "
         f"got num_groups = {num_groups}",
     )
+    _check_param(weight, x, "weight")
+    _check_param(bias, x, "bias")
+    torch._check_value(math.isfinite(eps) and eps >= 0, lambda: f"{_OP}: eps must be finite and >= 0, got {eps}")
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 

@@ -1,0 +1,20 @@
+# opbridge_sanitize.cmake - OPBRIDGE_SANITIZE=ON builds every opbridge target with
+# AddressSanitizer + UndefinedBehaviorSanitizer (scripts/sanitize.sh drives it). For testing only:
+# such a library needs libasan loaded first (LD_PRELOAD) in an uninstrumented Python.
+#
+# Include before any target is created: the flags apply to targets defined after this point.
+
+include_guard(GLOBAL)
+option(OPBRIDGE_SANITIZE "Build with -fsanitize=address,undefined (testing only, never for wheels)" OFF)
+if(NOT OPBRIDGE_SANITIZE)
+  return()
+endif()
+if(NOT CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  message(FATAL_ERROR "OPBRIDGE_SANITIZE needs GCC or Clang (this is ${CMAKE_CXX_COMPILER_ID})")
+endif()
+# -fno-sanitize-recover: a UB report aborts the process, so a test run cannot pass over one.
+# -g1: line tables for readable reports at a fraction of -g's compile time.
+set(_opbridge_san -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
+add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${_opbridge_san};-g1>")
+add_link_options(-fsanitize=address,undefined)
+message(STATUS "opbridge: AddressSanitizer + UndefinedBehaviorSanitizer build")

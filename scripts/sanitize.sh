@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Builds opbridge with AddressSanitizer + UndefinedBehaviorSanitizer and runs the test suite
+# against that build.
+#
+#   scripts/sanitize.sh [--ort-only] [--fuzz N] [-- pytest args...]
+#
+#   --ort-only   build without the torch extension and run only the torch-free tests (the ORT
+#                library and the numpy kernel module); what CI runs
+#   --fuzz N     also run N fuzz cases per op and kind under the sanitizers (default 0)
+#
+# The sanitized package is installed with `pip install --target build/sanitize/site` (its own
+# build dir build/sanitize/<tag>, so the normal build is untouched) and put first on PYTHONPATH.
+# Python itself is not instrumented, so libasan is preloaded; leak detection is off for the
+# interpreter's own (intentional) leaks at exit. Any ASan or UBSan report aborts the process,
+# which fails the run. Needs the environment the normal tests need (requirements/test.txt).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ort_only=0
+fuzz=0
+pytest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --ort-only) ort_only=1 ;;
+    --fuzz) fuzz="$2"; shift ;;
+    --) shift; pytest_args=("$@"); break ;;
+    *) echo "usage: $0 [--ort-only] [--fuzz N] [-- pytest args...]" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+PYTHON=${PYTHON:-python}
+site=build/sanitize/site
+with_torch=ON
+[ "$ort_only" = 1 ] && with_torch=OFF
+start=$(date +%s)
+
+echo "::: building the ASan + UBSan package into $site (torch extension: $with_torch)"
+"$PYTHON" -m pip install --no-build-isolation --no-deps --upgrade -q --target "$site" \
+  -C build-dir="build/sanitize/{wheel_tag}" \
+  -C cmake.define.OPBRIDGE_SANITIZE=ON \
+  -C cmake.define.OPBRIDGE_WITH_TORCH="$with_torch" \
+  .
+built=$(date +%s)
+echo "::: build took $((built - start)) s"
+
+libasan=$(${CXX:-g++} -print-file-name=libasan.so)
+libstdcxx=$(${CXX:-g++} -print-file-name=libstdc++.so.6)
+for lib in "$libasan" "$libstdcxx"; do
+  if [ ! -e "$lib" ]; then
+    echo "sanitize: $lib not found (asked ${CXX:-g++} -print-file-name)" >&2
+    exit 1
+  fi
+done
+# libstdc++ is preloaded too: python does not link it, and ASan's __cxa_throw interceptor must
+# find the real one when it starts ("CHECK failed: real___cxa_throw != 0" on the first throw).
+export LD_PRELOAD="$libasan $libstdcxx"
+# detect_leaks=0: CPython does not free everything at exit (not our leaks; test_leaks.py measures
+# ours). alloc_dealloc_mismatch=0: libraries built without ASan (torch) allocate with one
+# operator and free with another legitimately through their own wrappers.
+export ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:abort_on_error=1:print_summary=1:strict_string_checks=1"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
+export PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}"
+
+# The tests must see the sanitized build, not the normally installed one.
+"$PYTHON" - <<'PY'
+import os, opbridge
+lib = opbridge.get_library_path()
+assert "build/sanitize/site" in lib, f"tests would load {lib}, not the sanitized build"
+with open(lib, "rb") as f:
+    assert b"__asan_init" in f.read(), f"{lib} is not built with AddressSanitizer"
+print(f"::: testing {os.path.dirname(lib)}")
+PY
+
+if [ "$ort_only" = 1 ]; then
+  # -m "not torch": torch may be installed, but this build has no torch extension.
+  tests=(-m "not torch" tests/test_group_norm_ort.py tests/test_core.py tests/test_fuzz_ort.py
+         tests/test_concurrency.py tests/test_leaks.py tests/test_group_norm_edge_cases.py)
+  kinds=ort
+else
+  tests=(tests)
+  kinds=all
+fi
+# The fuzz subset's worker processes inherit LD_PRELOAD and the options.
+"$PYTHON" -m pytest -q -p no:cacheprovider "${tests[@]}" ${pytest_args[@]+"${pytest_args[@]}"}
+if [ "$fuzz" -gt 0 ]; then
+  "$PYTHON" -m tests.fuzz.run --cases "$fuzz" --kind "$kinds" --out build/sanitize/fuzz-failures
+fi
+echo "::: sanitizers clean; build $((built - start)) s, tests $(( $(date +%s) - built )) s"
