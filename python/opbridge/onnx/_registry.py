@@ -1,10 +1,14 @@
 """Collects the export rules of every op module in opbridge.onnx (no hand-edited list).
 
 An op module (``opbridge/onnx/<op>.py``) may define:
+  OPS: the op names it handles (keys of per-op ``lowering={...}``).
   translations(cfg) -> {torch op overload: onnxscript-building function}   (dynamo exporter)
   symbolics(cfg) -> {"namespace::op": symbolic function}                   (TorchScript exporter)
   schemas() -> [onnx.defs.OpSchema]                                        (ai.opbridge schemas)
-  OPS: the op names it handles, for per-op lowering.
+  infer_functions() -> {op type: fn(onnx InferenceContext)}                (shape inference of those)
+
+Op modules must not import torch at module level (only inside translations/symbolics): importing
+opbridge.onnx registers the schemas, and that has to work where torch is not installed.
 """
 
 from __future__ import annotations
@@ -23,3 +27,8 @@ def op_modules() -> list[ModuleType]:
             continue
         mods.append(importlib.import_module(f"opbridge.onnx.{m.name}"))
     return mods
+
+
+def op_names() -> set[str]:
+    """Every op name some module lists in OPS."""
+    return {name for mod in op_modules() for name in getattr(mod, "OPS", ())}
