@@ -18,3 +18,17 @@ set(_opbridge_san -fsanitize=address,undefined -fno-sanitize-recover=undefined -
 add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${_opbridge_san};-g1>")
 add_link_options(-fsanitize=address,undefined)
 message(STATUS "opbridge: AddressSanitizer + UndefinedBehaviorSanitizer build")
+
+# The installed CMake package ships instrumented static libraries (opbridge::kernels, ...): their
+# consumers must link the sanitizer runtimes too, so every static library passes the link option
+# on. Deferred to the end of the configure, when the targets exist.
+function(_opbridge_sanitize_static_interfaces)
+  get_property(_targets DIRECTORY "${PROJECT_SOURCE_DIR}" PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(_t IN LISTS _targets)
+    get_target_property(_type ${_t} TYPE)
+    if(_type STREQUAL "STATIC_LIBRARY")
+      target_link_options(${_t} INTERFACE -fsanitize=address,undefined)
+    endif()
+  endforeach()
+endfunction()
+cmake_language(DEFER DIRECTORY "${PROJECT_SOURCE_DIR}" CALL _opbridge_sanitize_static_interfaces)

@@ -2,6 +2,7 @@
 #include "ort_op.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace opbridge::ort {
@@ -199,7 +200,7 @@ float attr_float(const OrtKernelInfo* info, const char* name, float fallback) {
 }
 
 std::string node_label(const OrtKernelInfo* info, const char* op_type) {
-  std::string label = std::string(kDomain) + "::" + op_type;
+  std::string label = std::string(domain()) + "::" + op_type;
   size_t size = 0;
   OrtStatus* st = api().KernelInfo_GetNodeName(info, nullptr, &size);
   if (st != nullptr) {
@@ -215,6 +216,133 @@ std::string node_label(const OrtKernelInfo* info, const char* op_type) {
   name.resize(std::strlen(name.c_str()));
   if (!name.empty()) label += " (node '" + name + "')";
   return label;
+}
+
+int64_t InferInput::static_numel() const {
+  // Declared shapes come from the model and may be absurd ([2^62, 2^62]): a product that
+  // overflows int64 is "unknown" here (ORT refuses such a tensor when it is fed).
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+  }
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) return -1;
+  }
+  return n;
+}
+
+size_t InferIO::input_count() const {
+  size_t n = 0;
+  check(api().ShapeInferContext_GetInputCount(ctx_, &n));
+  return n;
+}
+
+InferInput InferIO::input(size_t index) const {
+  InferInput in;
+  if (index >= input_count()) return in;
+  // The context owns the info it hands out (it lives as long as the context): never release it.
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  OrtStatus* st = api().ShapeInferContext_GetInputTypeShape(ctx_, index, &info);
+  if (st != nullptr) {
+    // An omitted optional input has no type to report.
+    api().ReleaseStatus(st);
+    return in;
+  }
+  check(api().GetTensorElementType(info, &in.type));
+  if (in.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED) return in;
+  size_t rank = 0;
+  check(api().GetDimensionsCount(info, &rank));
+  in.shape.resize(rank);
+  check(api().GetDimensions(info, in.shape.data(), rank));
+  for (int64_t& d : in.shape) {
+    if (d < 0) d = -1;
+  }
+  in.present = true;
+  return in;
+}
+
+namespace {
+// The attribute `name` of the node being inferred, or nullptr when it is not set.
+const OrtOpAttr* infer_attr(OrtShapeInferContext* ctx, const char* name) {
+  const OrtOpAttr* attr = nullptr;
+  OrtStatus* st = api().ShapeInferContext_GetAttribute(ctx, name, &attr);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    return nullptr;
+  }
+  return attr;
+}
+}  // namespace
+
+int64_t InferIO::attr_int(const char* name) const {
+  if (infer_attr(ctx_, name) == nullptr) {
+    fail(ORT_INVALID_ARGUMENT, std::string("required int attribute '") + name + "' is missing");
+  }
+  return attr_int(name, 0);
+}
+
+int64_t InferIO::attr_int(const char* name, int64_t fallback) const {
+  const OrtOpAttr* attr = infer_attr(ctx_, name);
+  if (attr == nullptr) return fallback;
+  int64_t v = 0;
+  size_t written = 0;
+  OrtStatus* st = api().ReadOpAttr(attr, ORT_OP_ATTR_INT, &v, sizeof(v), &written);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be an int");
+  }
+  return v;
+}
+
+float InferIO::attr_float(const char* name, float fallback) const {
+  const OrtOpAttr* attr = infer_attr(ctx_, name);
+  if (attr == nullptr) return fallback;
+  float v = 0.f;
+  size_t written = 0;
+  OrtStatus* st = api().ReadOpAttr(attr, ORT_OP_ATTR_FLOAT, &v, sizeof(v), &written);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be a float");
+  }
+  return v;
+}
+
+void InferIO::set_output_like_input(size_t out, size_t in) const {
+  // Context-owned, like in input(): never released.
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  check(api().ShapeInferContext_GetInputTypeShape(ctx_, in, &info));
+  size_t rank = 0;
+  check(api().GetDimensionsCount(info, &rank));
+  if (rank == 0) return;
+  // ORT (1.17 to 1.31) writes a dimension without a symbolic name as dim_value, so an unknown
+  // dimension (-1) handed back unchanged becomes a literal -1: its optimizer then folds a
+  // downstream Shape(Y) into the constant [-1, ...]. Give every unknown dimension a symbol of its
+  // own instead (unique, so that no two unknown dimensions are taken as equal).
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  check(api().GetTensorElementType(info, &type));
+  std::vector<int64_t> dims(rank);
+  check(api().GetDimensions(info, dims.data(), rank));
+  std::vector<const char*> names(rank, nullptr);
+  check(api().GetSymbolicDimensions(info, names.data(), rank));
+  std::vector<std::string> symbols(rank);
+  std::vector<const char*> symbol_ptrs(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    if (names[i] != nullptr && names[i][0] != '\0') {
+      symbols[i] = names[i];
+    } else if (dims[i] < 0) {
+      static std::atomic<uint64_t> counter{0};
+      symbols[i] = "opbridge_unk_" + std::to_string(counter.fetch_add(1));
+    }
+    symbol_ptrs[i] = symbols[i].c_str();
+  }
+  OrtTensorTypeAndShapeInfo* shape = nullptr;
+  check(api().CreateTensorTypeAndShapeInfo(&shape));
+  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> holder(
+      shape, [](OrtTensorTypeAndShapeInfo* p) { api().ReleaseTensorTypeAndShapeInfo(p); });
+  check(api().SetTensorElementType(shape, type));
+  check(api().SetDimensions(shape, dims.data(), rank));
+  check(api().SetSymbolicDimensions(shape, symbol_ptrs.data(), rank));
+  check(api().ShapeInferContext_SetOutputTypeShape(ctx_, out, shape));
 }
 
 std::vector<OpSpec>& op_registry() {

@@ -20,17 +20,32 @@
 
 namespace opbridge::ort {
 
-// Oldest ORT C API we support: 1.17 added InferOutputShapeFn, opset ranges and
-// KernelContext_ParallelFor, all of which the ops rely on.
+// Oldest ORT C API we support: 1.17 added InferOutputShapeFn, opset ranges,
+// KernelContext_ParallelFor and the ShapeInferContext_* / ReadOpAttr functions, all of which the
+// ops rely on. Every OrtApi function this library calls must exist in API 17: with an older
+// table negotiated, a newer entry would read past the end of the runtime's OrtApi struct.
 inline constexpr uint32_t kMinOrtApiVersion = 17;
 
-// The custom-op domain of every opbridge op: a contract with the exporter.
+// The custom-op domain of every opbridge op: a contract with the exporter. Libraries of
+// users' own ops, built on this adapter layer, register theirs in a domain of their own.
 inline constexpr const char* kDomain = "ai.opbridge";
 
 // The API table negotiated at registration (never null once RegisterCustomOps succeeded).
 const OrtApi& api();
 uint32_t api_version();
 void set_api(const OrtApi* api, uint32_t version);
+// The domain this library registered its ops in (kDomain until register_custom_ops ran).
+const char* domain();
+
+// The body of a library's RegisterCustomOps: negotiates the C API version (min of the
+// runtime's and these headers', at least kMinOrtApiVersion) and adds every op of op_registry()
+// to `options` in the custom-op domain `domain`. Returns nullptr on success, else an error
+// status (ORT releases it); never throws. A library uses one domain for all its calls.
+//   options:  the session options to register with (nullptr: nothing is done)
+//   api_base: what ORT passed to RegisterCustomOps (nullptr: nothing is done)
+//   domain:   the ONNX domain of the library's nodes, e.g. kDomain; non-empty
+OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* api_base,
+                               const char* domain) noexcept;
 
 // An error on its way to ORT. Thrown inside adapters, turned into an OrtStatus by guard().
 class Error : public std::exception {
@@ -115,6 +130,38 @@ float attr_float(const OrtKernelInfo* info, const char* name, float fallback);
 // "Op 'name'" prefix for messages, with the node name where ORT provides it.
 std::string node_label(const OrtKernelInfo* info, const char* op_type);
 
+// Type and shape of one input during ORT's shape inference (model load).
+struct InferInput {
+  bool present = false;  // false for an omitted optional input
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  // Dimensions, -1 where symbolic or unknown. ORT reports an input of unknown rank as rank 0,
+  // so an empty `shape` means "rank unknown" for inputs that cannot be scalars.
+  std::vector<int64_t> shape;
+
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+  // Number of elements when every dimension is known, else -1.
+  int64_t static_numel() const;
+};
+
+// What an op's shape-inference function sees: its inputs, attributes and outputs.
+class InferIO {
+ public:
+  explicit InferIO(OrtShapeInferContext* ctx) : ctx_(ctx) {}
+  size_t input_count() const;
+  InferInput input(size_t index) const;
+  int64_t attr_int(const char* name) const;  // required
+  int64_t attr_int(const char* name, int64_t fallback) const;
+  float attr_float(const char* name, float fallback) const;
+  // Output `out` gets input `in`'s element type and shape, symbolic dimensions included.
+  // Does nothing when input `in` has rank 0 (unknown rank, see InferInput::shape): declaring a
+  // scalar there would make ORT's downstream shape inference reject valid models.
+  void set_output_like_input(size_t out, size_t in) const;
+  OrtShapeInferContext* raw() const { return ctx_; }
+
+ private:
+  OrtShapeInferContext* ctx_;
+};
+
 // One op as ORT sees it: a name, an execution provider, input/output types, a kernel class.
 struct OpSpec {
   const char* name = nullptr;
@@ -126,8 +173,9 @@ struct OpSpec {
   void* (*create)(const OrtKernelInfo* info) = nullptr;  // may throw
   void (*compute)(void* kernel, OrtKernelContext* ctx) = nullptr;  // may throw
   void (*destroy)(void* kernel) = nullptr;
-  // Output shape inference; nullptr: output 0 has input 0's type and shape.
-  void (*infer_shape)(OrtShapeInferContext* ctx) = nullptr;  // may throw
+  // Output type/shape inference at model load (may throw to reject the node);
+  // nullptr: output 0 has input 0's type and shape (InferIO::set_output_like_input).
+  void (*infer_shape)(const InferIO& io) = nullptr;
 };
 
 // Builds an OpSpec for kernel class K: K(const OrtKernelInfo*) and void Compute(KernelIO&).
@@ -165,3 +213,12 @@ struct OpRegistrar {
 // OPBRIDGE_REGISTER_ORT_OPS(fn): fn() returns the std::vector<OpSpec> of one op file.
 #define OPBRIDGE_REGISTER_ORT_OPS(fn) \
   static const ::opbridge::ort::OpRegistrar OPBRIDGE_ORT_CONCAT(opbridge_ort_registrar_, __LINE__)(fn)
+
+// OPBRIDGE_ORT_LIBRARY_ENTRY(domain): defines the library's exported entry point
+// RegisterCustomOps (what SessionOptions.register_custom_ops_library / RegisterCustomOpsLibrary
+// look up), registering all of its ops in `domain` (a const char*). Exactly one per library.
+#define OPBRIDGE_ORT_LIBRARY_ENTRY(domain)                                                        \
+  extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps( \
+      OrtSessionOptions* options, const OrtApiBase* api_base) {                                   \
+    return ::opbridge::ort::register_custom_ops(options, api_base, (domain));                     \
+  }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
+from ._cmake import cmake_dir
 from ._library import DOMAIN, build_info, get_library_path, torch_library_path
 from ._session import InferenceSession, session_options
 from ._version import __version__
@@ -19,6 +20,7 @@ __all__ = [
     "InferenceSession",
     "__version__",
     "build_info",
+    "cmake_dir",
     "get_library_path",
     "session_options",
     "nn",
@@ -33,8 +35,9 @@ if importlib.util.find_spec("torch") is not None and torch_library_path() is not
 
 
 def __getattr__(name: str):
-    # nn / onnx / ops need torch: import them on first use so that a torch-free deployment can
-    # still `import opbridge`, and fail there with the loader's helpful message.
+    # nn / ops need torch (opbridge.onnx needs onnx; its export needs torch): import them on
+    # first use so that a torch-free deployment can still `import opbridge`, and fail there with
+    # the loader's helpful message.
     if name in ("nn", "onnx", "ops"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'opbridge' has no attribute {name!r}")

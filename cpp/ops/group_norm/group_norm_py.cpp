@@ -27,13 +27,18 @@ OutArray group_norm_py(const InArray& x, int64_t num_groups, std::optional<InArr
   const int64_t S = x.size() == 0 ? 0 : static_cast<int64_t>(x.size()) / (N * C);
   void* out = nullptr;
   OutArray y = new_array(dt, shape, &out);
-  dispatch(dt, [&](auto tag) {
-    using T = decltype(tag);
-    check(group_norm_cpu<T>(static_cast<const T*>(x.data()), weight ? static_cast<const T*>(weight->data()) : nullptr,
-                            bias ? static_cast<const T*>(bias->data()) : nullptr, static_cast<T*>(out), N, C, S,
-                            num_groups, eps, nullptr, nullptr, ParallelFor()),
-          op);
-  });
+  Status st;
+  {
+    // The kernel touches no Python objects: let other Python threads run meanwhile.
+    nb::gil_scoped_release release;
+    dispatch(dt, [&](auto tag) {
+      using T = decltype(tag);
+      st = group_norm_cpu<T>(static_cast<const T*>(x.data()), weight ? static_cast<const T*>(weight->data()) : nullptr,
+                             bias ? static_cast<const T*>(bias->data()) : nullptr, static_cast<T*>(out), N, C, S,
+                             num_groups, eps, nullptr, nullptr, ParallelFor());
+    });
+  }
+  check(st, op);
   return y;
 }
 

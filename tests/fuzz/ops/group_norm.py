@@ -326,8 +326,8 @@ def ort_cases(draw):
     else:
         param_type = x_type
     structure = draw(st.sampled_from(["extra_input", "missing_x"]) if "structure" in broken else st.just("normal"))
-    feed_mode = draw(st.sampled_from(["missing_feed", "extra_feed", "wrong_feed_dtype"]) if "feeds" in broken
-                     else st.just("exact"))
+    feed_mode = draw(st.sampled_from(["missing_feed", "extra_feed", "wrong_feed_dtype", "absurd_declared"])
+                     if "feeds" in broken else st.just("exact"))
     declared = draw(st.sampled_from(["unknown", "symbolic", "static"]))
     threads = draw(st.sampled_from([None, 1, 2]))
     node_name = draw(S.weighted((2, ""), (1, "gn_7")))
@@ -358,7 +358,11 @@ def ort_cases(draw):
         """Graph input `name` of ONNX type `type_name`; via Cast from float32 where numpy lacks
         the type. Returns the tensor name the GroupNorm node reads."""
         np_type = S.ONNX_TYPES[type_name][1]
-        if declared == "unknown":
+        if feed_mode == "absurd_declared":
+            # Declared dims no tensor can have: shape inference must cope (no overflow), the
+            # feed is refused by ORT.
+            dshape = [2**62, 2**62] if len(shape_) != 2 else [2**62, 2**62, 3]
+        elif declared == "unknown":
             dshape = None
         elif declared == "symbolic":
             dshape = [f"{name}_d{i}" for i in range(len(shape_))]
@@ -428,6 +432,8 @@ def ort_cases(draw):
     elif feed_mode == "extra_feed":
         feeds["not_an_input"] = np.zeros(1, np.float32)
         ort_errors.append("feed_name")
+    elif feed_mode == "absurd_declared":
+        ort_errors += ["feed_rank", "feed_dims"]
     elif feed_mode == "wrong_feed_dtype" and feed_names:
         k = feed_names[0]
         feeds[k] = feeds[k].astype(np.float64 if feeds[k].dtype != np.float64 else np.float32) \
