@@ -1,7 +1,7 @@
 // torch op opbridge::inverse on CUDA tensors: same schema, checks and messages as the CPU
 // implementation (cpp/ops/inverse/inverse_torch.cpp), queued on torch's current stream.
 //
-// A singular matrix raises, as on the CPU: the kernel's 8-byte report is read back with
+// A singular matrix raises torch.linalg.LinAlgError, as on the CPU: the kernel's 8-byte report is read back with
 // .item(), which synchronizes the current stream once per call (as torch.linalg.inv's own
 // error check does).
 #include <ATen/core/Tensor.h>
@@ -22,7 +22,7 @@ constexpr const char* kOp = "opbridge::inverse";
 
 at::Tensor inverse_cuda_impl(const at::Tensor& x) {
   const auto dt = x.scalar_type();
-  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kDouble, kOp, ": x must be float32 or float64, got ", dt);
+  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kDouble, kOp, ": x must be a float32 or float64 tensor, got ", dt);
   const int64_t rank = x.dim();
   check_status(inverse_check(rank, rank >= 2 ? x.size(-2) : 0, rank >= 1 ? x.size(-1) : 0), kOp);
   const int64_t n = x.size(-1);
@@ -49,7 +49,8 @@ at::Tensor inverse_cuda_impl(const at::Tensor& x) {
               cudaGetErrorString(err), ")");
   int64_t index = 0, step = 0;
   if (cuda::inverse_info_singular(static_cast<uint64_t>(info.item<int64_t>()), &index, &step)) {
-    check_status(cuda::inverse_singular_status(index, step), kOp);
+    // torch.linalg.LinAlgError, as on the CPU and as torch.linalg.inv raises.
+    TORCH_CHECK_LINALG(false, kOp, ": ", cuda::inverse_singular_status(index, step).message());
   }
   return y;
 }
