@@ -40,9 +40,11 @@ def pytest_collection_modifyitems(config, items):
     skip_slow = pytest.mark.skip(reason="slow: run with --run-slow or OPBRIDGE_RUN_SLOW=1")
     run_slow = _run_slow(config)
     for item in items:
-        if "cuda" in item.keywords and not HAS_CUDA:
+        # Markers, not item.keywords: keywords also hold the names of parent folders, so a
+        # checkout in a folder named "cuda" or "torch" would skip everything.
+        if item.get_closest_marker("cuda") is not None and not HAS_CUDA:
             item.add_marker(skip_cuda)
-        if "torch" in item.keywords and not HAS_TORCH:
+        if item.get_closest_marker("torch") is not None and not HAS_TORCH:
             item.add_marker(skip_torch)
         if "slow" in item.keywords and not run_slow:
             item.add_marker(skip_slow)
