@@ -8,6 +8,8 @@
 #                library and the numpy kernel module); what CI runs
 #   --fuzz N     also run N fuzz cases per op and kind under the sanitizers (default 0)
 #
+# CPU code only (OPBRIDGE_WITH_CUDA=OFF): the CUDA kernels need a GPU to run, and nvcc's device
+# code is not instrumented anyway.
 # The sanitized package is installed with `pip install --target build/sanitize/site` (its own
 # build dir build/sanitize/<tag>, so the normal build is untouched) and put first on PYTHONPATH.
 # Python itself is not instrumented, so libasan is preloaded; leak detection is off for the
@@ -40,6 +42,7 @@ echo "::: building the ASan + UBSan package into $site (torch extension: $with_t
   -C build-dir="build/sanitize/{wheel_tag}" \
   -C cmake.define.OPBRIDGE_SANITIZE=ON \
   -C cmake.define.OPBRIDGE_WITH_TORCH="$with_torch" \
+  -C cmake.define.OPBRIDGE_WITH_CUDA=OFF \
   .
 built=$(date +%s)
 echo "::: build took $((built - start)) s"
