@@ -3,6 +3,7 @@
 #   opbridge::torch_libs      INTERFACE target: torch headers, ABI define, c10/torch_cpu libs
 #   OPBRIDGE_TORCH_VERSION    e.g. "2.13.0+cpu" ("" when torch is not used)
 #   OPBRIDGE_TORCH_HAS_CUDA   whether that torch was built with CUDA
+# When torch's intra-op backend is OpenMP (the Linux wheels), torch_libs also carries OpenMP.
 set(OPBRIDGE_TORCH_VERSION "")
 set(OPBRIDGE_TORCH_HAS_CUDA OFF)
 if(NOT OPBRIDGE_WITH_TORCH)
@@ -16,6 +17,7 @@ print(",".join(ext.include_paths()))
 print(",".join(ext.library_paths()))
 print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
 print(torch.__version__)
+print(int("parallel backend: OpenMP" in torch.__config__.parallel_info()))
 print(torch.version.cuda or "")
 ]=]
   OUTPUT_VARIABLE _out ERROR_VARIABLE _err RESULT_VARIABLE _rc OUTPUT_STRIP_TRAILING_WHITESPACE)
@@ -29,10 +31,11 @@ list(GET _lines 0 _inc)
 list(GET _lines 1 _libdir)
 list(GET _lines 2 _abi)
 list(GET _lines 3 _ver)
+list(GET _lines 4 _openmp)
 list(LENGTH _lines _n)
 set(_cuda "")
-if(_n GREATER 4)
-  list(GET _lines 4 _cuda)
+if(_n GREATER 5)
+  list(GET _lines 5 _cuda)
 endif()
 string(REPLACE "," ";" _inc "${_inc}")
 string(REPLACE "," ";" _libdir "${_libdir}")
@@ -59,3 +62,22 @@ if(OPBRIDGE_TORCH_HAS_CUDA)
   endforeach()
 endif()
 target_link_libraries(opbridge_torch_libs INTERFACE ${_libs})
+
+# at::parallel_for is header-only: with torch's OpenMP backend it parallelizes only in code
+# compiled with OpenMP, and runs serially otherwise. We link the OpenMP runtime torch ships
+# (torch/lib/libgomp.so.1) where there is one, so that our loops share torch's thread pool and
+# follow torch.set_num_threads.
+if(_openmp)
+  find_package(OpenMP COMPONENTS CXX)
+  find_library(OPBRIDGE_TORCH_LIB_gomp NAMES libgomp.so.1 gomp PATHS ${_libdir} NO_DEFAULT_PATH)
+  if(OpenMP_CXX_FOUND AND OPBRIDGE_TORCH_LIB_gomp)
+    separate_arguments(_omp_flags NATIVE_COMMAND "${OpenMP_CXX_FLAGS}")
+    target_compile_options(opbridge_torch_libs INTERFACE ${_omp_flags})
+    target_link_libraries(opbridge_torch_libs INTERFACE ${OPBRIDGE_TORCH_LIB_gomp})
+  elseif(OpenMP_CXX_FOUND)
+    target_link_libraries(opbridge_torch_libs INTERFACE OpenMP::OpenMP_CXX)
+  else()
+    message(WARNING "opbridge: torch uses OpenMP but the compiler has no OpenMP support; "
+                    "opbridge's torch ops will run single-threaded")
+  endif()
+endif()
