@@ -11,12 +11,12 @@
 //   n <= 8        Gauss-Jordan on matrices held in registers, fully unrolled for each size
 //                 (invert_fixed; with AVX2, f32 n >= 5 holds columns in 8-lane vectors:
 //                 invert_cols8_f32).
-//   n > 8         Gauss-Jordan on column panels (invert_panel): one panel up to n = 32; beyond,
-//                 panels of 16 columns whose updates to the rest of the matrix are deferred
-//                 into a small matrix product, so each row is read once per 16 pivot steps.
+//   n > 8         Gauss-Jordan on column panels (invert_panel): one panel up to n = 16; beyond,
+//                 panels of 8 columns whose updates to the rest of the matrix are deferred into
+//                 a small matrix product, so each row is read once per 8 pivot steps.
 // Gauss-Jordan picks the pivots of LU with partial pivoting (the rows below the diagonal see the
 // same eliminations), costs n^3 multiply-adds like an LU-based inverse, and needs no memory
-// besides the output and O(n) (O(16 n) for blocked panels) scratch per task. The shared
+// besides the output and O(n^2) (n <= 16) or O(8 n) scratch per task. The shared
 // arithmetic is described at the top of inverse_kernels.inc.
 //
 // The kernels are compiled twice on x86-64 (SSE2 baseline, AVX2 + FMA) from
