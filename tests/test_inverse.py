@@ -144,12 +144,12 @@ def test_core_singular_names_first_singular_matrix(rng, isa, dtype, n, kind):
         _core().inverse(x, isa=isa)
 
 
-@pytest.mark.parametrize("isa", ISAS)
-def test_core_variants_agree(rng, isa):
+@pytest.mark.parametrize("n", (3, 8, 37))
+def test_core_avx2_agrees_with_baseline(rng, n):
     """The variants may differ only by rounding (AVX2 fuses multiply-adds)."""
-    needs_isa(isa)
-    x = random_matrices(rng, (9,), 37, np.float64)
-    np.testing.assert_allclose(_core().inverse(x, isa=isa), _core().inverse(x, isa="baseline"), rtol=1e-12,
+    needs_isa("avx2")
+    x = random_matrices(rng, (9,), n, np.float64)
+    np.testing.assert_allclose(_core().inverse(x, isa="avx2"), _core().inverse(x, isa="baseline"), rtol=0,
                                atol=1e-12 * np.abs(reference.inverse(x)).max())
 
 
@@ -258,9 +258,10 @@ def test_ort_empty():
 
 
 def test_ort_output_shape_inferred():
-    # InferOutputShape: Y gets X's type and (symbolic) shape.
+    # The model declares Y without a shape; the op's shape inference gives it X's (symbolic) one.
     sess = ort_session(np.float32, 3)
     out = sess.get_outputs()[0]
+    assert out.shape == ["b0", "n", "n"]
     assert out.type == "tensor(float)"
 
 
