@@ -135,12 +135,14 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t 
         const int64_t c = g * Cg + ci;
         const double w = weight != nullptr ? static_cast<double>(to_float(weight[c])) : 1.0;
         const double b = bias != nullptr ? static_cast<double>(to_float(bias[c])) : 0.0;
-        // y = x * a + (b - m * a): one multiply-add per element.
+        // y = (x - m) * a + b. Folding m into the offset (x * a + (b - m * a)) saves a subtraction
+        // but cancels catastrophically when a = rstd * w is large (variance << eps).
         const A a = static_cast<A>(r * w);
-        const A off = static_cast<A>(b - m * r * w);
+        const A mA = static_cast<A>(m);
+        const A bA = static_cast<A>(b);
         const T* xc = xg + ci * S;
         T* yc = yg + ci * S;
-        for (int64_t i = 0; i < S; ++i) yc[i] = from_acc<T>(to_float(xc[i]) * a + off);
+        for (int64_t i = 0; i < S; ++i) yc[i] = from_acc<T>((to_float(xc[i]) - mA) * a + bA);
       }
     }
   });
@@ -207,7 +209,8 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, 
       // dx = r * (w * dy - sum_dxhat / M - xhat * sum_dxhat_xhat / M), xhat = (x - m) * r.
       const double inv_m = 1.0 / static_cast<double>(group_elems);
       const double c2 = -r * r * sum_dxhat_xhat * inv_m;
-      const double c3 = -r * sum_dxhat * inv_m - c2 * m;
+      // Written around (x - m) rather than x, for the same cancellation reason as the forward.
+      const double c3 = -r * sum_dxhat * inv_m;
       T* dxg = dx + ng * group_elems;
       for (int64_t ci = 0; ci < Cg; ++ci) {
         const int64_t c = g * Cg + ci;
@@ -217,7 +220,7 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, 
         const T* dyc = dyg + ci * S;
         T* dxc = dxg + ci * S;
         for (int64_t i = 0; i < S; ++i) {
-          dxc[i] = from_acc<T>(c1 * to_float(dyc[i]) + c2a * to_float(xc[i]) + c3a);
+          dxc[i] = from_acc<T>(c1 * to_float(dyc[i]) + c2a * (to_float(xc[i]) - mA) + c3a);
         }
       }
     }
