@@ -66,3 +66,8 @@ def group_norm_backward(x, num_groups, weight, dy, eps=1e-5):
     xh = _groups(xhat, num_groups)
     dx = rstd * (dxhat - dxhat.mean(axis=2, keepdims=True) - xh * (dxhat * xh).mean(axis=2, keepdims=True))
     return dx.reshape(x.shape), dweight, dbias
+
+
+def inverse(x):
+    """Matrix inverse in float64 of each matrix of x (*, n, n) (LAPACK through numpy)."""
+    return np.linalg.inv(np.asarray(x, dtype=np.float64))

@@ -150,3 +150,19 @@ def test_torch_op_forward_backward_from_8_threads(rng):
 @pytest.mark.slow
 def test_torch_op_from_16_threads_long(rng):
     _torch_threads(rng, 16, 2000)
+
+
+# ---- Inverse -------------------------------------------------------------------------------------
+def test_inverse_one_session_8_threads_bit_identical(rng):
+    model = single_node_model("Inverse", "ai.opbridge", [("X", np.float64, ["B", 12, 12])]).SerializeToString()
+    sess = _session(model)
+    # Well-conditioned batches (diagonally dominant), one per thread.
+    feeds = [{"X": rng.standard_normal((16, 12, 12)) + 24 * np.eye(12)} for _ in range(8)]
+    expected = [sess.run(None, f)[0] for f in feeds]
+    for f, e in zip(feeds, expected):
+        np.testing.assert_allclose(e, np.linalg.inv(f["X"]), rtol=1e-12, atol=1e-14)
+
+    def work(i):
+        return sum(not _bits_equal(sess.run(None, feeds[i])[0], expected[i]) for _ in range(300))
+
+    assert _run_threads(8, work) == [0] * 8

@@ -165,3 +165,18 @@ def left_to_right_overflows(shape) -> bool:
         if p > INT64_MAX:
             return True
     return False
+
+
+def feed_array(values, type_name):
+    """A feed of ONNX type `type_name` holding `values` (float64) where numpy has the type."""
+    np_type = ONNX_TYPES[type_name][1]
+    if type_name == "string":
+        return np.asarray(values).astype(str).astype(object)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if np.issubdtype(np_type, np.integer) or np_type is np.bool_:
+            return np.nan_to_num(values, nan=0, posinf=1, neginf=-1).clip(-100, 100).astype(np_type)
+        return values.astype(np_type)
+
+
+def tensor_spec(data, dtype, layout="contiguous", device="cpu", requires_grad=False):
+    return {"data": data, "dtype": dtype, "layout": layout, "device": device, "requires_grad": requires_grad}

@@ -26,7 +26,8 @@ at::Tensor inverse_cuda_impl(const at::Tensor& x) {
   const int64_t rank = x.dim();
   check_status(inverse_check(rank, rank >= 2 ? x.size(-2) : 0, rank >= 1 ? x.size(-1) : 0), kOp);
   const int64_t n = x.size(-1);
-  const int64_t batch = n == 0 ? 0 : x.numel() / (n * n);
+  // An empty x has no matrices; only then could n * n overflow (x = [0, 2^32, 2^32] made it 0).
+  const int64_t batch = x.numel() == 0 ? 0 : x.numel() / (n * n);
 
   const c10::cuda::CUDAGuard device_guard(x.device());
   const at::Tensor xc = x.contiguous();

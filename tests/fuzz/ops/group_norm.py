@@ -269,17 +269,6 @@ def _attr(name, value, kind):
     raise ValueError(kind)
 
 
-def _feed_array(values, type_name):
-    """A feed of ONNX type `type_name` holding `values` (float64) where numpy has the type."""
-    np_type = S.ONNX_TYPES[type_name][1]
-    if type_name == "string":
-        return np.asarray(values).astype(str).astype(object)
-    with np.errstate(invalid="ignore", over="ignore"):
-        if np.issubdtype(np_type, np.integer) or np_type is np.bool_:
-            return np.nan_to_num(values, nan=0, posinf=1, neginf=-1).clip(-100, 100).astype(np_type)
-        return values.astype(np_type)
-
-
 # What a case may get wrong (strategies.broken_aspects picks none, one or two of them).
 ORT_ASPECTS = ("x_type", "param_type", "structure", "feeds", "groups_attr", "eps_attr", "groups_value", "eps_value",
                "scale", "bias", "rank")
@@ -374,7 +363,7 @@ def ort_cases(draw):
             nodes.append(helper.make_node("Cast", [name + "_f"], [name], to=S.onnx_type(type_name)))
         else:
             graph_inputs.append(helper.make_tensor_value_info(name, S.onnx_type(type_name), dshape))
-            feeds[name] = _feed_array(values, type_name)
+            feeds[name] = S.feed_array(values, type_name)
         return name
 
     if huge or constant_x:
@@ -490,10 +479,6 @@ def len_of(params, name):
 
 
 # ------------------------------------------------------------------------------ torch
-def _tensor_spec(data, dtype, layout="contiguous", device="cpu", requires_grad=False):
-    return {"data": data, "dtype": dtype, "layout": layout, "device": device, "requires_grad": requires_grad}
-
-
 def _torch_eps(broken):
     if "eps_value" in broken:
         return st.sampled_from([-1e-5, -1.0, float("nan"), float("inf"), float("-inf")])
@@ -576,7 +561,7 @@ def torch_cases(draw):
             p_layout = ("expand", 0)
         if valid_type and p_dtype != vdtype:
             data = data.astype(np.float64)
-        args[slot] = _tensor_spec(data, p_dtype, p_layout, p_device, grad and draw(S.chance(1, 2)))
+        args[slot] = S.tensor_spec(data, p_dtype, p_layout, p_device, grad and draw(S.chance(1, 2)))
         param_desc.append(f"{name}={mode}[{length}]")
         if mode == "len+1":
             rules.append(f"{name}_len")
@@ -584,10 +569,10 @@ def torch_cases(draw):
         x_spec = {"data": np.zeros(0), "empty_shape": shape, "dtype": dtype, "layout": "empty", "device": device,
                   "requires_grad": False}
     else:
-        x_data = xv if valid_type else _feed_array(xv, dtype if dtype != "complex64" else "float32")
+        x_data = xv if valid_type else S.feed_array(xv, dtype if dtype != "complex64" else "float32")
         if dtype == "complex64":
             x_data = xv.astype(np.complex64)
-        x_spec = _tensor_spec(x_data, dtype, layout, device, grad)
+        x_spec = S.tensor_spec(x_data, dtype, layout, device, grad)
     args[0] = x_spec
     if not valid_type:
         rules.append("x_dtype")
@@ -599,7 +584,7 @@ def torch_cases(draw):
     which = []
     if grad and not rules:
         which = [k for k, a in (("x", args[0]), ("weight", args[2]), ("bias", args[3])) if a and a["requires_grad"]]
-        grad_spec = _tensor_spec(S.as_dtype(rng.standard_normal(shape), vdtype).astype(np.float64), vdtype)
+        grad_spec = S.tensor_spec(S.as_dtype(rng.standard_normal(shape), vdtype).astype(np.float64), vdtype)
     desc = (f"x{list(shape)} {dtype} {layout} {device} G={num_groups} eps={eps} {' '.join(param_desc)} "
             f"grad={which} {note} seed={seed}")
     # torch itself may refuse to create a tensor with such dims (its own overflow checks of the
