@@ -321,6 +321,10 @@ def ort_cases(draw):
     threads = draw(st.sampled_from([None, 1, 2]))
     node_name = draw(S.weighted((2, ""), (1, "gn_7")))
     constant_x = not huge and draw(S.chance(1, 20))  # X from ConstantOfShape: all groups constant
+    if (huge or constant_x) and feed_mode == "absurd_declared":
+        # X comes from ConstantOfShape; an absurd declared shape input ([2^62] elements) makes ORT
+        # itself allocate for ~1 minute before failing (bad_alloc): not our op's case.
+        feed_mode = "missing_feed"
 
     # -- values
     n_elems = 0 if huge else int(np.prod(shape, dtype=np.int64))

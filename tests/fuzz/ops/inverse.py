@@ -175,6 +175,10 @@ def ort_cases(draw):
     threads = draw(st.sampled_from([None, 1, 2]))
     node_name = draw(S.weighted((2, ""), (1, "inv_3")))
     huge = rank >= 3 and draw(S.chance(1, 12))
+    if huge and feed_mode == "absurd_declared":
+        # X comes from ConstantOfShape here; declaring its shape input absurd ([2^62] elements)
+        # makes ORT itself allocate for ~1 minute before failing (bad_alloc): not our op's case.
+        feed_mode = "missing_feed"
 
     rules, ort_errors, note = [], [], ""
     nodes, graph_inputs, feeds = [], [], {}
@@ -211,9 +215,7 @@ def ort_cases(draw):
         return {"unknown": None, "symbolic": [f"d{i}" for i in range(len(s))], "static": list(s)}[declared]
 
     if x is None:  # huge: ConstantOfShape -> Inverse -> Shape
-        # (absurd declared: a 1-D shape input of 2^62 elements; ConstantOfShape needs it 1-D)
-        declared_shape = [2**62] if feed_mode == "absurd_declared" else dshape((len(shape),))
-        graph_inputs.append(helper.make_tensor_value_info("x_shape", TensorProto.INT64, declared_shape))
+        graph_inputs.append(helper.make_tensor_value_info("x_shape", TensorProto.INT64, [len(shape)]))
         feeds["x_shape"] = np.array(shape, np.int64)
         vt = S.onnx_type(x_type) if x_type in TYPES else TensorProto.FLOAT
         nodes.append(helper.make_node("ConstantOfShape", ["x_shape"], ["X0"],
