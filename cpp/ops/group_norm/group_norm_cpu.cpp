@@ -2,8 +2,13 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "common/simd_generic.h"
+#include "group_norm_isa.h"
+#include "group_norm_simd.h"
+#include "opbridge/cpu_isa.h"
 #include "opbridge/dtype.h"
 #include "opbridge/group_norm.h"
 
@@ -113,11 +118,19 @@ int64_t grain_for(int64_t elems_per_item) {
 
 }  // namespace
 
+namespace group_norm_isa {
 template <class T>
-Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t N, int64_t C,
-                      int64_t S, int64_t num_groups, double eps, acc_t<T>* mean, acc_t<T>* rstd,
-                      const ParallelFor& pf) {
-  using A = acc_t<T>;
+void forward_baseline(const Args<T>& a, const ParallelFor& pf) {
+  gn_forward<SimdGeneric, T>(a, pf);
+}
+}  // namespace group_norm_isa
+
+namespace {
+
+// float64 keeps the straightforward kernel: two passes over each group in double.
+Status group_norm_cpu_f64(const double* x, const double* weight, const double* bias, double* y, int64_t N,
+                          int64_t C, int64_t S, int64_t num_groups, double eps, double* mean, double* rstd,
+                          const ParallelFor& pf) {
   const int64_t G = num_groups;
   const int64_t Cg = C / G;
   const int64_t group_elems = Cg * S;
@@ -125,26 +138,48 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t 
   pf(N * G, grain_for(group_elems), [&](int64_t begin, int64_t end) {
     for (int64_t ng = begin; ng < end; ++ng) {
       const int64_t g = ng % G;
-      const T* xg = x + ng * group_elems;
-      T* yg = y + ng * group_elems;
+      const double* xg = x + ng * group_elems;
+      double* yg = y + ng * group_elems;
       double m = 0.0, r = 0.0;
       if (group_elems > 0) group_stats(xg, group_elems, eps, &m, &r);
-      if (mean != nullptr) mean[ng] = static_cast<A>(m);
-      if (rstd != nullptr) rstd[ng] = static_cast<A>(r);
+      if (mean != nullptr) mean[ng] = m;
+      if (rstd != nullptr) rstd[ng] = r;
       for (int64_t ci = 0; ci < Cg; ++ci) {
         const int64_t c = g * Cg + ci;
-        const double w = weight != nullptr ? static_cast<double>(to_float(weight[c])) : 1.0;
-        const double b = bias != nullptr ? static_cast<double>(to_float(bias[c])) : 0.0;
-        // y = x * a + (b - m * a): one multiply-add per element.
-        const A a = static_cast<A>(r * w);
-        const A off = static_cast<A>(b - m * r * w);
-        const T* xc = xg + ci * S;
-        T* yc = yg + ci * S;
-        for (int64_t i = 0; i < S; ++i) yc[i] = from_acc<T>(to_float(xc[i]) * a + off);
+        const double a = r * (weight != nullptr ? weight[c] : 1.0);
+        const double off = (bias != nullptr ? bias[c] : 0.0) - m * a;
+        const double* xc = xg + ci * S;
+        double* yc = yg + ci * S;
+        for (int64_t i = 0; i < S; ++i) yc[i] = xc[i] * a + off;
       }
     }
   });
   return Status::Ok();
+}
+
+}  // namespace
+
+template <class T>
+Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t N, int64_t C,
+                      int64_t S, int64_t num_groups, double eps, acc_t<T>* mean, acc_t<T>* rstd,
+                      const ParallelFor& pf, CpuIsa isa) {
+  if (!cpu_isa_supported(isa)) {
+    return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
+                                  " kernels are not available on this CPU or in this build");
+  }
+  if constexpr (std::is_same_v<T, double>) {
+    return group_norm_cpu_f64(x, weight, bias, y, N, C, S, num_groups, eps, mean, rstd, pf);
+  } else {
+    const group_norm_isa::Args<T> a{x, weight, bias, y, N, C, S, num_groups, eps, mean, rstd};
+    switch (cpu_isa_resolve(isa)) {
+#if defined(OPBRIDGE_X86_DISPATCH)
+      case CpuIsa::kAvx512: group_norm_isa::forward_avx512(a, pf); break;
+      case CpuIsa::kAvx2: group_norm_isa::forward_avx2(a, pf); break;
+#endif
+      default: group_norm_isa::forward_baseline(a, pf); break;
+    }
+    return Status::Ok();
+  }
 }
 
 template <class T>
@@ -239,7 +274,7 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, 
 #define OPBRIDGE_INSTANTIATE_GROUP_NORM(T)                                                          \
   template Status group_norm_cpu<T>(const T*, const T*, const T*, T*, int64_t, int64_t,   \
                                               int64_t, int64_t, double, acc_t<T>*, acc_t<T>*,       \
-                                              const ParallelFor&);                                  \
+                                              const ParallelFor&, CpuIsa);                          \
   template Status group_norm_backward_cpu<T>(const T*, const T*, const T*, T*, T*, T*, int64_t,     \
                                              int64_t, int64_t, int64_t, double, const ParallelFor&);
 
