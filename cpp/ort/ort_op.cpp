@@ -167,7 +167,7 @@ float attr_float(const OrtKernelInfo* info, const char* name, float fallback) {
 }
 
 std::string node_label(const OrtKernelInfo* info, const char* op_type) {
-  std::string label = std::string(kDomain) + "::" + op_type;
+  std::string label = std::string(domain()) + "::" + op_type;
   size_t size = 0;
   OrtStatus* st = api().KernelInfo_GetNodeName(info, nullptr, &size);
   if (st != nullptr) {

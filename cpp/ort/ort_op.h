@@ -24,13 +24,26 @@ namespace opbridge::ort {
 // KernelContext_ParallelFor, all of which the ops rely on.
 inline constexpr uint32_t kMinOrtApiVersion = 17;
 
-// The custom-op domain of every opbridge op: a contract with the exporter.
+// The custom-op domain of every opbridge op: a contract with the exporter. Libraries of
+// users' own ops, built on this adapter layer, register theirs in a domain of their own.
 inline constexpr const char* kDomain = "ai.opbridge";
 
 // The API table negotiated at registration (never null once RegisterCustomOps succeeded).
 const OrtApi& api();
 uint32_t api_version();
 void set_api(const OrtApi* api, uint32_t version);
+// The domain this library registered its ops in (kDomain until register_custom_ops ran).
+const char* domain();
+
+// The body of a library's RegisterCustomOps: negotiates the C API version (min of the
+// runtime's and these headers', at least kMinOrtApiVersion) and adds every op of op_registry()
+// to `options` in the custom-op domain `domain`. Returns nullptr on success, else an error
+// status (ORT releases it); never throws. A library uses one domain for all its calls.
+//   options:  the session options to register with (nullptr: nothing is done)
+//   api_base: what ORT passed to RegisterCustomOps (nullptr: nothing is done)
+//   domain:   the ONNX domain of the library's nodes, e.g. kDomain; non-empty
+OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* api_base,
+                               const char* domain) noexcept;
 
 // An error on its way to ORT. Thrown inside adapters, turned into an OrtStatus by guard().
 class Error : public std::exception {
@@ -164,3 +177,12 @@ struct OpRegistrar {
 // OPBRIDGE_REGISTER_ORT_OPS(fn): fn() returns the std::vector<OpSpec> of one op file.
 #define OPBRIDGE_REGISTER_ORT_OPS(fn) \
   static const ::opbridge::ort::OpRegistrar OPBRIDGE_ORT_CONCAT(opbridge_ort_registrar_, __LINE__)(fn)
+
+// OPBRIDGE_ORT_LIBRARY_ENTRY(domain): defines the library's exported entry point
+// RegisterCustomOps (what SessionOptions.register_custom_ops_library / RegisterCustomOpsLibrary
+// look up), registering all of its ops in `domain` (a const char*). Exactly one per library.
+#define OPBRIDGE_ORT_LIBRARY_ENTRY(domain)                                                        \
+  extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps( \
+      OrtSessionOptions* options, const OrtApiBase* api_base) {                                   \
+    return ::opbridge::ort::register_custom_ops(options, api_base, (domain));                     \
+  }

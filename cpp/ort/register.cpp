@@ -1,9 +1,11 @@
-// opbridge ORT custom-op library entry point: RegisterCustomOps.
+// opbridge ORT adapter layer: registration (the body of every library's RegisterCustomOps).
 //
 // ORT calls RegisterCustomOps(options, api_base) from SessionOptions.register_custom_ops_library
-// (Python) or RegisterCustomOpsLibrary / RegisterCustomOpsUsingFunction (C/C++). We negotiate the
-// C API version (min of the runtime's and the headers'), wrap every OpSpec of op_registry() into an
-// OrtCustomOp whose `version` is capped to it, and add them all in one "ai.opbridge" domain.
+// (Python) or RegisterCustomOpsLibrary / RegisterCustomOpsUsingFunction (C/C++); the library's
+// entry point (OPBRIDGE_ORT_LIBRARY_ENTRY, entry.cpp for opbridge's own) forwards here with its
+// domain. We negotiate the C API version (min of the runtime's and the headers'), wrap every
+// OpSpec of op_registry() into an OrtCustomOp whose `version` is capped to it, and add them all
+// in one domain ("ai.opbridge" for opbridge's library).
 #include <climits>
 #include <cstring>
 #include <cstdio>
@@ -157,7 +159,18 @@ State& state() {
   return s;
 }
 
-OrtStatus* register_ops(OrtSessionOptions* options, const OrtApiBase* base) {
+// The domain of this library's ops: set by the first register_custom_ops call.
+std::string& registered_domain() {
+  static std::string d = kDomain;
+  return d;
+}
+
+}  // namespace
+
+const char* domain() { return registered_domain().c_str(); }
+
+OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* base, const char* domain_name) noexcept {
+  if (options == nullptr || base == nullptr) return nullptr;
   const uint32_t runtime = runtime_api_version(base);
   if (runtime < kMinOrtApiVersion) {
     // The API-1 table always exists and has CreateStatus.
@@ -175,6 +188,15 @@ OrtStatus* register_ops(OrtSessionOptions* options, const OrtApiBase* base) {
     State::g_api_ok = true;
   }
   return guard([&] {
+    if (domain_name == nullptr || *domain_name == '\0') {
+      fail(ORT_INVALID_ARGUMENT, "opbridge: the custom-op domain of a library must not be empty");
+    }
+    if (s.ops.empty()) {
+      registered_domain() = domain_name;
+    } else if (registered_domain() != domain_name) {
+      fail(ORT_INVALID_ARGUMENT, std::string("opbridge: this library registers its ops in domain '") +
+                                     registered_domain() + "', not '" + domain_name + "'");
+    }
     if (s.ops.empty()) {
       for (const OpSpec& spec : op_registry()) {
         auto op = std::make_unique<CustomOp>();
@@ -184,21 +206,11 @@ OrtStatus* register_ops(OrtSessionOptions* options, const OrtApiBase* base) {
       }
     }
     OrtCustomOpDomain* domain = nullptr;
-    check(api().CreateCustomOpDomain(kDomain, &domain));
+    check(api().CreateCustomOpDomain(registered_domain().c_str(), &domain));
     s.domains.push_back(domain);
     for (auto& op : s.ops) check(api().CustomOpDomain_Add(domain, op.get()));
     check(api().AddCustomOpDomain(options, domain));
   });
 }
 
-}  // namespace
 }  // namespace opbridge::ort
-
-extern "C" {
-// The one symbol the library exports (see cmake/ort_exports.map).
-__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
-                                                                                 const OrtApiBase* api_base) {
-  if (options == nullptr || api_base == nullptr) return nullptr;
-  return opbridge::ort::register_ops(options, api_base);
-}
-}

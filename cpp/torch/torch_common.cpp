@@ -1,11 +1,6 @@
 #include "torch_common.h"
 
 #include <ATen/Parallel.h>
-#include <torch/library.h>
-
-#include <string>
-
-#include "opbridge/cpu_isa.h"
 
 namespace opbridge::torch_adapter {
 
@@ -46,17 +41,3 @@ void check_param(const std::optional<at::Tensor>& p, const at::Tensor& x, const 
 }
 
 }  // namespace opbridge::torch_adapter
-
-// The instruction-set level of this library's CPU kernels (opbridge/cpu_isa.h), for tests and
-// benchmarks: _cpu_isa() reports it, _set_cpu_isa(name) sets it ('auto': the best) and returns
-// the level in effect.
-TORCH_LIBRARY_FRAGMENT(opbridge, m) {
-  m.def("_cpu_isa() -> str",
-        [] { return std::string(opbridge::cpu_isa_name(opbridge::cpu_isa_resolve(opbridge::CpuIsa::kAuto))); });
-  m.def("_set_cpu_isa(str name) -> str", [](const std::string& name) {
-    opbridge::CpuIsa isa;
-    TORCH_CHECK_VALUE(opbridge::parse_cpu_isa(name.c_str(), &isa),
-                      "opbridge::_set_cpu_isa: name must be 'auto', 'baseline', 'avx2' or 'avx512', got '", name, "'");
-    return std::string(opbridge::cpu_isa_name(opbridge::set_cpu_isa(isa)));
-  });
-}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
+from ._cmake import cmake_dir
 from ._library import DOMAIN, build_info, get_library_path
 from ._session import InferenceSession, session_options
 from ._version import __version__
@@ -19,6 +20,7 @@ __all__ = [
     "InferenceSession",
     "__version__",
     "build_info",
+    "cmake_dir",
     "get_library_path",
     "session_options",
     "nn",

@@ -1,4 +1,4 @@
-"""The ``opbridge`` command line: info, demo."""
+"""The ``opbridge`` command line: info, demo, --cmake-dir."""
 
 from __future__ import annotations
 
@@ -52,12 +52,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="opbridge", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p.add_argument("--cmake-dir", action="store_true",
+                   help="print the folder of opbridgeConfig.cmake (for -Dopbridge_DIR=...) and exit")
+    sub = p.add_subparsers(dest="cmd")
     sub.add_parser("info", help="versions, library path, ops, ONNX Runtime providers")
     d = sub.add_parser("demo", help="export a small conv net with opbridge ops with both exporters and run it in ORT")
     d.add_argument("--out-dir", default="opbridge-demo", help="where to write the .onnx files (default: %(default)s)")
     d.add_argument("--repeats", type=int, default=20, help="timed runs per implementation (default: %(default)s)")
     args = p.parse_args(argv)
+    if args.cmake_dir:
+        from ._cmake import cmake_dir
+
+        print(cmake_dir())
+        return 0
+    if args.cmd is None:
+        p.error("a command is required (info, demo) unless --cmake-dir is given")
     if args.cmd == "info":
         return _cmd_info(args)
     if args.cmd == "demo":

@@ -3,6 +3,7 @@
 * ``export(model, args, f, dynamo=True, ...)``: one call, both exporters, dynamic batch.
 * ``translation_table()``: pass as ``custom_translation_table`` to ``torch.onnx.export(..., dynamo=True)``.
 * ``register_symbolics()``: for ``torch.onnx.export(..., dynamo=False)`` (TorchScript exporter).
+* ``declare_op(...)``: export rules for an op of your own (docs/cpp.md, "Writing your own op").
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ from typing import Any, Mapping
 import onnx
 
 from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig, Lowering
+from ._custom import CustomOp, declare_op
 from ._registry import op_modules
 from ._script import register_schemas
 
 __all__ = [
+    "CustomOp",
     "DOMAIN",
     "DOMAIN_VERSION",
     "LOWERINGS",
     "ExportConfig",
+    "declare_op",
     "export",
     "register_schemas",
     "register_symbolics",

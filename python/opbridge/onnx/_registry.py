@@ -5,16 +5,16 @@ An op module (``opbridge/onnx/<op>.py``) may define:
   symbolics(cfg) -> {"namespace::op": symbolic function}                   (TorchScript exporter)
   schemas() -> [onnx.defs.OpSchema]                                        (ai.opbridge schemas)
   OPS: the op names it handles, for per-op lowering.
+Ops of your own, declared with ``opbridge.onnx.declare_op``, are listed after the modules.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
-from types import ModuleType
 
 
-def op_modules() -> list[ModuleType]:
+def op_modules() -> list:
     from . import __path__ as pkg_path
 
     mods = []
@@ -22,4 +22,13 @@ def op_modules() -> list[ModuleType]:
         if m.name.startswith("_"):
             continue
         mods.append(importlib.import_module(f"opbridge.onnx.{m.name}"))
-    return mods
+    return mods + list(_declared.values())
+
+
+# torch op name -> CustomOp (opbridge/onnx/_custom.py), in declaration order.
+_declared: dict = {}
+
+
+def add_declared_op(op) -> None:
+    _declared.pop(op.torch_op, None)
+    _declared[op.torch_op] = op

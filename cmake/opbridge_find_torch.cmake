@@ -1,0 +1,104 @@
+# opbridge_find_torch([<error_var>]) - part of the installed opbridge CMake package.
+#
+# Defines the imported target opbridge::torch (torch's headers, its C++ ABI define and the
+# c10/torch_cpu/torch libraries, plus c10_cuda/torch_cuda for a CUDA torch) for the torch that
+# the Python interpreter imports: Python_EXECUTABLE (or Python3_EXECUTABLE), else the one
+# find_package(Python) finds. That torch must be the version opbridge's static torch adapter was
+# built against (opbridge_TORCH_VERSION): torch has no stable C++ ABI across versions.
+# Sets opbridge_TORCH_HAS_CUDA in the caller's scope. Does nothing if opbridge::torch exists.
+# On failure: sets <error_var> to the reason and returns if given, else stops with an error.
+#
+# Like opbridge's own build, this asks Python instead of calling find_package(Torch), which
+# adds a global `dummy` target, bogus MKL link directories and seconds of configure time.
+include_guard(GLOBAL)
+
+function(opbridge_find_torch)
+  set(err_var "${ARGV0}")
+  if(TARGET opbridge::torch)
+    get_target_property(has_cuda opbridge::torch OPBRIDGE_TORCH_HAS_CUDA)
+    set(opbridge_TORCH_HAS_CUDA ${has_cuda} PARENT_SCOPE)
+    return()
+  endif()
+  macro(_opbridge_torch_fail)
+    string(CONCAT _msg ${ARGN})
+    if(err_var)
+      set(${err_var} "${_msg}" PARENT_SCOPE)
+      return()
+    endif()
+    message(FATAL_ERROR "opbridge_find_torch: ${_msg}")
+  endmacro()
+
+  if(NOT opbridge_TORCH_VERSION)
+    _opbridge_torch_fail("this opbridge was built without torch, so it has no torch adapter")
+  endif()
+  if(Python_EXECUTABLE)
+    set(py "${Python_EXECUTABLE}")
+  elseif(Python3_EXECUTABLE)
+    set(py "${Python3_EXECUTABLE}")
+  else()
+    find_package(Python COMPONENTS Interpreter QUIET)
+    if(NOT Python_EXECUTABLE)
+      _opbridge_torch_fail("no Python interpreter found; set Python_EXECUTABLE to the one that imports torch")
+    endif()
+    set(py "${Python_EXECUTABLE}")
+  endif()
+  execute_process(
+    COMMAND "${py}" -c [=[
+import torch, torch.utils.cpp_extension as ext
+print(",".join(ext.include_paths()))
+print(",".join(ext.library_paths()))
+print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
+print(torch.__version__)
+print(torch.version.cuda or "")
+]=]
+    OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0)
+    _opbridge_torch_fail("torch is not importable by ${py}: ${err}")
+  endif()
+  string(REPLACE "\n" ";" lines "${out}")
+  list(LENGTH lines n)
+  if(n LESS 4)
+    _opbridge_torch_fail("unexpected answer from ${py} about torch: ${out}")
+  endif()
+  list(GET lines 0 inc)
+  list(GET lines 1 libdir)
+  list(GET lines 2 abi)
+  list(GET lines 3 version)
+  set(cuda "")
+  if(n GREATER 4)
+    list(GET lines 4 cuda)
+  endif()
+  if(NOT version STREQUAL opbridge_TORCH_VERSION)
+    _opbridge_torch_fail("${py} imports torch ${version}, but opbridge's torch adapter was built against "
+                         "torch ${opbridge_TORCH_VERSION}. Use that torch, or rebuild opbridge against "
+                         "this one (pip install --no-build-isolation --force-reinstall opbridge).")
+  endif()
+  string(REPLACE "," ";" inc "${inc}")
+  string(REPLACE "," ";" libdir "${libdir}")
+  set(names c10 torch_cpu torch)
+  if(cuda)
+    list(APPEND names c10_cuda torch_cuda)
+  endif()
+  set(libs "")
+  foreach(name IN LISTS names)
+    find_library(lib_${name} NAMES ${name} PATHS ${libdir} NO_DEFAULT_PATH NO_CACHE)
+    if(NOT lib_${name})
+      _opbridge_torch_fail("lib${name} not found in ${libdir}")
+    endif()
+    list(APPEND libs "${lib_${name}}")
+  endforeach()
+
+  # GLOBAL: one torch per build, usable from every directory of the project.
+  add_library(opbridge::torch INTERFACE IMPORTED GLOBAL)
+  set_target_properties(opbridge::torch PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${inc}"
+    INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=${abi}"
+    INTERFACE_LINK_LIBRARIES "${libs}")
+  set(has_cuda OFF)
+  if(cuda)
+    set(has_cuda ON)
+  endif()
+  set_target_properties(opbridge::torch PROPERTIES OPBRIDGE_TORCH_HAS_CUDA ${has_cuda})
+  set(opbridge_TORCH_HAS_CUDA ${has_cuda} PARENT_SCOPE)
+  message(STATUS "opbridge: torch ${version} (CUDA: ${cuda}) from ${py}")
+endfunction()

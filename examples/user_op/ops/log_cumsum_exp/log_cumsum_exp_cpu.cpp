@@ -1,0 +1,73 @@
+// LogCumSumExp CPU kernel (framework-free).
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "userops/log_cumsum_exp.h"
+
+namespace userops {
+
+opbridge::Status log_cumsum_exp_check(const std::vector<int64_t>& shape, int64_t axis, ScanDims* dims,
+                                      const char* axis_name) {
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  if (rank < 1) return opbridge::Status::InvalidArgument("x must have rank >= 1, got a scalar");
+  if (axis < -rank || axis >= rank) {
+    return opbridge::Status::InvalidArgument(std::string(axis_name) + " must be in [-" + std::to_string(rank) + ", " +
+                                             std::to_string(rank) + ") for x of rank " + std::to_string(rank) +
+                                             ", got " + std::to_string(axis));
+  }
+  if (axis < 0) axis += rank;
+  ScanDims d;
+  for (int64_t i = 0; i < axis; ++i) d.outer *= shape[i];
+  d.len = shape[axis];
+  for (int64_t i = axis + 1; i < rank; ++i) d.inner *= shape[i];
+  *dims = d;
+  return opbridge::Status::Ok();
+}
+
+namespace {
+
+// Scans one line of `len` elements `stride` apart.
+template <class T>
+void scan_line(const T* x, T* y, int64_t len, int64_t stride) {
+  T m = -INFINITY;  // running maximum
+  T s = 0;          // sum of exp(x - m) so far
+  for (int64_t i = 0; i < len; ++i) {
+    const T v = x[i * stride];
+    if (v > m) {
+      s = s * std::exp(m - v) + T(1);  // exp(-inf) = 0 for the first finite value
+      m = v;
+    } else if (v == m) {
+      s += T(1);  // also +inf == +inf, where exp(v - m) would be exp(NaN)
+    } else {
+      s += std::exp(v - m);  // v < m, or NaN (which then propagates)
+    }
+    y[i * stride] = m + std::log(s);
+  }
+}
+
+// Lines shorter than this are batched into one parallel task: a task should do at least a few
+// microseconds of work (~16K exp/log evaluations) to be worth scheduling.
+constexpr int64_t kMinTaskElems = 1 << 14;
+
+}  // namespace
+
+template <class T>
+opbridge::Status log_cumsum_exp_cpu(const T* x, T* y, const ScanDims& d, const opbridge::ParallelFor& pf) {
+  const int64_t lines = d.outer * d.inner;
+  const int64_t grain = std::max<int64_t>(1, kMinTaskElems / std::max<int64_t>(1, d.len));
+  pf(lines, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t l = begin; l < end; ++l) {
+      const int64_t o = l / d.inner, k = l % d.inner;
+      const int64_t base = o * d.len * d.inner + k;
+      scan_line(x + base, y + base, d.len, d.inner);
+    }
+  });
+  return opbridge::Status::Ok();
+}
+
+template opbridge::Status log_cumsum_exp_cpu<float>(const float*, float*, const ScanDims&, const opbridge::ParallelFor&);
+template opbridge::Status log_cumsum_exp_cpu<double>(const double*, double*, const ScanDims&,
+                                                     const opbridge::ParallelFor&);
+
+}  // namespace userops

@@ -1,0 +1,253 @@
+"""The installed CMake package, used from C++ (tests/cmake_consumer/): find_package(opbridge),
+ONNX Runtime C++ programs that register opbridge's ops by path and by linking opbridge::ort, and
+the framework-free kernels of opbridge::kernels. The expected values are computed here with torch
+in float64; the C++ programs only load, run and write .npy files."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.resources
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+import opbridge
+from cmake_helpers import REPO, build, configure, run
+from onnx_models import single_node_model
+
+torch = pytest.importorskip("torch", reason="the models are exported from torch")
+import opbridge.onnx  # noqa: E402
+import opbridge.ops  # noqa: E402
+
+HAS_INVERSE = hasattr(torch.ops.opbridge, "inverse")
+NO_INVERSE = "torch.ops.opbridge.inverse is not in this build (the Inverse op is not part of it yet)"
+
+# A CMake project that only looks the package up and reports what it found.
+PROBE = """
+cmake_minimum_required(VERSION 3.21)
+project(probe LANGUAGES NONE)
+find_package(opbridge ${REQ} CONFIG ${ARGS})
+set(out "found=${opbridge_FOUND}\\nversion=${opbridge_VERSION}\\ndir=${opbridge_DIR}\\n")
+if(opbridge_FOUND)
+  foreach(t ort kernels ort_adapter onnxruntime_headers torch_adapter torch)
+    if(TARGET opbridge::${t})
+      string(APPEND out "target.${t}=1\\n")
+    endif()
+  endforeach()
+  get_target_property(loc opbridge::ort LOCATION)
+  get_target_property(inc opbridge::kernels INTERFACE_INCLUDE_DIRECTORIES)
+  get_target_property(ort_inc opbridge::onnxruntime_headers INTERFACE_INCLUDE_DIRECTORIES)
+  string(APPEND out "ort=${loc}\\ninclude=${inc}\\nort_include=${ort_inc}\\n"
+                    "ort_api=${opbridge_ORT_API_VERSION}\\ntorch_version=${opbridge_TORCH_VERSION}\\n")
+endif()
+file(WRITE "${CMAKE_BINARY_DIR}/probe.txt" "${out}")
+"""
+
+
+def probe(tmp_path: Path, defines: dict, name: str = "probe") -> dict:
+    src = tmp_path / f"{name}-src"
+    src.mkdir()
+    (src / "CMakeLists.txt").write_text(PROBE)
+    configure(src, tmp_path / f"{name}-build", defines)
+    text = (tmp_path / f"{name}-build" / "probe.txt").read_text()
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def package_dir() -> Path:
+    return Path(opbridge.cmake_dir()).parents[2]
+
+
+# ---- finding the package -------------------------------------------------------------------
+def _route(route: str) -> dict:
+    if route == "cmake_dir":
+        return {"opbridge_DIR": opbridge.cmake_dir()}
+    if route == "cli":
+        p = subprocess.run([sys.executable, "-m", "opbridge", "--cmake-dir"], capture_output=True, text=True,
+                           check=True)
+        return {"opbridge_DIR": p.stdout.strip()}
+    # scikit-build-core's way: the cmake.prefix entry point's package folder on CMAKE_PREFIX_PATH.
+    (ep,) = [e for e in importlib.metadata.entry_points(group="cmake.prefix") if e.name == "opbridge"]
+    prefix = Path(os.fspath(importlib.resources.files(ep.load())))
+    return {"CMAKE_PREFIX_PATH": prefix, "CMAKE_FIND_USE_PACKAGE_REGISTRY": "OFF"}
+
+
+@pytest.mark.parametrize("route", ["cmake_dir", "cli", "cmake.prefix entry point"])
+def test_find_package(tmp_path, route):
+    found = probe(tmp_path, _route(route))
+    assert found["found"] == "1"
+    assert found["version"] == opbridge.__version__
+    assert Path(found["dir"]).resolve() == Path(opbridge.cmake_dir()).resolve()
+    for t in ("ort", "kernels", "ort_adapter", "onnxruntime_headers"):
+        assert found.get(f"target.{t}") == "1", t
+    assert Path(found["ort"]).resolve() == Path(opbridge.get_library_path()).resolve()
+    ort_include = Path(found["ort_include"])
+    assert (ort_include / "onnxruntime_cxx_api.h").is_file() and (ort_include / "LICENSE").is_file()
+    # The headers shipped are the ones the library was built with.
+    assert found["ort_api"] == str(opbridge.build_info()["ort_api_version"])
+
+
+def test_version_compatibility(tmp_path):
+    major, minor, *_ = (int(p) for p in opbridge.__version__.split("."))
+    cases = {
+        opbridge.__version__: "1",
+        f"{major}.{minor}": "1",
+        f"{major}.{minor + 1}": "0",  # SameMinorVersion: a newer minor is not this one
+        f"{major + 1}.0": "0",
+    }
+    if minor > 0:
+        cases[f"{major}.{minor - 1}"] = "0"
+    for i, (req, expected) in enumerate(cases.items()):
+        found = probe(tmp_path, {"opbridge_DIR": opbridge.cmake_dir(), "REQ": req}, name=f"v{i}")
+        assert found["found"] == expected, f"find_package(opbridge {req}) with opbridge {opbridge.__version__}"
+
+
+def test_relocatable(tmp_path):
+    # A copy of the package elsewhere (as a wheel installed to another prefix) must find itself.
+    copy = tmp_path / "elsewhere" / "opbridge"
+    shutil.copytree(package_dir(), copy, ignore=shutil.ignore_patterns("__pycache__", "*.py"))
+    found = probe(tmp_path, {"opbridge_DIR": copy / "share" / "cmake" / "opbridge"})
+    assert found["found"] == "1"
+    assert Path(found["ort"]) == copy / "libopbridge_ort.so"
+    assert found["include"] == str(copy / "include")
+    assert Path(found["ort_include"]) == copy / "include" / "onnxruntime"
+
+
+@pytest.mark.skipif(not opbridge.build_info().get("torch_version"), reason="opbridge was built without torch")
+def test_torch_component(tmp_path):
+    found = probe(tmp_path, {"opbridge_DIR": opbridge.cmake_dir(), "ARGS": "REQUIRED;COMPONENTS;torch"})
+    assert found["found"] == "1"
+    assert found.get("target.torch_adapter") == "1" and found.get("target.torch") == "1"
+    assert found["torch_version"] == torch.__version__
+
+
+# ---- the C++ programs ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def consumer(tmp_path_factory) -> Path:
+    """tests/cmake_consumer, configured against the installed package and built."""
+    build_dir = tmp_path_factory.mktemp("cmake_consumer")
+    configure(REPO / "tests" / "cmake_consumer", build_dir, {"opbridge_DIR": opbridge.cmake_dir()})
+    build(build_dir)
+    return build_dir
+
+
+def run_program(exe: Path, args: list, out_dir: Path, n_out: int = 1, expect_ok: bool = True):
+    """Runs a program that writes <out_dir>/<i>.npy; the files are poisoned first (NaN), so a
+    program that writes nothing cannot pass."""
+    for i in range(n_out):
+        np.save(out_dir / f"{i}.npy", np.full((1,), np.nan))
+    p = subprocess.run([str(exe), *map(str, args)], capture_output=True, text=True, timeout=120)
+    if not expect_ok:
+        return p
+    assert p.returncode == 0, f"{exe.name} failed ({p.returncode}):\n{p.stderr}"
+    return [np.load(out_dir / f"{i}.npy") for i in range(n_out)]
+
+
+class GroupNormModel(torch.nn.Module):
+    def __init__(self, channels: int, groups: int, rng: np.random.Generator, dtype: torch.dtype):
+        super().__init__()
+        self.groups = groups
+        self.weight = torch.nn.Parameter(torch.from_numpy(rng.standard_normal(channels)).to(dtype))
+        self.bias = torch.nn.Parameter(torch.from_numpy(rng.standard_normal(channels)).to(dtype))
+
+    def forward(self, x):
+        return opbridge.ops.group_norm(x * 2.0 + 1.0, self.groups, self.weight, self.bias, 1e-5)
+
+
+class InverseModel(torch.nn.Module):
+    def forward(self, x):
+        inverse = getattr(opbridge.ops, "inverse", None) or torch.ops.opbridge.inverse
+        return inverse(x) + 1.0
+
+
+def make_case(op: str, dtype: torch.dtype, rng: np.random.Generator, tmp_path: Path):
+    """(model path, input, expected float64 output computed with torch)."""
+    if op == "group_norm":
+        model = GroupNormModel(6, 3, rng, dtype)
+        x = torch.from_numpy(rng.standard_normal((2, 6, 5, 4)) * 3 + 0.5).to(dtype)
+        with torch.no_grad():
+            expected = torch.nn.functional.group_norm(
+                x.double() * 2.0 + 1.0, 3, model.weight.double(), model.bias.double(), 1e-5)
+    else:
+        model = InverseModel()
+        n = 5
+        # Diagonally dominant: well conditioned, so float32 results are accurate to ~1e-6.
+        a = rng.standard_normal((3, n, n)) + n * np.eye(n)
+        x = torch.from_numpy(a).to(dtype)
+        expected = torch.linalg.inv(x.double()) + 1.0
+    path = tmp_path / f"{op}.onnx"
+    model.eval()
+    with torch.no_grad():
+        opbridge.onnx.export(model, (x,), path, dynamo=True)
+    assert any(n.domain == opbridge.DOMAIN for n in onnx.load(path).graph.node), "no ai.opbridge node exported"
+    return path, x.numpy(), expected.numpy()
+
+
+OPS = ["group_norm", pytest.param("inverse", marks=pytest.mark.skipif(not HAS_INVERSE, reason=NO_INVERSE))]
+TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol=1e-10, atol=1e-10)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("op", OPS)
+def test_cpp_program_runs_model(consumer, tmp_path, rng, op, dtype):
+    model, x, expected = make_case(op, dtype, rng, tmp_path)
+    np.save(tmp_path / "x.npy", x)
+    # RegisterCustomOpsLibrary by path, and RegisterCustomOps of the linked opbridge::ort.
+    for exe, reg in ((consumer / "opbridge_run", ["--library", opbridge.get_library_path()]),
+                     (consumer / "opbridge_run_linked", ["--linked"])):
+        (y,) = run_program(exe, [*reg, model, tmp_path, tmp_path / "x.npy"], tmp_path)
+        assert y.dtype == x.dtype and y.shape == expected.shape, exe.name
+        np.testing.assert_allclose(y, expected, **TOL[dtype], err_msg=exe.name)
+
+
+def test_cpp_program_needs_registration(consumer, tmp_path, rng):
+    model, x, _ = make_case("group_norm", torch.float32, rng, tmp_path)
+    np.save(tmp_path / "x.npy", x)
+    p = run_program(consumer / "opbridge_run", [model, tmp_path, tmp_path / "x.npy"], tmp_path, expect_ok=False)
+    assert p.returncode == 1 and "GroupNorm" in p.stderr
+
+
+def test_cpp_program_reports_op_errors(consumer, tmp_path, rng):
+    # num_groups = 3 does not divide C = 4: an ORT error status from the op, not a crash.
+    m = single_node_model("GroupNorm", opbridge.DOMAIN, [("X", np.float32, [2, 4, 3]), None, None], {"num_groups": 3})
+    onnx.save(m, tmp_path / "bad.onnx")
+    np.save(tmp_path / "x.npy", rng.standard_normal((2, 4, 3)).astype(np.float32))
+    for exe, reg in ((consumer / "opbridge_run", ["--library", opbridge.get_library_path()]),
+                     (consumer / "opbridge_run_linked", ["--linked"])):
+        p = run_program(exe, [*reg, tmp_path / "bad.onnx", tmp_path, tmp_path / "x.npy"], tmp_path, expect_ok=False)
+        assert p.returncode == 1, p.stderr
+        assert "ai.opbridge::GroupNorm" in p.stderr and "num_groups must divide" in p.stderr
+
+
+def test_kernels_without_any_framework(consumer, tmp_path, rng):
+    x = (rng.standard_normal((3, 8, 7)) * 4 - 2).astype(np.float32)
+    w = rng.standard_normal(8).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    for name, a in (("x", x), ("w", w), ("b", b)):
+        np.save(tmp_path / f"{name}.npy", a)
+    np.save(tmp_path / "0.npy", np.full((1,), np.nan))
+    run([consumer / "group_norm_direct", tmp_path / "x.npy", tmp_path / "w.npy", tmp_path / "b.npy", 4, 1e-5,
+         tmp_path / "0.npy"])
+    expected = torch.nn.functional.group_norm(torch.from_numpy(x).double(), 4, torch.from_numpy(w).double(),
+                                              torch.from_numpy(b).double(), 1e-5).numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "0.npy"), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("op", OPS)
+def test_cpp_program_runs_model_on_cuda(consumer, tmp_path, rng, op):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
+    model, x, expected = make_case(op, torch.float32, rng, tmp_path)
+    np.save(tmp_path / "x.npy", x)
+    # --cuda disables the CPU fallback: the session fails unless our ops have CUDA kernels.
+    (y,) = run_program(consumer / "opbridge_run", ["--cuda", "--library", opbridge.get_library_path(), model,
+                                                    tmp_path, tmp_path / "x.npy"], tmp_path)
+    np.testing.assert_allclose(y, expected, **TOL[torch.float32])
