@@ -185,6 +185,101 @@ std::string node_label(const OrtKernelInfo* info, const char* op_type) {
   return label;
 }
 
+int64_t InferInput::static_numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+size_t InferIO::input_count() const {
+  size_t n = 0;
+  check(api().ShapeInferContext_GetInputCount(ctx_, &n));
+  return n;
+}
+
+InferInput InferIO::input(size_t index) const {
+  InferInput in;
+  if (index >= input_count()) return in;
+  // The context owns the info it hands out (it lives as long as the context): never release it.
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  OrtStatus* st = api().ShapeInferContext_GetInputTypeShape(ctx_, index, &info);
+  if (st != nullptr) {
+    // An omitted optional input has no type to report.
+    api().ReleaseStatus(st);
+    return in;
+  }
+  check(api().GetTensorElementType(info, &in.type));
+  if (in.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED) return in;
+  size_t rank = 0;
+  check(api().GetDimensionsCount(info, &rank));
+  in.shape.resize(rank);
+  check(api().GetDimensions(info, in.shape.data(), rank));
+  for (int64_t& d : in.shape) {
+    if (d < 0) d = -1;
+  }
+  in.present = true;
+  return in;
+}
+
+namespace {
+// The attribute `name` of the node being inferred, or nullptr when it is not set.
+const OrtOpAttr* infer_attr(OrtShapeInferContext* ctx, const char* name) {
+  const OrtOpAttr* attr = nullptr;
+  OrtStatus* st = api().ShapeInferContext_GetAttribute(ctx, name, &attr);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    return nullptr;
+  }
+  return attr;
+}
+}  // namespace
+
+int64_t InferIO::attr_int(const char* name) const {
+  if (infer_attr(ctx_, name) == nullptr) {
+    fail(ORT_INVALID_ARGUMENT, std::string("required int attribute '") + name + "' is missing");
+  }
+  return attr_int(name, 0);
+}
+
+int64_t InferIO::attr_int(const char* name, int64_t fallback) const {
+  const OrtOpAttr* attr = infer_attr(ctx_, name);
+  if (attr == nullptr) return fallback;
+  int64_t v = 0;
+  size_t written = 0;
+  OrtStatus* st = api().ReadOpAttr(attr, ORT_OP_ATTR_INT, &v, sizeof(v), &written);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be an int");
+  }
+  return v;
+}
+
+float InferIO::attr_float(const char* name, float fallback) const {
+  const OrtOpAttr* attr = infer_attr(ctx_, name);
+  if (attr == nullptr) return fallback;
+  float v = 0.f;
+  size_t written = 0;
+  OrtStatus* st = api().ReadOpAttr(attr, ORT_OP_ATTR_FLOAT, &v, sizeof(v), &written);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be a float");
+  }
+  return v;
+}
+
+void InferIO::set_output_like_input(size_t out, size_t in) const {
+  // Context-owned, like in input(): passed straight back, never released.
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  check(api().ShapeInferContext_GetInputTypeShape(ctx_, in, &info));
+  size_t rank = 0;
+  check(api().GetDimensionsCount(info, &rank));
+  if (rank == 0) return;
+  check(api().ShapeInferContext_SetOutputTypeShape(ctx_, out, info));
+}
+
 std::vector<OpSpec>& op_registry() {
   static std::vector<OpSpec> registry;
   return registry;

@@ -20,8 +20,10 @@
 
 namespace opbridge::ort {
 
-// Oldest ORT C API we support: 1.17 added InferOutputShapeFn, opset ranges and
-// KernelContext_ParallelFor, all of which the ops rely on.
+// Oldest ORT C API we support: 1.17 added InferOutputShapeFn, opset ranges,
+// KernelContext_ParallelFor and the ShapeInferContext_* / ReadOpAttr functions, all of which the
+// ops rely on. Every OrtApi function this library calls must exist in API 17: with an older
+// table negotiated, a newer entry would read past the end of the runtime's OrtApi struct.
 inline constexpr uint32_t kMinOrtApiVersion = 17;
 
 // The custom-op domain of every opbridge op: a contract with the exporter. Libraries of
@@ -127,6 +129,38 @@ float attr_float(const OrtKernelInfo* info, const char* name, float fallback);
 // "Op 'name'" prefix for messages, with the node name where ORT provides it.
 std::string node_label(const OrtKernelInfo* info, const char* op_type);
 
+// Type and shape of one input during ORT's shape inference (model load).
+struct InferInput {
+  bool present = false;  // false for an omitted optional input
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  // Dimensions, -1 where symbolic or unknown. ORT reports an input of unknown rank as rank 0,
+  // so an empty `shape` means "rank unknown" for inputs that cannot be scalars.
+  std::vector<int64_t> shape;
+
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+  // Number of elements when every dimension is known, else -1.
+  int64_t static_numel() const;
+};
+
+// What an op's shape-inference function sees: its inputs, attributes and outputs.
+class InferIO {
+ public:
+  explicit InferIO(OrtShapeInferContext* ctx) : ctx_(ctx) {}
+  size_t input_count() const;
+  InferInput input(size_t index) const;
+  int64_t attr_int(const char* name) const;  // required
+  int64_t attr_int(const char* name, int64_t fallback) const;
+  float attr_float(const char* name, float fallback) const;
+  // Output `out` gets input `in`'s element type and shape, symbolic dimensions included.
+  // Does nothing when input `in` has rank 0 (unknown rank, see InferInput::shape): declaring a
+  // scalar there would make ORT's downstream shape inference reject valid models.
+  void set_output_like_input(size_t out, size_t in) const;
+  OrtShapeInferContext* raw() const { return ctx_; }
+
+ private:
+  OrtShapeInferContext* ctx_;
+};
+
 // One op as ORT sees it: a name, an execution provider, input/output types, a kernel class.
 struct OpSpec {
   const char* name = nullptr;
@@ -138,8 +172,9 @@ struct OpSpec {
   void* (*create)(const OrtKernelInfo* info) = nullptr;  // may throw
   void (*compute)(void* kernel, OrtKernelContext* ctx) = nullptr;  // may throw
   void (*destroy)(void* kernel) = nullptr;
-  // Output shape inference; nullptr: output 0 has input 0's type and shape.
-  void (*infer_shape)(OrtShapeInferContext* ctx) = nullptr;  // may throw
+  // Output type/shape inference at model load (may throw to reject the node);
+  // nullptr: output 0 has input 0's type and shape (InferIO::set_output_like_input).
+  void (*infer_shape)(const InferIO& io) = nullptr;
 };
 
 // Builds an OpSpec for kernel class K: K(const OrtKernelInfo*) and void Compute(KernelIO&).

@@ -6,7 +6,11 @@
 // domain. We negotiate the C API version (min of the runtime's and the headers'), wrap every
 // OpSpec of op_registry() into an OrtCustomOp whose `version` is capped to it, and add them all
 // in one domain ("ai.opbridge" for opbridge's library).
+//
+// Registering again on options that already have the ops is a no-op: ORT refuses (1.31: "Domain
+// already set in registry") or, in some versions, crashes on two domains of one name in a session.
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
@@ -51,28 +55,36 @@ OrtStatus* compute_kernel(void* k, OrtKernelContext* ctx) {
   });
 }
 
-OrtStatus* infer_default(OrtShapeInferContext* ctx) {
-  // The context owns the info it hands out (ORT's own C++ wrapper release()s it): never free it.
-  OrtTensorTypeAndShapeInfo* info = nullptr;
-  check(api().ShapeInferContext_GetInputTypeShape(ctx, 0, &info));
-  // ORT reports an input of unknown rank as rank 0; passing that on would declare a scalar
-  // output. Our ops take no scalars, so rank 0 means "unknown": leave the output to ORT.
-  size_t rank = 0;
-  check(api().GetDimensionsCount(info, &rank));
-  if (rank == 0) return nullptr;
-  check(api().ShapeInferContext_SetOutputTypeShape(ctx, 0, info));
-  return nullptr;
+// ORT 1.17 to 1.23 crash (null dereference while building the OrtShapeInferContext) on a node
+// that omits an optional input with "" when its op has an InferOutputShapeFn; 1.24 fixed it.
+// Measured: 1.17.3, 1.20.1, 1.23.2 crash; 1.24.1, 1.24.4, 1.26.0, 1.29.0, 1.31.1 do not.
+constexpr uint32_t kSafeOptionalInputInferenceApiVersion = 24;
+
+bool has_optional_input(const OpSpec& spec) {
+  for (bool opt : spec.optional_inputs) {
+    if (opt) return true;
+  }
+  return false;
 }
 
+// Fills the OrtCustomOp part of `op` (whose spec is set) for the negotiated API `version`.
 void fill(CustomOp* op, uint32_t version) {
   OrtCustomOp& c = *op;
   c.version = version;
   c.GetName = [](const OrtCustomOp* o) { return spec_of(o).name; };
   c.GetExecutionProviderType = [](const OrtCustomOp* o) { return spec_of(o).provider; };
+  // No callback may throw (ORT calls them through the C ABI): out-of-range indices, which ORT
+  // never passes, answer UNDEFINED rather than std::vector::at's exception.
   c.GetInputTypeCount = [](const OrtCustomOp* o) { return spec_of(o).inputs.size(); };
-  c.GetInputType = [](const OrtCustomOp* o, size_t i) { return spec_of(o).inputs.at(i); };
+  c.GetInputType = [](const OrtCustomOp* o, size_t i) {
+    const auto& v = spec_of(o).inputs;
+    return i < v.size() ? v[i] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  };
   c.GetOutputTypeCount = [](const OrtCustomOp* o) { return spec_of(o).outputs.size(); };
-  c.GetOutputType = [](const OrtCustomOp* o, size_t i) { return spec_of(o).outputs.at(i); };
+  c.GetOutputType = [](const OrtCustomOp* o, size_t i) {
+    const auto& v = spec_of(o).outputs;
+    return i < v.size() ? v[i] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  };
   c.GetInputCharacteristic = [](const OrtCustomOp* o, size_t i) {
     const auto& opt = spec_of(o).optional_inputs;
     return i < opt.size() && opt[i] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
@@ -112,15 +124,25 @@ void fill(CustomOp* op, uint32_t version) {
     return create_kernel(o, info, kernel);
   };
   c.KernelComputeV2 = [](void* k, OrtKernelContext* ctx) { return compute_kernel(k, ctx); };
-  c.InferOutputShapeFn = [](const OrtCustomOp* o, OrtShapeInferContext* ctx) {
-    return guard([&] {
-      if (spec_of(o).infer_shape != nullptr) {
-        spec_of(o).infer_shape(ctx);
-      } else {
-        infer_default(ctx);
-      }
-    });
-  };
+  // Runs at model load. ORT ignores the status this returns and never releases it (1.31), so a
+  // node the op's inference rejects just gets no output shape (the kernel reports the same error
+  // when it runs) and the status is released here instead of leaking. Ops with optional inputs
+  // get no shape inference on runtimes that would crash (see kSafeOptionalInputInferenceApiVersion):
+  // ORT then infers only their output types.
+  if (version >= kSafeOptionalInputInferenceApiVersion || !has_optional_input(op->spec)) {
+    c.InferOutputShapeFn = [](const OrtCustomOp* o, OrtShapeInferContext* ctx) -> OrtStatus* {
+      OrtStatus* st = guard([&] {
+        const InferIO io(ctx);
+        if (spec_of(o).infer_shape != nullptr) {
+          spec_of(o).infer_shape(io);
+        } else {
+          io.set_output_like_input(0, 0);
+        }
+      });
+      if (st != nullptr) api().ReleaseStatus(st);
+      return nullptr;
+    };
+  }
   c.GetStartVersion = [](const OrtCustomOp*) { return 1; };
   c.GetEndVersion = [](const OrtCustomOp*) { return INT_MAX; };
 }
@@ -131,32 +153,56 @@ void fill(CustomOp* op, uint32_t version) {
 namespace opbridge::ort {
 namespace {
 
-// "1.17.3" -> 17. ORT's C API version equals its minor version throughout the 1.x series.
+// "1.17.3" -> 17. ORT's C API version equals its minor version throughout the 1.x series; a
+// later major version is taken as newer than any 1.x (GetApi then says whether it still serves
+// our headers' version). 0: unparseable.
 uint32_t runtime_api_version(const OrtApiBase* base) {
   const char* v = base->GetVersionString();
   if (v == nullptr) return 0;
   const char* dot = std::strchr(v, '.');
-  if (dot == nullptr || std::atoi(v) != 1) return 0;
+  const int major = std::atoi(v);
+  if (dot == nullptr || major < 1) return 0;
+  if (major > 1) return UINT32_MAX;
   return static_cast<uint32_t>(std::atoi(dot + 1));
 }
 
-// The wrapped ops and the domains handed to ORT live until the library is unloaded: ORT keeps
-// raw pointers to them for as long as any session built from the options exists.
+// Session-config key marking options that already carry a library's domain (one key per domain, so
+// a user's op library and opbridge's can both register on the same options). Config entries are
+// copied and freed together with the options, so the mark has exactly their lifetime (a set of
+// pointers would not: a new OrtSessionOptions may reuse a freed one's address).
+std::string registered_key(const std::string& domain) { return "opbridge.custom_ops_registered." + domain; }
+
+// The wrapped ops and the one domain handed to every OrtSessionOptions live until the library is
+// unloaded: ORT keeps raw pointers to them for as long as any session built from the options
+// exists. One shared domain keeps memory flat however many sessions register the library.
 struct State {
   std::mutex mu;
   std::vector<std::unique_ptr<CustomOp>> ops;
-  std::vector<OrtCustomOpDomain*> domains;
+  OrtCustomOpDomain* domain = nullptr;
   ~State() {
-    if (g_api_ok) {
-      for (OrtCustomOpDomain* d : domains) api().ReleaseCustomOpDomain(d);
-    }
+    if (domain != nullptr && api_version() != 0) api().ReleaseCustomOpDomain(domain);
   }
-  static inline bool g_api_ok = false;
 };
 
 State& state() {
   static State s;
   return s;
+}
+
+std::string runtime_name(const OrtApiBase* base) {
+  const char* v = base->GetVersionString();
+  return std::string("ONNX Runtime ") + (v != nullptr ? v : "(unknown version)");
+}
+
+// An error status from a runtime whose negotiated table is unavailable (too old, or GetApi
+// refused): the API-1 table exists in every ORT and has CreateStatus.
+OrtStatus* early_error(const OrtApiBase* base, const std::string& message) {
+  const OrtApi* oldest = base->GetApi(1);
+  if (oldest == nullptr) {
+    std::fprintf(stderr, "opbridge: %s\n", message.c_str());
+    return nullptr;
+  }
+  return oldest->CreateStatus(ORT_NOT_IMPLEMENTED, message.c_str());
 }
 
 // The domain of this library's ops: set by the first register_custom_ops call.
@@ -170,46 +216,62 @@ std::string& registered_domain() {
 const char* domain() { return registered_domain().c_str(); }
 
 OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* base, const char* domain_name) noexcept {
-  if (options == nullptr || base == nullptr) return nullptr;
+  // Without api_base there is no way to report anything.
+  if (base == nullptr) return nullptr;
   const uint32_t runtime = runtime_api_version(base);
   if (runtime < kMinOrtApiVersion) {
-    // The API-1 table always exists and has CreateStatus.
-    const OrtApi* oldest = base->GetApi(1);
-    std::string msg = std::string("opbridge needs ONNX Runtime >= 1.") + std::to_string(kMinOrtApiVersion) +
-                      " (C API " + std::to_string(kMinOrtApiVersion) + "); this runtime is " +
-                      (base->GetVersionString() ? base->GetVersionString() : "unknown");
-    return oldest ? oldest->CreateStatus(ORT_NOT_IMPLEMENTED, msg.c_str()) : nullptr;
+    return early_error(base, "opbridge needs ONNX Runtime >= 1." + std::to_string(kMinOrtApiVersion) +
+                                 " (C API " + std::to_string(kMinOrtApiVersion) + "); this is " +
+                                 runtime_name(base) + ". Upgrade onnxruntime.");
   }
   const uint32_t version = runtime < ORT_API_VERSION ? runtime : ORT_API_VERSION;
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   if (api_version() == 0) {
-    set_api(base->GetApi(version), version);
-    State::g_api_ok = true;
+    const OrtApi* table = base->GetApi(version);
+    if (table == nullptr) {
+      return early_error(base, "opbridge: " + runtime_name(base) + " does not provide C API version " +
+                                   std::to_string(version) + " (this library needs 1." +
+                                   std::to_string(kMinOrtApiVersion) + " to 1." +
+                                   std::to_string(ORT_API_VERSION) + ")");
+    }
+    set_api(table, version);
   }
   return guard([&] {
+    if (options == nullptr) fail(ORT_INVALID_ARGUMENT, "opbridge: RegisterCustomOps got null session options");
     if (domain_name == nullptr || *domain_name == '\0') {
       fail(ORT_INVALID_ARGUMENT, "opbridge: the custom-op domain of a library must not be empty");
     }
-    if (s.ops.empty()) {
-      registered_domain() = domain_name;
-    } else if (registered_domain() != domain_name) {
+    if (s.domain != nullptr && registered_domain() != domain_name) {
       fail(ORT_INVALID_ARGUMENT, std::string("opbridge: this library registers its ops in domain '") +
                                      registered_domain() + "', not '" + domain_name + "'");
     }
-    if (s.ops.empty()) {
+    const std::string key = registered_key(domain_name);
+    int registered = 0;
+    check(api().HasSessionConfigEntry(options, key.c_str(), &registered));
+    if (registered != 0) return;
+    if (s.domain == nullptr) {
+      // Built aside and committed at the end, so that a failure leaves the state as it was.
+      std::vector<std::unique_ptr<CustomOp>> ops;
       for (const OpSpec& spec : op_registry()) {
+        // Value-initialized: OrtCustomOp members we do not set (GetMayInplace, GetAliasMap, ...)
+        // stay null, which ORT reads as "not provided".
         auto op = std::make_unique<CustomOp>();
-        fill(op.get(), version);
         op->spec = spec;
-        s.ops.push_back(std::move(op));
+        fill(op.get(), api_version());
+        ops.push_back(std::move(op));
       }
+      OrtCustomOpDomain* domain = nullptr;
+      check(api().CreateCustomOpDomain(domain_name, &domain));
+      std::unique_ptr<OrtCustomOpDomain, void (*)(OrtCustomOpDomain*)> holder(
+          domain, [](OrtCustomOpDomain* d) { api().ReleaseCustomOpDomain(d); });
+      for (auto& op : ops) check(api().CustomOpDomain_Add(domain, op.get()));
+      s.ops = std::move(ops);
+      s.domain = holder.release();
+      registered_domain() = domain_name;
     }
-    OrtCustomOpDomain* domain = nullptr;
-    check(api().CreateCustomOpDomain(registered_domain().c_str(), &domain));
-    s.domains.push_back(domain);
-    for (auto& op : s.ops) check(api().CustomOpDomain_Add(domain, op.get()));
-    check(api().AddCustomOpDomain(options, domain));
+    check(api().AddCustomOpDomain(options, s.domain));
+    check(api().AddSessionConfigEntry(options, key.c_str(), "1"));
   });
 }
 

@@ -33,8 +33,9 @@ if importlib.util.find_spec("torch") is not None:
 
 
 def __getattr__(name: str):
-    # nn / onnx / ops need torch: import them on first use so that a torch-free deployment can
-    # still `import opbridge`, and fail there with the loader's helpful message.
+    # nn / ops need torch (opbridge.onnx needs onnx; its export needs torch): import them on
+    # first use so that a torch-free deployment can still `import opbridge`, and fail there with
+    # the loader's helpful message.
     if name in ("nn", "onnx", "ops"):
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'opbridge' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""The ``opbridge`` command line: info, demo, --cmake-dir."""
+"""The ``opbridge`` command line: info, demo, check, --cmake-dir."""
 
 from __future__ import annotations
 
@@ -50,6 +50,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(out_dir=args.out_dir, repeats=args.repeats)
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    from ._check import main as check_main
+
+    return check_main(args.model, providers=args.provider, dims=args.dim, run=not args.no_run)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="opbridge", description=__doc__)
     p.add_argument("--cmake-dir", action="store_true",
@@ -59,6 +65,17 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="export a small conv net with opbridge ops with both exporters and run it in ORT")
     d.add_argument("--out-dir", default="opbridge-demo", help="where to write the .onnx files (default: %(default)s)")
     d.add_argument("--repeats", type=int, default=20, help="timed runs per implementation (default: %(default)s)")
+    c = sub.add_parser(
+        "check",
+        help="list the custom ops a model uses and who provides them, then run it once on random inputs "
+        "(exit status 1 when something is missing or the run fails)",
+    )
+    c.add_argument("model", help="path of the .onnx file")
+    c.add_argument("--provider", action="append", default=None,
+                   help="execution provider to use (repeatable; default: CPUExecutionProvider)")
+    c.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                   help="size of a symbolic input dimension (repeatable; others get 2)")
+    c.add_argument("--no-run", action="store_true", help="only list the ops and their providers")
     args = p.parse_args(argv)
     if args.cmake_dir:
         from ._cmake import cmake_dir
@@ -71,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_info(args)
     if args.cmd == "demo":
         return _cmd_demo(args)
+    if args.cmd == "check":
+        return _cmd_check(args)
     p.error(f"unknown command {args.cmd}")
     return 2
 

@@ -45,10 +45,37 @@ class GroupNormKernel {
   float epsilon_;
 };
 
+// Output type and shape at model load: Y has X's. What is known statically is validated with the
+// kernel's own checks first, so an invalid node is not given a shape (see InferOutputShapeFn).
+void group_norm_infer(const InferIO& io) {
+  const std::string label = std::string(kDomain) + "::" + kGroupNormOpType;
+  int64_t num_groups = 0;
+  try {
+    num_groups = io.attr_int("num_groups");
+  } catch (const Error& e) {
+    fail(ORT_INVALID_ARGUMENT, label + ": " + e.what());
+  }
+  const InferInput x = io.input(0);
+  if (x.present && x.rank() > 0) {  // rank 0: unknown (see InferInput::shape)
+    const int64_t channels = x.rank() >= 2 ? x.shape[1] : 0;
+    if (x.rank() < 2 || channels >= 0) {
+      const InferInput scale = io.input(1);
+      const InferInput bias = io.input(2);
+      check(group_norm_check(x.rank(), channels, num_groups,
+                             scale.present ? scale.static_numel() : -1, bias.present ? bias.static_numel() : -1,
+                             io.attr_float("epsilon", 1e-5f), "scale"),
+            label);
+    }
+  }
+  io.set_output_like_input(0, 0);
+}
+
 template <class T>
 OpSpec group_norm_spec() {
   const auto t = onnx_type<T>();
-  return make_op<GroupNormKernel<T>>(kGroupNormOpType, nullptr, {t, t, t}, {false, true, true}, {t});
+  OpSpec s = make_op<GroupNormKernel<T>>(kGroupNormOpType, nullptr, {t, t, t}, {false, true, true}, {t});
+  s.infer_shape = group_norm_infer;
+  return s;
 }
 
 std::vector<OpSpec> group_norm_specs() {

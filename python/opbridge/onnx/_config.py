@@ -10,6 +10,22 @@ DOMAIN_VERSION = 1
 
 LOWERINGS = ("custom", "standard")
 
+# Default-domain opset when the caller names none. TorchScript exporter: 17 (the oldest opset the
+# project tests, loads on every ONNX Runtime >= 1.17). Dynamo exporter: torch's own default.
+TORCHSCRIPT_DEFAULT_OPSET = 17
+_DYNAMO_FALLBACK_OPSET = 20  # torch 2.13's default, for a torch that does not expose it
+
+
+def default_opset(dynamo: bool) -> int:
+    if not dynamo:
+        return TORCHSCRIPT_DEFAULT_OPSET
+    try:
+        from torch.onnx._constants import ONNX_DEFAULT_OPSET
+
+        return int(ONNX_DEFAULT_OPSET)
+    except ImportError:  # pragma: no cover - depends on torch's private layout
+        return _DYNAMO_FALLBACK_OPSET
+
 Lowering = Union[str, Mapping[str, str]]
 
 
@@ -37,6 +53,10 @@ class ExportConfig:
         if value not in LOWERINGS:
             raise ValueError(f"lowering for {op!r} must be one of {LOWERINGS}, got {value!r}")
         return value
+
+    def resolved_opset(self, dynamo: bool) -> int:
+        """The export's default-domain opset: opset_version, or the exporter's default."""
+        return int(self.opset_version) if self.opset_version is not None else default_opset(dynamo)
 
     def domain_version(self, domain: str, default: int) -> int:
         return int(self.custom_opsets.get(domain, default))

@@ -1,11 +1,15 @@
 """Collects the export rules of every op module in opbridge.onnx (no hand-edited list).
 
 An op module (``opbridge/onnx/<op>.py``) may define:
+  OPS: the op names it handles (keys of per-op ``lowering={...}``).
   translations(cfg) -> {torch op overload: onnxscript-building function}   (dynamo exporter)
   symbolics(cfg) -> {"namespace::op": symbolic function}                   (TorchScript exporter)
   schemas() -> [onnx.defs.OpSchema]                                        (ai.opbridge schemas)
-  OPS: the op names it handles, for per-op lowering.
+  infer_functions() -> {op type: fn(onnx InferenceContext)}                (shape inference of those)
 Ops of your own, declared with ``opbridge.onnx.declare_op``, are listed after the modules.
+
+Op modules must not import torch at module level (only inside translations/symbolics): importing
+opbridge.onnx registers the schemas, and that has to work where torch is not installed.
 """
 
 from __future__ import annotations
@@ -32,3 +36,8 @@ _declared: dict = {}
 def add_declared_op(op) -> None:
     _declared.pop(op.torch_op, None)
     _declared[op.torch_op] = op
+
+
+def op_names() -> set[str]:
+    """Every op name some module lists in OPS."""
+    return {name for mod in op_modules() for name in getattr(mod, "OPS", ())}

@@ -1,0 +1,265 @@
+"""``opbridge check MODEL.onnx``: can this model run here, and with what?
+
+Lists every (domain, op type) the model uses and who provides it (opbridge's library, stock ONNX
+Runtime, a model-local function), then runs the model once on random inputs of its declared
+shapes. Exit status: 0 all provided and the run succeeded; 1 something is missing or the model
+failed to load or run; 2 the file could not be read. Needs onnx and onnxruntime, not torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence, TextIO
+
+import numpy as np
+
+from ._library import DOMAIN
+
+# Domains of the ONNX standard, whose ops onnx itself defines.
+_STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+# Standard ops ONNX Runtime handles at load without a kernel (a Constant becomes an initializer).
+_NO_KERNEL_NEEDED = ("Constant",)
+# Size given to symbolic/unknown input dimensions without a --dim value: 2 rather than 1, so that
+# broadcasting across a batch is exercised.
+DEFAULT_DIM = 2
+
+_NP_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(float16)": np.float16,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int16)": np.int16,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(uint16)": np.uint16,
+    "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64,
+    "tensor(bool)": np.bool_,
+}
+
+
+class UnreadableModel(Exception):
+    pass
+
+
+@dataclass
+class OpUse:
+    domain: str
+    op_type: str
+    count: int = 0
+    provider: str = ""  # who runs it; "" when nobody here does
+    note: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"{self.domain or 'ai.onnx'}::{self.op_type}"
+
+
+@dataclass
+class Report:
+    ops: list[OpUse] = field(default_factory=list)
+    missing: list[OpUse] = field(default_factory=list)
+    ran: bool = False
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing and self.ran and not self.error
+
+
+def _nodes(graph: Any) -> Iterator[Any]:
+    import onnx
+
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _nodes(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _nodes(g)
+
+
+def _opbridge_ops() -> set[str]:
+    """Op types opbridge provides in ai.opbridge (from the registered schemas)."""
+    import onnx
+
+    from .onnx import register_schemas  # registers the schemas; needs onnx, not torch
+
+    register_schemas()
+    return {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == DOMAIN}
+
+
+def _ort_kernels(providers: Sequence[str]) -> set[tuple[str, str]]:
+    from onnxruntime.capi import _pybind_state as C
+
+    wanted = set(providers)
+    return {(("" if k.domain == "ai.onnx" else k.domain), k.op_name) for k in C.get_all_opkernel_def()
+            if k.provider in wanted}
+
+
+def classify(model: Any, providers: Sequence[str]) -> list[OpUse]:
+    """Every op the model uses, with who provides it."""
+    import onnx
+
+    uses: dict[tuple[str, str], OpUse] = {}
+    nodes = list(_nodes(model.graph))
+    for fn in model.functions:
+        nodes.extend(fn.node)
+    for node in nodes:
+        key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
+        uses.setdefault(key, OpUse(*key)).count += 1
+
+    local = {(f.domain, f.name) for f in model.functions}
+    kernels = _ort_kernels(providers)
+    opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+    ours = _opbridge_ops()
+    for (domain, op), use in uses.items():
+        if (domain, op) in local:
+            use.provider = "model-local function"
+        elif domain == DOMAIN:
+            if op in ours:
+                use.provider = "opbridge"
+            else:
+                use.note = f"this opbridge provides {', '.join(sorted(ours)) or 'no ops'} in {DOMAIN}"
+        elif (domain, op) in kernels or (domain in _STANDARD_DOMAINS and op in _NO_KERNEL_NEEDED):
+            use.provider = "stock onnxruntime"
+        elif domain in _STANDARD_DOMAINS:
+            version = opsets.get(domain, 1)
+            if not onnx.defs.has(op, version, domain):
+                use.note = f"not an op of {domain or 'ai.onnx'} opset {version}"
+            else:
+                schema = onnx.defs.get_schema(op, version, domain)
+                if schema.has_function or schema.has_context_dependent_function:
+                    use.provider = "stock onnxruntime"
+                    use.note = "no dedicated kernel: runs expanded as its ONNX function (may be slow)"
+                else:
+                    use.note = "no kernel in this onnxruntime for the chosen providers"
+        else:
+            use.note = "custom domain: neither opbridge nor stock ONNX Runtime provides it"
+    return sorted(uses.values(), key=lambda u: (u.domain, u.op_type))
+
+
+def random_inputs(session: Any, dims: Mapping[str, int] | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random feeds for a session's inputs; symbolic dims from ``dims`` or DEFAULT_DIM."""
+    rng = np.random.default_rng(seed)
+    dims = dict(dims or {})
+    feeds = {}
+    for arg in session.get_inputs():
+        shape = []
+        for d in arg.shape:
+            if isinstance(d, int) and d >= 0:
+                shape.append(d)
+            elif isinstance(d, str) and d in dims:
+                shape.append(int(dims[d]))
+            else:
+                shape.append(DEFAULT_DIM)
+        dtype = _NP_TYPES.get(arg.type)
+        if dtype is None:
+            raise ValueError(f"input {arg.name!r} has type {arg.type}, which opbridge check cannot generate")
+        if np.issubdtype(dtype, np.floating):
+            feeds[arg.name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype is np.bool_:
+            feeds[arg.name] = rng.random(shape) < 0.5
+        else:
+            # Small non-negative integers: valid as indices or sizes more often than not.
+            feeds[arg.name] = rng.integers(0, 4, size=shape).astype(dtype)
+    return feeds
+
+
+def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, dims: Mapping[str, int] | None = None,
+          run: bool = True, out: TextIO | None = None) -> Report:
+    """Checks the model at ``path`` and prints a report to ``out`` (stdout)."""
+    import onnx
+    import onnxruntime as ort
+
+    from . import __version__
+    from ._session import InferenceSession
+
+    out = out or sys.stdout
+    providers = list(providers or ["CPUExecutionProvider"])
+    try:
+        model = onnx.load(os.fspath(path), load_external_data=False)
+    except Exception as e:  # protobuf's DecodeError and friends
+        raise UnreadableModel(f"cannot read {os.fspath(path)} as an ONNX model: {e}") from e
+    report = Report(ops=classify(model, providers))
+    report.missing = [u for u in report.ops if not u.provider]
+
+    opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
+    print(f"model        {os.fspath(path)}", file=out)
+    print(f"             IR version {model.ir_version}; opsets: {opsets}", file=out)
+    print(f"runtime      onnxruntime {ort.__version__} ({', '.join(providers)}); opbridge {__version__}", file=out)
+    print("\nops used:", file=out)
+    width = max((len(u.name) for u in report.ops), default=10)
+    for u in report.ops:
+        who = u.provider or "MISSING"
+        note = f"  ({u.note})" if u.note else ""
+        print(f"  {u.name:{width}s} x{u.count:<4d} {who}{note}", file=out)
+
+    if report.missing:
+        names = ", ".join(u.name for u in report.missing)
+        print(f"\nFAILED: no implementation here for {names}.", file=out)
+        domains = sorted({u.domain for u in report.missing if u.domain not in (DOMAIN, *_STANDARD_DOMAINS)})
+        if domains:
+            print(f"  Register the custom-op library that implements domain(s) {', '.join(domains)} "
+                  "(SessionOptions.register_custom_ops_library) before running this model.", file=out)
+        if any(u.domain == DOMAIN for u in report.missing):
+            print("  The model needs a newer opbridge, or was exported by a different one.", file=out)
+        print("  The model was not run.", file=out)
+        return report
+    if not run:
+        report.ran = True
+        print("\nOK: every op is provided (not run).", file=out)
+        return report
+
+    try:
+        session = InferenceSession(os.fspath(path), providers=providers)
+    except Exception as e:  # ORT raises its own exception types
+        report.error = f"onnxruntime {ort.__version__} could not load the model: {e}"
+        print(f"\nFAILED: {report.error}", file=out)
+        return report
+    try:
+        feeds = random_inputs(session, dims)
+        outputs = session.run(None, feeds)
+    except Exception as e:
+        report.error = f"running the model failed: {e}"
+        print(f"\nFAILED: {report.error}", file=out)
+        return report
+    report.ran = True
+    print("\nran once on random inputs:", file=out)
+    for arg, value in feeds.items():
+        print(f"  input  {arg}: {value.dtype} {list(value.shape)}", file=out)
+    for meta, value in zip(session.get_outputs(), outputs):
+        value = np.asarray(value)
+        finite = ""
+        if np.issubdtype(value.dtype, np.floating):
+            bad = int(value.size - np.count_nonzero(np.isfinite(value)))
+            finite = f", {bad} non-finite" if bad else ", all finite"
+        print(f"  output {meta.name}: {value.dtype} {list(value.shape)}{finite}", file=out)
+    print("\nOK", file=out)
+    return report
+
+
+def main(path: str, providers: Sequence[str] | None = None, dims: Sequence[str] = (), run: bool = True) -> int:
+    parsed = {}
+    for item in dims:
+        name, sep, value = item.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit() or int(value) < 0:
+            print(f"opbridge check: --dim expects NAME=SIZE with SIZE >= 0, got {item!r}", file=sys.stderr)
+            return 2
+        parsed[name] = int(value)
+    if not os.path.isfile(path):
+        print(f"opbridge check: {path}: no such file", file=sys.stderr)
+        return 2
+    try:
+        report = check(path, providers=providers, dims=parsed, run=run)
+    except ImportError as e:
+        print(f"opbridge check needs onnx and onnxruntime: {e}", file=sys.stderr)
+        return 2
+    except UnreadableModel as e:
+        print(f"opbridge check: {e}", file=sys.stderr)
+        return 2
+    return 0 if report.ok else 1

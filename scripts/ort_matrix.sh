@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Runs opbridge's torch-free tests against several onnxruntime versions with ONE built wheel:
+# the library is built once (against the API-29 headers) and must work on every ORT >= 1.17.
+#
+#   scripts/ort_matrix.sh [ORT_VERSION ...]      default: 1.17.3 1.24.4 1.31.1
+#
+# 1. builds the wheel with the current (dev) Python: pip wheel --no-build-isolation (reuses build/);
+# 2. exports a few models with torch from that environment and the wheel's opbridge
+#    (tests/exported_models.py), once per wheel;
+# 3. per version: a torch-free venv under .ort-matrix/venv-<ver> (created once, then reused) with
+#    onnxruntime==<ver>, onnx, numpy, pytest and the wheel (--no-deps), runs the torch-free test modules
+#    (tests/test_ort_*.py and tests/test_check.py: they never import torch).
+# Environment: PYTHON (dev interpreter, default: python), OPBRIDGE_MATRIX_DIR (cache, default .ort-matrix).
+# Exit status: non-zero when any version fails.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+py=${PYTHON:-python}
+cache=${OPBRIDGE_MATRIX_DIR:-$root/.ort-matrix}
+if [ $# -gt 0 ]; then versions=("$@"); else versions=(1.17.3 1.24.4 1.31.1); fi
+tests=(tests/test_ort_*.py tests/test_check.py)
+mkdir -p "$cache"
+t_start=$SECONDS
+
+# onnxruntime < 1.18 imports only with numpy < 2 and needs an onnx that still writes IR <= 9 models.
+deps_for() {
+  case "$1" in
+    1.1[0-7].*) echo "numpy<2 onnx<1.18" ;;
+    *) echo "numpy onnx" ;;
+  esac
+}
+
+echo "== building the wheel"
+rm -rf "$cache/dist"
+"$py" -m pip wheel --no-build-isolation --no-deps -q -w "$cache/dist" .
+wheel=$(ls "$cache"/dist/opbridge-*.whl)
+# Content key: the wheel's RECORD (a hash per file; zip timestamps change on every build) and the
+# model definitions. Models are exported again only when it changes.
+sha=$("$py" - "$wheel" tests/exported_models.py <<'PY'
+import hashlib, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+record = next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))
+h = hashlib.sha256(z.read(record))
+h.update(open(sys.argv[2], "rb").read())
+print(h.hexdigest()[:16])
+PY
+)
+echo "   $(basename "$wheel") ($((SECONDS - t_start)) s)"
+
+models="$cache/models"
+if [ "$(cat "$models/.wheel" 2>/dev/null || true)" != "$sha" ]; then
+  echo "== exporting test models (torch, dev environment, opbridge from the wheel)"
+  rm -rf "$models" "$cache/unpacked"
+  "$py" -m zipfile -e "$wheel" "$cache/unpacked"
+  if ! PYTHONPATH="$cache/unpacked" "$py" tests/exported_models.py "$models" > "$cache/export.log" 2>&1; then
+    cat "$cache/export.log"
+    exit 1
+  fi
+  echo "$sha" > "$models/.wheel"
+  echo "   $(ls "$models"/*.onnx | wc -l) models ($((SECONDS - t_start)) s)"
+fi
+
+declare -A result
+status=0
+for v in "${versions[@]}"; do
+  venv="$cache/venv-$v"
+  t0=$SECONDS
+  if [ ! -f "$venv/.ready" ]; then
+    echo "== creating $venv"
+    rm -rf "$venv"
+    "$py" -m venv "$venv"
+    # shellcheck disable=SC2046  # deps_for prints several requirement specs
+    "$venv/bin/python" -m pip install -q "onnxruntime==$v" $(deps_for "$v") pytest
+    touch "$venv/.ready"
+  fi
+  "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
+  echo "== onnxruntime $v"
+  if OPBRIDGE_EXPORTED_MODELS="$models" "$venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}"; then
+    result[$v]="passed ($((SECONDS - t0)) s)"
+  else
+    result[$v]="FAILED ($((SECONDS - t0)) s)"
+    status=1
+  fi
+done
+
+echo "== summary ($((SECONDS - t_start)) s in all)"
+for v in "${versions[@]}"; do
+  echo "  onnxruntime $v: ${result[$v]}"
+done
+exit $status
