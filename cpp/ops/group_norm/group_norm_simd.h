@@ -191,7 +191,9 @@ void gn_forward(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
       const double rstd = 1.0 / std::sqrt(var + a.eps);
       if (a.mean != nullptr) a.mean[ng] = static_cast<float>(mean);
       if (a.rstd != nullptr) a.rstd[ng] = static_cast<float>(rstd);
-      const T* next = ng + 1 < end ? xg + group_elems : nullptr;
+      // The next group, also past this task's range: a pool that hands out tasks in order
+      // (ORT's does) gives it to this thread or to one that reads it from L3 soon after.
+      const T* next = ng + 1 < a.N * G ? xg + group_elems : nullptr;
       const float m_hi = static_cast<float>(mean);
       const double m_lo = mean - static_cast<double>(m_hi);
       for (int64_t ci = 0; ci < Cg; ++ci) {
