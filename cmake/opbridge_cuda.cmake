@@ -1,13 +1,26 @@
-# CUDA detection: OPBRIDGE_WITH_CUDA=AUTO compiles the CUDA kernels wherever nvcc is found.
-# Defines OPBRIDGE_CUDA_ENABLED, OPBRIDGE_CUDA_VERSION and, when enabled, the
-# opbridge_cuda_kernels static library that opbridge_add_op() fills with .cu files.
+# CUDA detection: OPBRIDGE_WITH_CUDA=AUTO compiles the CUDA kernels wherever nvcc is found
+# (ON: required, OFF: never). Defines
+#   OPBRIDGE_CUDA_ENABLED   whether the CUDA kernels are built
+#   OPBRIDGE_CUDA_VERSION   nvcc's version ("" when disabled)
+#   opbridge_cuda_kernels   (when enabled) static library of the framework-free launchers;
+#                           opbridge_add_op() adds cuda/ops/<op>/<op>_kernel.cu to it
+#   opbridge_link_cuda(<target>)  (when enabled) links the kernels and the static CUDA runtime
+#                           into an adapter library
 set(OPBRIDGE_CUDA_ENABLED OFF)
 set(OPBRIDGE_CUDA_VERSION "")
+# Real code for Ampere (80), Hopper (90), Blackwell datacenter (100) and consumer (120), plus
+# compute_120 PTX that the driver JIT-compiles for newer GPUs. Each real arch costs compile time.
+set(OPBRIDGE_CUDA_ARCHITECTURES "80-real;90-real;100-real;120-real;120-virtual" CACHE STRING
+    "CUDA architectures of the opbridge kernels (CMake CUDA_ARCHITECTURES syntax)")
 if(OPBRIDGE_WITH_CUDA STREQUAL "OFF")
   return()
 endif()
+if(NOT OPBRIDGE_WITH_CUDA MATCHES "^(AUTO|ON)$")
+  message(FATAL_ERROR "OPBRIDGE_WITH_CUDA='${OPBRIDGE_WITH_CUDA}', expected AUTO, ON or OFF")
+endif()
 include(CheckLanguage)
-if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+  # The toolkit's standard location is often not on PATH.
   set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
 endif()
 check_language(CUDA)
@@ -18,5 +31,58 @@ if(NOT CMAKE_CUDA_COMPILER)
   message(STATUS "opbridge: no nvcc found, CUDA kernels not built")
   return()
 endif()
+
+enable_language(CUDA)
+# Headers and the static runtime of the toolkit that belongs to this nvcc.
+find_package(CUDAToolkit REQUIRED)
 set(OPBRIDGE_CUDA_ENABLED ON)
-message(STATUS "opbridge: CUDA kernels enabled (${CMAKE_CUDA_COMPILER})")
+set(OPBRIDGE_CUDA_VERSION "${CMAKE_CUDA_COMPILER_VERSION}")
+message(STATUS "opbridge: CUDA kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
+               "architectures ${OPBRIDGE_CUDA_ARCHITECTURES})")
+
+# device.cpp is host code: compiled by the C++ compiler, not by nvcc for every architecture.
+add_library(opbridge_cuda_kernels STATIC ${PROJECT_SOURCE_DIR}/cuda/common/device.cpp)
+target_include_directories(opbridge_cuda_kernels
+  PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/cpp/include>
+  PRIVATE ${PROJECT_SOURCE_DIR}/cuda)
+target_link_libraries(opbridge_cuda_kernels PRIVATE CUDA::toolkit)
+target_compile_features(opbridge_cuda_kernels PRIVATE cuda_std_17)
+set_target_properties(opbridge_cuda_kernels PROPERTIES
+  CUDA_ARCHITECTURES "${OPBRIDGE_CUDA_ARCHITECTURES}"
+  # Kernels are launched from the file that defines them: no relocatable device code, no
+  # device link step.
+  CUDA_SEPARABLE_COMPILATION OFF
+  # The runtime is linked by the adapters (opbridge_link_cuda), not propagated from here.
+  CUDA_RUNTIME_LIBRARY None
+  CUDA_VISIBILITY_PRESET hidden
+  POSITION_INDEPENDENT_CODE ON)
+target_compile_options(opbridge_cuda_kernels PRIVATE
+  # Host-side warnings as for the C++ code; device-side ones from nvcc itself.
+  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra> $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+
+# The default-stream check (cuda/check_streams.py) runs before the kernels compile, so a kernel
+# launched on the default stream fails the build. It re-runs when any checked file changes.
+set(_opbridge_stream_stamp ${CMAKE_CURRENT_BINARY_DIR}/opbridge_check_streams.stamp)
+add_custom_command(
+  OUTPUT ${_opbridge_stream_stamp}
+  COMMAND ${Python_EXECUTABLE} ${PROJECT_SOURCE_DIR}/cuda/check_streams.py ${PROJECT_SOURCE_DIR}/cuda
+  COMMAND ${CMAKE_COMMAND} -E touch ${_opbridge_stream_stamp}
+  DEPENDS ${PROJECT_SOURCE_DIR}/cuda/check_streams.py
+          "$<TARGET_PROPERTY:opbridge_cuda_kernels,OPBRIDGE_CHECKED_SOURCES>"
+  COMMENT "Checking cuda/ for default-stream launches"
+  COMMAND_EXPAND_LISTS VERBATIM)
+add_custom_target(opbridge_check_streams DEPENDS ${_opbridge_stream_stamp})
+set_property(TARGET opbridge_cuda_kernels PROPERTY OPBRIDGE_CHECKED_SOURCES
+  ${PROJECT_SOURCE_DIR}/cuda/common/device.cpp ${PROJECT_SOURCE_DIR}/cuda/common/device.h
+  ${PROJECT_SOURCE_DIR}/cuda/common/launch.cuh)
+add_dependencies(opbridge_cuda_kernels opbridge_check_streams)
+
+# Static cudart (CMake's default runtime): the libraries load and run their CPU ops on machines
+# without a CUDA runtime or driver, and do not depend on which libcudart the host process (e.g.
+# a torch built for another CUDA version) loads. Streams are driver objects, so a stream created
+# by the framework's runtime is valid in ours. libcudart_static's symbols are hidden (checked
+# with nm -D on a test library), so our copy neither interposes on the process's libcudart nor
+# gets interposed by it, also in the torch library, which has no version script.
+function(opbridge_link_cuda target)
+  target_link_libraries(${target} PRIVATE opbridge_cuda_kernels CUDA::cudart_static)
+endfunction()

@@ -27,9 +27,11 @@ def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="no CUDA device on this machine (torch.cuda.is_available() is False)")
     skip_torch = pytest.mark.skip(reason="torch is not installed (ORT-only environment)")
     for item in items:
-        if "cuda" in item.keywords and not HAS_CUDA:
+        # Markers, not item.keywords: keywords also hold the names of parent folders, so a
+        # checkout in a folder named "cuda" or "torch" would skip everything.
+        if item.get_closest_marker("cuda") is not None and not HAS_CUDA:
             item.add_marker(skip_cuda)
-        if "torch" in item.keywords and not HAS_TORCH:
+        if item.get_closest_marker("torch") is not None and not HAS_TORCH:
             item.add_marker(skip_torch)
 
 

@@ -136,6 +136,44 @@ void* KernelIO::gpu_stream() const {
   return stream;
 }
 
+Scratch& Scratch::operator=(Scratch&& o) noexcept {
+  if (this != &o) {
+    reset();
+    allocator_ = o.allocator_;
+    data_ = o.data_;
+    o.allocator_ = nullptr;
+    o.data_ = nullptr;
+  }
+  return *this;
+}
+
+void Scratch::reset() noexcept {
+  if (allocator_ == nullptr) return;
+  if (data_ != nullptr) allocator_->Free(allocator_, data_);
+  api().ReleaseAllocator(allocator_);
+  allocator_ = nullptr;
+  data_ = nullptr;
+}
+
+Scratch KernelIO::scratch(size_t bytes, size_t like_input) const {
+  if (bytes == 0) return {};
+  const OrtValue* value = nullptr;
+  check(api().KernelContext_GetInput(ctx_, like_input, &value));
+  if (value == nullptr) fail(ORT_INVALID_ARGUMENT, "opbridge: scratch memory modeled on a missing input");
+  const OrtMemoryInfo* mem = nullptr;  // owned by the value
+  check(api().GetTensorMemoryInfo(value, &mem));
+  OrtAllocator* allocator = nullptr;
+  check(api().KernelContext_GetAllocator(ctx_, mem, &allocator));
+  // Released on every path, including an exception out of Alloc.
+  std::unique_ptr<OrtAllocator, void (*)(OrtAllocator*)> owner(
+      allocator, [](OrtAllocator* a) { api().ReleaseAllocator(a); });
+  void* data = allocator->Alloc(allocator, bytes);
+  if (data == nullptr) {
+    fail(ORT_FAIL, "opbridge: could not allocate " + std::to_string(bytes) + " bytes of scratch memory");
+  }
+  return Scratch(owner.release(), data);
+}
+
 int64_t attr_int(const OrtKernelInfo* info, const char* name) {
   int64_t v = 0;
   OrtStatus* st = api().KernelInfoGetAttribute_int64(info, name, &v);

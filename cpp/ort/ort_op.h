@@ -101,6 +101,30 @@ struct Input {
   int64_t rank() const { return static_cast<int64_t>(shape.size()); }
 };
 
+// Scratch memory from an execution provider's allocator (device memory for the CUDA EP),
+// released when the object dies. For GPU kernels that is right after the work was queued: the
+// provider's allocator hands the block out again only to later work, which its single compute
+// stream orders after ours (ORT's own CUDA kernels rely on the same for their scratch buffers).
+class Scratch {
+ public:
+  Scratch() = default;
+  Scratch(OrtAllocator* allocator, void* data) : allocator_(allocator), data_(data) {}
+  Scratch(Scratch&& o) noexcept : allocator_(o.allocator_), data_(o.data_) {
+    o.allocator_ = nullptr;
+    o.data_ = nullptr;
+  }
+  Scratch& operator=(Scratch&& o) noexcept;
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() { reset(); }
+  void* get() const { return data_; }
+
+ private:
+  void reset() noexcept;
+  OrtAllocator* allocator_ = nullptr;
+  void* data_ = nullptr;
+};
+
 // Inputs, outputs, thread pool and stream of one Compute call.
 class KernelIO {
  public:
@@ -116,6 +140,9 @@ class KernelIO {
   ParallelFor parallel() const;
   // The execution provider's compute stream (a cudaStream_t for CUDA).
   void* gpu_stream() const;
+  // `bytes` of scratch in the memory input `like_input` lives in (the provider's allocator);
+  // empty (get() == nullptr) when bytes == 0.
+  Scratch scratch(size_t bytes, size_t like_input) const;
   OrtKernelContext* raw() const { return ctx_; }
 
  private:

@@ -41,6 +41,32 @@ void check(const Status& st, const char* op) {
   }
 }
 
+ArrayArg array_arg(nb::handle obj, const char* op, const char* arg) {
+  const nb::module_ np = nb::module_::import_("numpy");
+  if (nb::isinstance(obj, np.attr("ndarray")) && nb::str(obj.attr("dtype").attr("name")).equal(nb::str("bfloat16"))) {
+    nb::object bits = np.attr("ascontiguousarray")(obj).attr("view")(np.attr("uint16"));
+    return {nb::cast<InArray>(bits), DType::kBFloat16};
+  }
+  InArray a;
+  if (!nb::try_cast(obj, a)) {
+    throw nb::type_error((std::string(op) + ": " + arg + " must be an array (numpy, or anything with __dlpack__), got " +
+                          nb::type_name(obj.type()).c_str()).c_str());
+  }
+  return {a, dtype_of_array(a, op, arg)};
+}
+
+nb::object to_python(OutArray out, DType dtype) {
+  nb::object result = nb::cast(out);
+  if (dtype != DType::kBFloat16) return result;
+  nb::object ml_dtypes;
+  try {
+    ml_dtypes = nb::module_::import_("ml_dtypes");
+  } catch (nb::python_error&) {
+    throw nb::type_error("bfloat16 results are returned as ml_dtypes.bfloat16 numpy arrays: install ml_dtypes");
+  }
+  return result.attr("view")(ml_dtypes.attr("bfloat16"));
+}
+
 std::vector<int64_t> shape_of(const InArray& a) {
   std::vector<int64_t> s(a.ndim());
   for (size_t i = 0; i < a.ndim(); ++i) s[i] = static_cast<int64_t>(a.shape(i));
@@ -60,7 +86,8 @@ OutArray new_array(DType dtype, const std::vector<int64_t>& shape, void** data) 
       itemsize = 2;
       break;
     case DType::kBFloat16:
-      dt = {static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+      // numpy has no bfloat16: the bits go out as uint16 (to_python views them as ml_dtypes').
+      dt = nb::dtype<uint16_t>();
       itemsize = 2;
       break;
   }
@@ -82,8 +109,11 @@ NB_MODULE(_core, m) {
   info["ort_api_version"] = OPBRIDGE_ORT_API_VERSION;
   info["eigen_version"] = std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
                           std::to_string(EIGEN_MINOR_VERSION);
+  // CUDA kernels compiled into the ORT library (and the torch one when torch has CUDA).
   info["cuda"] = static_cast<bool>(OPBRIDGE_WITH_CUDA);
-  info["cuda_version"] = OPBRIDGE_CUDA_VERSION;
+  info["cuda_version"] = OPBRIDGE_CUDA_VERSION;  // nvcc's version, "" without CUDA
+  info["cuda_option"] = OPBRIDGE_CUDA_OPTION;    // the OPBRIDGE_WITH_CUDA setting: AUTO, ON or OFF
+  info["torch_cuda"] = static_cast<bool>(OPBRIDGE_TORCH_CUDA);  // torch.ops.opbridge.* run on CUDA tensors
   info["compiler"] = OPBRIDGE_COMPILER;
   m.attr("build_info") = info;
 

@@ -23,6 +23,21 @@ using OutArray = nb::ndarray<nb::numpy>;
 
 // The opbridge element type of `a`; raises TypeError naming `arg` otherwise.
 DType dtype_of_array(const InArray& a, const char* op, const char* arg);
+
+// An array argument and its element type. Accepts what InArray accepts (numpy arrays, DLPack
+// producers such as torch tensors) and also numpy arrays of ml_dtypes.bfloat16, which numpy can
+// export neither through the buffer protocol nor through DLPack: those are read through a
+// uint16 view of the same memory (made C-contiguous first).
+struct ArrayArg {
+  InArray array;
+  DType dtype;
+};
+ArrayArg array_arg(nb::handle obj, const char* op, const char* arg);
+
+// The Python object for a result made by new_array: a numpy array; bfloat16 results (stored as
+// uint16 bits) become ml_dtypes.bfloat16 arrays, and need ml_dtypes installed.
+nb::object to_python(OutArray out, DType dtype);
+
 // Raises the Python exception matching a non-ok Status (ValueError / NotImplementedError / RuntimeError).
 void check(const Status& st, const char* op);
 std::vector<int64_t> shape_of(const InArray& a);

@@ -1,7 +1,6 @@
-// opbridge._core.group_norm: the GroupNorm CPU kernel on numpy arrays (serial).
+// opbridge._core.group_norm: the GroupNorm CPU kernel on numpy arrays (serial); bfloat16 as
+// ml_dtypes.bfloat16 arrays (or any bfloat16 DLPack producer, e.g. a torch tensor).
 #include <optional>
-
-#include <nanobind/stl/optional.h>
 
 #include "core_module.h"
 #include "opbridge/group_norm.h"
@@ -9,21 +8,25 @@
 namespace opbridge::py {
 namespace {
 
-OutArray group_norm_py(const InArray& x, int64_t num_groups, std::optional<InArray> weight,
-                       std::optional<InArray> bias, double eps) {
+nb::object group_norm_py(nb::handle x_obj, int64_t num_groups, nb::handle weight_obj, nb::handle bias_obj,
+                         double eps) {
   constexpr const char* op = "group_norm";
-  const DType dt = dtype_of_array(x, op, "x");
-  const auto shape = shape_of(x);
+  const ArrayArg x = array_arg(x_obj, op, "x");
+  const DType dt = x.dtype;
+  const auto shape = shape_of(x.array);
+  std::optional<ArrayArg> weight, bias;
+  if (!weight_obj.is_none()) weight = array_arg(weight_obj, op, "weight");
+  if (!bias_obj.is_none()) bias = array_arg(bias_obj, op, "bias");
   for (auto* p : {&weight, &bias}) {
-    if (p->has_value() && dtype_of_array(**p, op, p == &weight ? "weight" : "bias") != dt)
+    if (p->has_value() && (*p)->dtype != dt)
       throw nb::type_error("group_norm: weight and bias must have the dtype of x");
   }
   check(group_norm_check(static_cast<int64_t>(shape.size()), shape.size() >= 2 ? shape[1] : 0, num_groups,
-                         weight ? static_cast<int64_t>(weight->size()) : -1,
-                         bias ? static_cast<int64_t>(bias->size()) : -1, eps),
+                         weight ? static_cast<int64_t>(weight->array.size()) : -1,
+                         bias ? static_cast<int64_t>(bias->array.size()) : -1, eps),
         op);
   const int64_t N = shape[0], C = shape[1];
-  const int64_t S = N * C == 0 ? 0 : static_cast<int64_t>(x.size()) / (N * C);
+  const int64_t S = N * C == 0 ? 0 : static_cast<int64_t>(x.array.size()) / (N * C);
   void* out = nullptr;
   OutArray y = new_array(dt, shape, &out);
   Status st;
@@ -32,13 +35,14 @@ OutArray group_norm_py(const InArray& x, int64_t num_groups, std::optional<InArr
     nb::gil_scoped_release release;
     dispatch(dt, [&](auto tag) {
       using T = decltype(tag);
-      st = group_norm_cpu<T>(static_cast<const T*>(x.data()), weight ? static_cast<const T*>(weight->data()) : nullptr,
-                             bias ? static_cast<const T*>(bias->data()) : nullptr, static_cast<T*>(out), N, C, S,
-                             num_groups, eps, nullptr, nullptr, ParallelFor());
+      st = group_norm_cpu<T>(static_cast<const T*>(x.array.data()),
+                             weight ? static_cast<const T*>(weight->array.data()) : nullptr,
+                             bias ? static_cast<const T*>(bias->array.data()) : nullptr, static_cast<T*>(out), N, C,
+                             S, num_groups, eps, nullptr, nullptr, ParallelFor());
     });
   }
   check(st, op);
-  return y;
+  return to_python(y, dt);
 }
 
 void bind(nb::module_& m) {

@@ -66,3 +66,31 @@ def _backward(ctx, grad):
 
 
 torch.library.register_autograd("opbridge::group_norm", _backward, setup_context=_setup_context)
+
+
+def _group_norm_backward_composite(grad, x, num_groups, weight, eps):
+    """opbridge::group_norm_backward from torch ops, for devices without an opbridge backward
+    kernel (CUDA): same outputs as the C++ CPU kernel (dx, dweight, dbias; dweight/dbias as if
+    weight were 1 when it is None). Statistics in float32 (float64 for float64 inputs)."""
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    n, c = x.shape[0], x.shape[1]
+    if x.numel() == 0:
+        return torch.zeros_like(x, memory_format=torch.contiguous_format), x.new_zeros((c,)), x.new_zeros((c,))
+    xg = x.to(acc).reshape(n, num_groups, -1)
+    var, mean = torch.var_mean(xg, dim=2, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+    xhat = ((xg - mean) * rstd).reshape(n, c, -1)
+    g = grad.to(acc).reshape(n, c, -1)
+    dweight = (g * xhat).sum(dim=(0, 2))
+    dbias = g.sum(dim=(0, 2))
+    dxhat = g if weight is None else g * weight.to(acc).reshape(1, c, 1)
+    dxhat = dxhat.reshape(n, num_groups, -1)
+    xhat = xhat.reshape(n, num_groups, -1)
+    dx = rstd * (dxhat - dxhat.mean(dim=2, keepdim=True) - xhat * (dxhat * xhat).mean(dim=2, keepdim=True))
+    return dx.reshape(x.shape).to(x.dtype).contiguous(), dweight.to(x.dtype), dbias.to(x.dtype)
+
+
+# The CUDA forward is a C++ kernel; its backward is the composite above unless the extension
+# registered a CUDA kernel of its own.
+if not torch._C._dispatch_has_kernel_for_dispatch_key("opbridge::group_norm_backward", "CUDA"):
+    torch.library.impl("opbridge::group_norm_backward", "cuda", _group_norm_backward_composite)

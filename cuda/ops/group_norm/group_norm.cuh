@@ -1,0 +1,40 @@
+// opbridge GroupNorm on CUDA: the framework-free launcher, called by the torch and ORT adapters
+// with their own stream. Plain C++ (needs the CUDA runtime API header, not nvcc), so the
+// adapters compile with the host compiler. Semantics and layout: see opbridge/group_norm.h.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "opbridge/dtype.h"
+
+namespace opbridge::cuda {
+
+// Bytes of device scratch memory launch_group_norm<T> needs for these sizes (0: none). Depends
+// only on the sizes, never on the device, so callers can allocate before launching.
+template <class T>
+size_t group_norm_workspace_bytes(int64_t N, int64_t C, int64_t S, int64_t num_groups);
+
+// Queues y = group_norm(x) on `stream`; returns the launch error (never synchronizes).
+//   stream:     the caller's stream (torch's current stream, ORT's compute stream); all work,
+//               including reads of the workspace, is ordered on it
+//   x:          [N, C, S] device input, contiguous
+//   weight:     [C] device per-channel scale, or nullptr for 1
+//   bias:       [C] device per-channel shift, or nullptr for 0
+//   y:          [N, C, S] device output, contiguous, not aliasing x
+//   N, C, S:    sizes (S: product of the trailing dims; any may be 0)
+//   num_groups: G, divides C
+//   eps:        added to the variance
+//   workspace:  device memory of at least group_norm_workspace_bytes<T>(N, C, S, G) bytes,
+//               16-byte aligned (nullptr when that is 0); must stay allocated until the queued
+//               work has run (stream-ordered frees of the caching allocators guarantee that)
+// T: float, double, Half or BFloat16; statistics are accumulated in float for the 16-bit
+// types (in the type itself otherwise). Arguments must already have passed group_norm_check.
+template <class T>
+cudaError_t launch_group_norm(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y, int64_t N,
+                              int64_t C, int64_t S, int64_t num_groups, double eps, void* workspace,
+                              size_t workspace_bytes);
+
+}  // namespace opbridge::cuda
