@@ -15,6 +15,13 @@ from reference import group_norm as ref_group_norm
 
 ISAS = ["baseline", "avx2", "avx512"]
 
+try:
+    import ml_dtypes
+
+    CORE_DTYPES = [(np.float32, 2e-5), (np.float16, 4e-3), (ml_dtypes.bfloat16, 3e-2)]
+except ImportError:  # bfloat16 is then covered through the torch op below
+    CORE_DTYPES = [(np.float32, 2e-5), (np.float16, 4e-3)]
+
 # (shape, groups): tails shorter than one vector, S = 1, channels of odd length, groups
 # spanning several statistics blocks (4096 elements) with a remainder, one huge channel.
 SHAPES = [
@@ -46,7 +53,7 @@ def _inputs(rng, shape, dtype, offset=1.5):
     return x, w, b
 
 
-@pytest.mark.parametrize("dtype,tol", [(np.float32, 2e-5), (np.float16, 4e-3)], ids=["float32", "float16"])
+@pytest.mark.parametrize("dtype,tol", CORE_DTYPES, ids=[np.dtype(d).name for d, _ in CORE_DTYPES])
 @pytest.mark.parametrize("shape,groups", SHAPES, ids=[f"{s}-G{g}" for s, g in SHAPES])
 def test_core_matches_reference_on_each_path(core_isa, rng, shape, groups, dtype, tol):
     x, w, b = _inputs(rng, shape, dtype)
