@@ -19,3 +19,8 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
     if bias is not None:
         y = y + np.asarray(bias, dtype=np.float64).reshape(bshape)
     return y
+
+
+def inverse(x):
+    """Matrix inverse in float64 of each matrix of x (*, n, n) (LAPACK through numpy)."""
+    return np.linalg.inv(np.asarray(x, dtype=np.float64))

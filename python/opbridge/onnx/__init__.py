@@ -46,12 +46,12 @@ __all__ = [
 register_schemas()
 
 
-def _config(lowering: Lowering = "custom", custom_opsets: Mapping[str, int] | None = None,
+def _config(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None = None,
             opset_version: int | None = None) -> ExportConfig:
     if isinstance(lowering, str):
         if lowering not in LOWERINGS:
-            raise ValueError(f"lowering must be one of {LOWERINGS} or a mapping op -> lowering, got {lowering!r}")
-    else:
+            raise ValueError(f"lowering must be one of {LOWERINGS}, a mapping op -> lowering or None, got {lowering!r}")
+    elif lowering is not None:
         known = op_names()
         for op, value in dict(lowering).items():
             if op not in known:
@@ -61,25 +61,48 @@ def _config(lowering: Lowering = "custom", custom_opsets: Mapping[str, int] | No
     return ExportConfig(lowering=lowering, custom_opsets=dict(custom_opsets or {}), opset_version=opset_version)
 
 
-def translation_table(lowering: Lowering = "custom", custom_opsets: Mapping[str, int] | None = None,
+def translation_table(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None = None,
                       opset_version: int | None = None) -> dict:
     """``custom_translation_table`` for the dynamo exporter covering every opbridge op (and the
-    torch ops opbridge lowers, such as torch.linalg.inv). Pass the ``opset_version`` you give
-    torch.onnx.export (None: torch's default): standard lowerings depend on it."""
+    torch ops opbridge lowers, such as torch.linalg.inv). Arguments as for ``export``; pass the
+    ``opset_version`` you give torch.onnx.export (None: torch's default): standard lowerings depend on it."""
     import opbridge.ops  # noqa: F401  (the torch ops must exist)
 
     cfg = _config(lowering, custom_opsets, opset_version)
     table: dict = {}
     for mod in op_modules():
         if hasattr(mod, "translations"):
-            table.update(mod.translations(cfg))
+            table.update(_rules(mod.translations, cfg))
     return table
 
 
-def register_symbolics(lowering: Lowering = "custom", custom_opsets: Mapping[str, int] | None = None,
+def _rules(make: Any, cfg: ExportConfig) -> dict:
+    """make(cfg) (an op module's translations or symbolics). When the module has no such
+    lowering (NotImplementedError, e.g. lowering="standard" for an op without a standard form),
+    its rules raise that error when used, so that models without that op still export."""
+    import functools
+
+    try:
+        return make(cfg)
+    except NotImplementedError as err:
+        error = err  # `err` itself is unbound when the except clause ends
+        defaults = ExportConfig(custom_opsets=cfg.custom_opsets, opset_version=cfg.opset_version)
+
+        def unavailable(fn: Any) -> Any:
+            @functools.wraps(fn)  # keeps the signature, which the exporters inspect
+            def rule(*args: Any, **kwargs: Any) -> Any:
+                raise NotImplementedError(str(error)) from error
+
+            return rule
+
+        return {key: unavailable(fn) for key, fn in make(defaults).items()}
+
+
+def register_symbolics(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None = None,
                        opset_version: int | None = None) -> None:
-    """Registers TorchScript-exporter symbolics for every opbridge op. Calling it again with
-    another lowering replaces the previous registration."""
+    """Registers TorchScript-exporter symbolics for every opbridge op (and the torch ops opbridge
+    lowers, such as torch.linalg.inv). Calling it again with another lowering replaces the
+    previous registration. Pass the same ``custom_opsets`` to ``torch.onnx.export``."""
     import torch
 
     import opbridge.ops  # noqa: F401
@@ -88,7 +111,7 @@ def register_symbolics(lowering: Lowering = "custom", custom_opsets: Mapping[str
     for mod in op_modules():
         if not hasattr(mod, "symbolics"):
             continue
-        for name, fn in mod.symbolics(cfg).items():
+        for name, fn in _rules(mod.symbolics, cfg).items():
             # Opset 1 makes the symbolic apply to every default-domain opset.
             torch.onnx.register_custom_op_symbolic(name, fn, 1)
 
@@ -142,7 +165,7 @@ def export(
     *,
     dynamo: bool = True,
     opset_version: int | None = None,
-    lowering: Lowering = "custom",
+    lowering: Lowering = None,
     custom_opsets: Mapping[str, int] | None = None,
     dynamic_batch: bool = True,
     **kwargs: Any,
@@ -155,8 +178,12 @@ def export(
         exporter (opsets <= 20).
     opset_version: default-domain opset; None: 20 (dynamo, torch's default) or 17 (TorchScript).
     lowering: "custom" (``ai.opbridge`` nodes; run with opbridge's ORT library) or "standard"
-        (stock ONNX Runtime), or a mapping op name -> lowering, e.g. {"group_norm": "standard"}.
-    custom_opsets: opset version per custom domain, e.g. {"com.microsoft": 1}.
+        (stock ONNX Runtime) for every op, or a mapping op name -> lowering (e.g.
+        ``{"torch_inverse": "custom"}``), or None: each op its own default ("custom" for
+        opbridge's ops; "standard", i.e. ``com.microsoft::Inverse``, for torch.inverse /
+        torch.linalg.inv).
+    custom_opsets: opset version per custom domain, e.g. {"com.microsoft": 1}; the model imports
+        each domain it uses at that version (default 1).
     dynamic_batch: make dim 0 of every tensor input dynamic unless the caller passes
         ``dynamic_shapes`` (dynamo) or ``dynamic_axes`` (either exporter) itself.
     kwargs: passed to ``torch.onnx.export`` (input_names, output_names, dynamic_shapes, ...).
@@ -188,6 +215,10 @@ def export(
                 **kwargs,
             )
         proto = program.model_proto
+        # The exporter stamps custom domains with their schemas' versions; honour the request.
+        for imp in proto.opset_import:
+            if imp.domain and imp.domain in cfg.custom_opsets:
+                imp.version = int(cfg.custom_opsets[imp.domain])
         if opset < _DYNAMO_MIN_OPSET:
             proto = _convert_opset(proto, opset)
     else:
@@ -195,9 +226,8 @@ def export(
         names = kwargs.pop("input_names", None) or _input_names(model, args)
         if dynamic_batch and not user_dynamic:
             kwargs["dynamic_axes"] = {names[i]: {0: "batch"} for i in tensor_positions if args[i].dim() > 0}
-        # ai.opbridge only when some op is lowered to it (torch warns about unused custom opsets).
-        opsets = {DOMAIN: DOMAIN_VERSION} if any(cfg.lowering_for(op) == "custom" for op in op_names()) else {}
-        opsets.update(cfg.custom_opsets)
+        # Domains not listed are imported at version 1 (= DOMAIN_VERSION), and only if used.
+        opsets = dict(cfg.custom_opsets)
         opsets.update(kwargs.pop("custom_opsets", None) or {})
         import io
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Union
+from typing import Mapping, Optional, Union
 
 DOMAIN = "ai.opbridge"
 DOMAIN_VERSION = 1
@@ -26,7 +26,8 @@ def default_opset(dynamo: bool) -> int:
     except ImportError:  # pragma: no cover - depends on torch's private layout
         return _DYNAMO_FALLBACK_OPSET
 
-Lowering = Union[str, Mapping[str, str]]
+
+Lowering = Optional[Union[str, Mapping[str, str]]]
 
 
 @dataclass(frozen=True)
@@ -34,22 +35,29 @@ class ExportConfig:
     """How each op is lowered and which versions custom domains get.
 
     lowering: "custom" (an ``ai.opbridge`` node, needs opbridge's ORT library) or "standard"
-        (standard ONNX / ORT contrib ops, runs on stock ONNX Runtime), for all ops, or a
-        mapping op name -> lowering (ops not named get ``default_lowering``).
+        (standard ONNX / ORT contrib ops, runs on stock ONNX Runtime) for all ops; or a
+        mapping op name -> lowering, where ops not named keep their own default; or None: every
+        op its own default (see ``lowering_for``).
     custom_opsets: domain -> opset version for custom domains (e.g. {"com.microsoft": 1}).
     opset_version: the default-domain opset of the export (None: the exporter's default).
+    default_lowering: the default of ops that do not declare their own.
     """
 
-    lowering: Lowering = "custom"
+    lowering: Lowering = None
     custom_opsets: Mapping[str, int] = field(default_factory=dict)
     opset_version: int | None = None
     default_lowering: str = "custom"
 
     def lowering_for(self, op: str, default: str | None = None) -> str:
+        """The lowering of ``op`` (a key of some op module's ``OPS``). ``default`` is the op's own
+        default (e.g. "standard" for torch's inverse, which then runs on stock ONNX Runtime); it
+        applies unless the user chose a lowering for all ops or named this one."""
         if isinstance(self.lowering, str):
             value = self.lowering
+        elif self.lowering is not None and op in self.lowering:
+            value = self.lowering[op]
         else:
-            value = self.lowering.get(op, default or self.default_lowering)
+            value = default or self.default_lowering
         if value not in LOWERINGS:
             raise ValueError(f"lowering for {op!r} must be one of {LOWERINGS}, got {value!r}")
         return value

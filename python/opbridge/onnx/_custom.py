@@ -179,7 +179,7 @@ class CustomOp:
 
     def _check_lowering(self, cfg: ExportConfig | None) -> None:
         # A declared op has one lowering, its custom node; only an explicit request for another fails.
-        if cfg is not None and not isinstance(cfg.lowering, str):
+        if cfg is not None and cfg.lowering is not None and not isinstance(cfg.lowering, str):
             lowering = cfg.lowering.get(self.torch_op, "custom")
             if lowering != "custom":
                 raise NotImplementedError(f"{self.torch_op}: lowering {lowering!r} is not available (only 'custom')")

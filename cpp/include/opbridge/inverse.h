@@ -1,0 +1,48 @@
+// opbridge Inverse: Y[b] = X[b]^-1 for a batch of square matrices.
+//
+// Semantics of torch.linalg.inv (and com.microsoft::Inverse) on CPU: X is (*, n, n), Y has X's
+// shape. A matrix is singular when elimination with partial (row) pivoting meets a pivot that
+// is exactly zero, i.e. when U[k,k] == 0 in its LU factorization P X = L U, the test LAPACK's
+// getrf (and so torch.linalg.inv) applies. The multipliers are true (correctly rounded)
+// quotients, so a zero row or column, or a row equal to (or a power-of-two multiple of)
+// another, is always found singular; a matrix singular only up to rounding gets a huge,
+// inaccurate inverse, as with torch. NaN inputs give NaN outputs, not an error.
+//
+// Layout used by every kernel: a and out are contiguous [batch, n, n], row-major.
+#pragma once
+
+#include <cstdint>
+
+#include "opbridge/cpu_isa.h"
+#include "opbridge/parallel.h"
+#include "opbridge/status.h"
+
+namespace opbridge {
+
+// The ONNX op type in domain ai.opbridge: the contract between exporter and ORT library.
+inline constexpr const char* kInverseOpType = "Inverse";
+
+// Validates Inverse arguments; the same checks and messages serve torch and ORT.
+//   rank: rank of x (must be >= 2)
+//   rows: x.shape[-2] (ignored when rank < 2)
+//   cols: x.shape[-1] (must equal rows)
+Status inverse_check(int64_t rank, int64_t rows, int64_t cols);
+
+// Inverse on the CPU.
+//   a:     [batch, n, n] input matrices, row-major
+//   out:   [batch, n, n] their inverses; may be the same pointer as `a` (in place) but must
+//          not overlap it otherwise
+//   batch: number of matrices (>= 0)
+//   n:     matrix size (>= 0)
+//   pf:    the caller's parallel-for (matrices are distributed over it)
+//   isa:   the instruction-set variant to run (kAuto: the best this CPU supports); asking for
+//          one the CPU lacks returns a NotImplemented status
+// T is float or double. Returns a RuntimeError naming the first singular matrix, e.g.
+// "matrix 3 of the batch is singular (U[2,2] == 0)", where 3 counts matrices in row-major
+// order of the batch dimensions; `out` is then unspecified. Arguments must already have passed
+// inverse_check. The variants may differ in the last bits (AVX2 fuses multiply-adds).
+template <class T>
+Status inverse_cpu(const T* a, T* out, int64_t batch, int64_t n, const ParallelFor& pf,
+                   CpuIsa isa = CpuIsa::kAuto);
+
+}  // namespace opbridge
