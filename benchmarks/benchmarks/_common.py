@@ -12,6 +12,14 @@ import numpy as np
 # Threads for every implementation, so that ratios compare like with like: torch's intra-op
 # pool and ORT's intra-op pool both get this many. Default: every CPU of the machine.
 THREADS = int(os.environ.get("OPBRIDGE_BENCH_THREADS", os.cpu_count() or 1))
+# ORT's intra-op workers spin-wait for more work after each parallel section (ORT's default,
+# kept here: it is what users get). OPBRIDGE_BENCH_ORT_SPIN=0 turns it off for every ORT session.
+ORT_SPIN = os.environ.get("OPBRIDGE_BENCH_ORT_SPIN", "1") == "1"
+# Pause before timing an implementation after another one ran: ORT's idle workers spin for
+# about 10-15 ms, torch's OpenMP threads for up to ~1 ms. Timed while the other's threads still
+# spin, a call competes with them for the CPUs (a torch call that takes 30 us can then wait
+# milliseconds at an OpenMP barrier when there are as many threads as CPUs).
+SETTLE_SECONDS = 0.03
 
 
 def _tune_malloc():
@@ -58,6 +66,8 @@ def ort_session(model, custom_ops=False):
     so = ort.SessionOptions()
     so.intra_op_num_threads = THREADS
     so.inter_op_num_threads = 1
+    if not ORT_SPIN:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if custom_ops:
         import opbridge
 
@@ -105,9 +115,18 @@ def numpy_to_bf16_bits(a):
     return r
 
 
+def warm_up(fn, seconds=0.1, min_calls=5):
+    """Calls fn for a while first: the first calls of a fresh process fault in the pages of new
+    outputs (milliseconds for a few MB) and start thread pools."""
+    t_end = time.perf_counter() + seconds
+    for i in range(10**6):
+        fn()
+        if i + 1 >= min_calls and time.perf_counter() > t_end:
+            break
+
+
 def calls_per_round(fn, min_seconds=2e-3):
     """How many calls of fn make one timing round of at least `min_seconds`."""
-    fn()
     t0 = time.perf_counter()
     fn()
     dt = max(time.perf_counter() - t0, 1e-7)
@@ -117,25 +136,39 @@ def calls_per_round(fn, min_seconds=2e-3):
 def measure_speedup(ours, theirs, rounds=15):
     """time(theirs) / time(ours), measured side by side in this process: the two alternate
     round by round (so load changes hit both), and the median of the per-round ratios is
-    returned."""
-    for f in (ours, theirs):
-        f()
+    returned. Each round of one implementation starts after SETTLE_SECONDS and two untimed
+    calls, so that it runs with its own thread pool awake and the other's idle."""
+
+    def timed(fn, n):
+        time.sleep(SETTLE_SECONDS)
+        fn()
+        fn()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - t0) / n
+
+    warm_up(ours)
+    warm_up(theirs)
     n_ours, n_theirs = calls_per_round(ours), calls_per_round(theirs)
     ratios = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n_ours):
-            ours()
-        t1 = time.perf_counter()
-        for _ in range(n_theirs):
-            theirs()
-        t2 = time.perf_counter()
-        ratios.append(((t2 - t1) / n_theirs) / ((t1 - t0) / n_ours))
-    return float(np.median(ratios))
+    for r in range(rounds):
+        # Alternate which goes first, in case the order matters.
+        if r % 2 == 0:
+            t_ours = timed(ours, n_ours)
+            t_theirs = timed(theirs, n_theirs)
+        else:
+            t_theirs = timed(theirs, n_theirs)
+            t_ours = timed(ours, n_ours)
+        ratios.append(t_theirs / t_ours)
+    return round(float(np.median(ratios)), 3)
 
 
 def measure_seconds(fn, rounds=15):
     """Median seconds per call of fn (for plots; asv's time_ benchmarks do their own timing)."""
+    warm_up(fn)
+    time.sleep(SETTLE_SECONDS)
+    fn()
     n = calls_per_round(fn)
     ts = []
     for _ in range(rounds):
