@@ -1,5 +1,7 @@
 # opbridge_add_op(<name>): adds one op's sources to every target, by the naming convention
 #   cpp/ops/<name>/<name>_cpu.cpp    framework-free CPU kernel        -> opbridge_kernels
+#   cpp/ops/<name>/<name>_cpu_avx2.cpp, <name>_cpu_avx512.cpp (optional) the kernel's hot loops
+#                                    built with that instruction set   -> opbridge_kernels (x86)
 #   cpp/ops/<name>/<name>_ort.cpp    ORT CPU op                       -> opbridge_ort
 #   cpp/ops/<name>/<name>_torch.cpp  torch schema + CPU impl          -> opbridge_torch
 #   cpp/ops/<name>/<name>_py.cpp     numpy binding (optional)         -> _core
@@ -7,6 +9,19 @@
 #   cuda/ops/<name>/<name>_ort.cpp   ORT CUDA op (optional)           -> opbridge_ort
 #   cuda/ops/<name>/<name>_torch.cpp torch CUDA impl (optional)       -> opbridge_torch (CUDA torch)
 # Registration is static (each file registers itself), so nothing else needs editing.
+
+# Run-time instruction-set dispatch (x86-64 with GCC or Clang): the *_cpu_<isa>.cpp files are
+# compiled with these flags into separately named functions, and opbridge::cpu_isa() picks one
+# at run time. Everything else stays at the compiler's baseline (no -march=native: the wheel
+# must run on any x86-64 CPU). avx2 = x86-64-v3's vector subset; avx512 = x86-64-v4's.
+option(OPBRIDGE_CPU_DISPATCH "Build AVX2 / AVX-512 variants of hot CPU kernels (x86-64)" ON)
+set(OPBRIDGE_X86_DISPATCH OFF)
+if(OPBRIDGE_CPU_DISPATCH AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$"
+   AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  set(OPBRIDGE_X86_DISPATCH ON)
+  set(OPBRIDGE_ISA_FLAGS_avx2 -mavx2 -mfma -mf16c)
+  set(OPBRIDGE_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c)
+endif()
 function(opbridge_add_op name)
   set(cpu ${PROJECT_SOURCE_DIR}/cpp/ops/${name})
   set(gpu ${PROJECT_SOURCE_DIR}/cuda/ops/${name})
@@ -14,6 +29,16 @@ function(opbridge_add_op name)
     message(FATAL_ERROR "opbridge_add_op(${name}): ${cpu}/${name}_cpu.cpp does not exist")
   endif()
   target_sources(opbridge_kernels PRIVATE ${cpu}/${name}_cpu.cpp)
+  if(OPBRIDGE_X86_DISPATCH)
+    foreach(isa avx2 avx512)
+      set(src ${cpu}/${name}_cpu_${isa}.cpp)
+      if(EXISTS ${src})
+        target_sources(opbridge_kernels PRIVATE ${src})
+        set_source_files_properties(${src} TARGET_DIRECTORY opbridge_kernels
+                                    PROPERTIES COMPILE_OPTIONS "${OPBRIDGE_ISA_FLAGS_${isa}}")
+      endif()
+    endforeach()
+  endif()
   target_sources(opbridge_ort PRIVATE ${cpu}/${name}_ort.cpp)
   if(TARGET opbridge_torch)
     target_sources(opbridge_torch PRIVATE ${cpu}/${name}_torch.cpp)

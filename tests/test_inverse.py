@@ -21,7 +21,7 @@ SIZES = (1, 2, 3, 4, 5, 8, 16, 64, 256)
 BATCHES = ((), (7,), (2, 3))
 DTYPES = (np.float32, np.float64)
 # Every instruction-set variant of the kernels; those the CPU lacks are skipped with a reason.
-ISAS = ("baseline", "avx2")
+ISAS = ("baseline", "avx2", "avx512")
 SINGULAR_KINDS = ("zero_row", "zero_col", "equal_rows", "scaled_row")
 
 
@@ -151,6 +151,20 @@ def test_core_avx2_agrees_with_baseline(rng, n):
     x = random_matrices(rng, (9,), n, np.float64)
     np.testing.assert_allclose(_core().inverse(x, isa="avx2"), _core().inverse(x, isa="baseline"), rtol=0,
                                atol=1e-12 * np.abs(reference.inverse(x)).max())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+@pytest.mark.parametrize("n", (128, 130, 203))
+def test_core_avx512_large_matrices(rng, n, dtype):
+    """From n = 128 the AVX-512 variant has a kernel of its own (16-column panels): full
+    panels, a partial last panel, rows that are not a whole number of vectors."""
+    needs_isa("avx512")
+    x = random_matrices(rng, (3,), n, dtype)
+    y = _core().inverse(x, isa="avx512")
+    assert_inverse_close(y, x)
+    ref = reference.inverse(x.astype(np.float64))
+    np.testing.assert_allclose(y, _core().inverse(x, isa="avx2"), rtol=0,
+                               atol=64 * n * np.finfo(dtype).eps * np.abs(ref).max())
 
 
 def test_core_nan_gives_nan_not_singular(rng):

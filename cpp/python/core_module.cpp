@@ -6,6 +6,8 @@
 
 #include <Eigen/Core>
 
+#include "opbridge/cpu_isa.h"
+
 #ifndef OPBRIDGE_VERSION
 #error "OPBRIDGE_VERSION must be defined by the build"
 #endif
@@ -114,5 +116,29 @@ NB_MODULE(_core, m) {
   info["torch_cuda"] = static_cast<bool>(OPBRIDGE_TORCH_CUDA);  // torch.ops.opbridge.* run on CUDA tensors
   info["compiler"] = OPBRIDGE_COMPILER;
   m.attr("build_info") = info;
+
+  // Instruction-set level of this module's CPU kernels (opbridge/cpu_isa.h). The torch and ORT
+  // libraries keep their own (environment variable OPBRIDGE_CPU_ISA).
+  const auto parse = [](const std::string& name, const char* fn) {
+    opbridge::CpuIsa isa;
+    if (!opbridge::parse_cpu_isa(name.c_str(), &isa)) {
+      throw nb::value_error((std::string(fn) + ": name must be 'auto', 'baseline', 'avx2' or 'avx512', got '" +
+                             name + "'").c_str());
+    }
+    return isa;
+  };
+  m.def("cpu_isa", [] { return std::string(opbridge::cpu_isa_name(opbridge::cpu_isa_resolve(opbridge::CpuIsa::kAuto))); },
+        "The instruction-set level _core's kernels use now: 'baseline', 'avx2' or 'avx512'.");
+  m.def(
+      "cpu_isa_supported", [parse](const std::string& name) { return opbridge::cpu_isa_supported(parse(name, "cpu_isa_supported")); },
+      nb::arg("name"), "Whether this build and CPU can run the kernels' variant `name`.");
+  m.def(
+      "set_cpu_isa",
+      [parse](const std::string& name) {
+        return std::string(opbridge::cpu_isa_name(opbridge::set_cpu_isa(parse(name, "set_cpu_isa"))));
+      },
+      nb::arg("name"),
+      "Sets _core's instruction-set level ('auto': the best); returns the level now in effect, which is "
+      "lower than asked where the CPU lacks it. For tests and benchmarks.");
   for (auto bind : opbridge::py::binders()) bind(m);
 }

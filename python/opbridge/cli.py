@@ -29,7 +29,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
         ns = torch.ops.opbridge
         ops = sorted(
             n for n in dir(ns)
-            if isinstance(getattr(ns, n, None), torch._ops.OpOverloadPacket) and not n.endswith("_backward")
+            if isinstance(getattr(ns, n, None), torch._ops.OpOverloadPacket)
+            and not n.endswith("_backward") and not n.startswith("_")
         )
         print(f"  torch ops              {', '.join('torch.ops.opbridge.' + n for n in ops)}")
     else:

@@ -1,48 +1,46 @@
 // opbridge: instruction-set variants of CPU kernels, chosen at run time.
 //
-// Kernels that profit from wider vectors are compiled once for the architecture's baseline
-// (x86-64: SSE2) and, on x86-64, once more for AVX2 + FMA; kAuto picks the best one the CPU
-// supports. The explicit values exist so that tests can run every variant on one machine.
+// Hot kernels are compiled for the architecture's baseline (x86-64: SSE2) and, on x86-64, again
+// for AVX2 + FMA + F16C and for AVX-512, into separately named functions; the wheel is never
+// built with -march=native. Kernels take a CpuIsa argument: kAuto (the default) runs the
+// process-wide level, the explicit values let tests run every variant on one machine.
+//
+// The process-wide level is the best one the CPU supports, capped by the environment variable
+// OPBRIDGE_CPU_ISA ("baseline", "avx2", "avx512"; read once, on first use) or by set_cpu_isa().
+// Each loaded opbridge library (torch extension, ORT library, _core) keeps its own level.
 #pragma once
 
 namespace opbridge {
 
 enum class CpuIsa {
-  kAuto,      // the best variant this CPU supports
+  kAuto,      // the process-wide level (see above)
   kBaseline,  // the architecture's baseline (runs everywhere)
-  kAvx2,      // x86-64 with AVX2 and FMA
+  kAvx2,      // x86-64 with AVX2, FMA and F16C (x86-64-v3 class CPUs)
+  kAvx512,    // the above and AVX-512 F/BW/VL/DQ (x86-64-v4 class CPUs)
 };
 
-inline const char* cpu_isa_name(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kAuto: return "auto";
-    case CpuIsa::kBaseline: return "baseline";
-    case CpuIsa::kAvx2: return "avx2";
-  }
-  return "unknown";
-}
+// "auto", "baseline", "avx2" or "avx512".
+const char* cpu_isa_name(CpuIsa isa);
 
-// Whether this build has, and this CPU (and OS) can run, the variant `isa`.
-inline bool cpu_isa_supported(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kAuto:
-    case CpuIsa::kBaseline:
-      return true;
-    case CpuIsa::kAvx2:
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-      // Also checks that the OS saves the AVX registers (XCR0).
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-      return false;
-#endif
-  }
-  return false;
-}
+// Parses a cpu_isa_name() string.
+//   name: the variant's name (case-sensitive)
+//   isa:  receives the variant; left unchanged when `name` is not one
+// Returns whether `name` was recognized.
+bool parse_cpu_isa(const char* name, CpuIsa* isa);
 
-// The variant kAuto stands for on this CPU.
-inline CpuIsa cpu_isa_resolve(CpuIsa isa) {
-  if (isa != CpuIsa::kAuto) return isa;
-  return cpu_isa_supported(CpuIsa::kAvx2) ? CpuIsa::kAvx2 : CpuIsa::kBaseline;
-}
+// Whether this build has, and this CPU (and OS) can run, the variant `isa` (kAuto: always).
+//   isa: the variant asked about
+bool cpu_isa_supported(CpuIsa isa);
+
+// The variant a kernel runs for `isa`: kAuto resolves to the process-wide level, any other
+// value is returned as is.
+//   isa: the variant a caller asked for
+CpuIsa cpu_isa_resolve(CpuIsa isa);
+
+// Sets the process-wide level, capped to the best supported one; kAuto restores the best.
+//   isa: the level wanted
+// Returns the level now in effect. Meant for tests and benchmarks: calls already running keep
+// the level they started with.
+CpuIsa set_cpu_isa(CpuIsa isa);
 
 }  // namespace opbridge

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <string>
 
+#include "opbridge/cpu_isa.h"
 #include "opbridge/dtype.h"
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
@@ -59,12 +60,15 @@ Status group_norm_check(int64_t rank, int64_t channels, int64_t num_groups, int6
 //   mean, rstd: optional [N, G] outputs (nullptr to skip) with each group's mean and
 //               1/sqrt(var + eps), in the accumulation type of T (both 0 for empty groups)
 //   pf:     the caller's parallel-for
+//   isa:    the instruction-set variant to run (kAuto: the process-wide level, see cpu_isa.h);
+//           asking for one this CPU or build lacks returns a NotImplemented status
 // T is float, double, Half or BFloat16 (accumulation in float for the 16-bit types, in the
-// type itself otherwise). Arguments must already have passed group_norm_check.
+// type itself otherwise). Arguments must already have passed group_norm_check. The variants
+// differ in the last bits only (vector width, fused multiply-adds); float64 has one variant.
 template <class T>
 Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t N, int64_t C,
                       int64_t S, int64_t num_groups, double eps, acc_t<T>* mean, acc_t<T>* rstd,
-                      const ParallelFor& pf);
+                      const ParallelFor& pf, CpuIsa isa = CpuIsa::kAuto);
 
 // Backward on the CPU: gradients of group_norm with respect to x, weight and bias.
 //   dy, x:   [N, C, S]; weight: [C] or nullptr

@@ -35,8 +35,9 @@ Status inverse_check(int64_t rank, int64_t rows, int64_t cols);
 //   batch: number of matrices (>= 0)
 //   n:     matrix size (>= 0)
 //   pf:    the caller's parallel-for (matrices are distributed over it)
-//   isa:   the instruction-set variant to run (kAuto: the best this CPU supports); asking for
-//          one the CPU lacks returns a NotImplemented status
+//   isa:   the instruction-set variant to run (kAuto: the process-wide level, see cpu_isa.h);
+//          asking for one the CPU lacks returns a NotImplemented status. kAvx512 runs the AVX2
+//          kernels below n = 128 and an AVX-512 one from there on
 // T is float or double. Returns a RuntimeError naming the first singular matrix, e.g.
 // "matrix 3 of the batch is singular (U[2,2] == 0)", where 3 counts matrices in row-major
 // order of the batch dimensions; `out` is then unspecified. Arguments must already have passed

@@ -2,8 +2,13 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "common/simd_generic.h"
+#include "group_norm_isa.h"
+#include "group_norm_simd.h"
+#include "opbridge/cpu_isa.h"
 #include "opbridge/dtype.h"
 #include "opbridge/group_norm.h"
 
@@ -128,11 +133,19 @@ int64_t grain_for(int64_t elems_per_item) {
 
 }  // namespace
 
+namespace group_norm_isa {
 template <class T>
-Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t N, int64_t C,
-                      int64_t S, int64_t num_groups, double eps, acc_t<T>* mean, acc_t<T>* rstd,
-                      const ParallelFor& pf) {
-  using A = acc_t<T>;
+void forward_baseline(const Args<T>& a, const ParallelFor& pf) {
+  gn_forward<SimdGeneric, T>(a, pf);
+}
+}  // namespace group_norm_isa
+
+namespace {
+
+// float64 keeps the straightforward kernel: two passes over each group in double.
+Status group_norm_cpu_f64(const double* x, const double* weight, const double* bias, double* y, int64_t N,
+                          int64_t C, int64_t S, int64_t num_groups, double eps, double* mean, double* rstd,
+                          const ParallelFor& pf) {
   const int64_t G = num_groups;
   if (N <= 0 || C <= 0) return Status::Ok();
   if (S <= 0) {
@@ -140,8 +153,8 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t 
     // tensor), so only touch the statistics when the caller asked for (and so allocated) them.
     if (mean != nullptr || rstd != nullptr) {
       for (int64_t ng = 0; ng < N * G; ++ng) {
-        if (mean != nullptr) mean[ng] = A(0);
-        if (rstd != nullptr) rstd[ng] = A(0);
+        if (mean != nullptr) mean[ng] = 0.0;
+        if (rstd != nullptr) rstd[ng] = 0.0;
       }
     }
     return Status::Ok();
@@ -151,45 +164,50 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t 
   pf(N * G, grain_for(group_elems), [&](int64_t begin, int64_t end) {
     for (int64_t ng = begin; ng < end; ++ng) {
       const int64_t g = ng % G;
-      const T* xg = x + ng * group_elems;
-      T* yg = y + ng * group_elems;
+      const double* xg = x + ng * group_elems;
+      double* yg = y + ng * group_elems;
       double m = 0.0, r = 0.0;
       group_stats(xg, group_elems, eps, &m, &r);
-      if (mean != nullptr) mean[ng] = static_cast<A>(m);
-      if (rstd != nullptr) rstd[ng] = static_cast<A>(r);
-      // y = (x - m_hi) * a + (b - m_lo * a): x - m_hi is exact near the mean. Folding the
-      // whole mean into the bias instead (y = x * a + (b - m * a)) would round x * a at the
-      // offset's magnitude and lose ~|mean| * 2^-24 absolutely (0.06 at mean 1e6 in float).
-      A m_hi;
-      double m_lo;
-      split_mean(m, &m_hi, &m_lo);
+      if (mean != nullptr) mean[ng] = m;
+      if (rstd != nullptr) rstd[ng] = r;
       for (int64_t ci = 0; ci < Cg; ++ci) {
         const int64_t c = g * Cg + ci;
-        const double w = weight != nullptr ? static_cast<double>(to_float(weight[c])) : 1.0;
-        const double b = bias != nullptr ? static_cast<double>(to_float(bias[c])) : 0.0;
-        const double a_exact = r * w;
-        const A a = static_cast<A>(a_exact);
-        const A off = static_cast<A>(b - m_lo * static_cast<double>(a));
-        const T* xc = xg + ci * S;
-        T* yc = yg + ci * S;
-        const bool off_overflows = !std::isfinite(static_cast<double>(off)) && std::isfinite(b);
-        if (!std::isfinite(static_cast<double>(a)) || off_overflows) {
-          // rstd * weight is infinite or NaN (an infinite or NaN weight, eps = 0 on a constant
-          // group) or overflows A (var + eps < ~1e-77, e.g. a constant group with eps = 1e-300).
-          // Evaluate (x - mean) * rstd * weight + bias as written, in double: a zero deviation
-          // then gives bias (or 0 * inf = NaN) and a nonzero one the right infinity, where the
-          // folded offset b - m_lo * a would be inf - inf. Rare and per channel: no cost otherwise.
-          for (int64_t i = 0; i < S; ++i) {
-            const double d = static_cast<double>(to_float(xc[i]) - m_hi) - m_lo;
-            yc[i] = from_acc<T>(static_cast<A>(d * a_exact + b));
-          }
-          continue;
-        }
-        for (int64_t i = 0; i < S; ++i) yc[i] = from_acc<T>((to_float(xc[i]) - m_hi) * a + off);
+        // y = (x - m) * a + b: folding m into the offset (x * a + (b - m * a)) would save a
+        // subtraction but cancel catastrophically when a = rstd * w is large (variance << eps).
+        const double a = r * (weight != nullptr ? weight[c] : 1.0);
+        const double b = bias != nullptr ? bias[c] : 0.0;
+        const double* xc = xg + ci * S;
+        double* yc = yg + ci * S;
+        for (int64_t i = 0; i < S; ++i) yc[i] = (xc[i] - m) * a + b;
       }
     }
   });
   return Status::Ok();
+}
+
+}  // namespace
+
+template <class T>
+Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t N, int64_t C,
+                      int64_t S, int64_t num_groups, double eps, acc_t<T>* mean, acc_t<T>* rstd,
+                      const ParallelFor& pf, CpuIsa isa) {
+  if (!cpu_isa_supported(isa)) {
+    return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
+                                  " kernels are not available on this CPU or in this build");
+  }
+  if constexpr (std::is_same_v<T, double>) {
+    return group_norm_cpu_f64(x, weight, bias, y, N, C, S, num_groups, eps, mean, rstd, pf);
+  } else {
+    const group_norm_isa::Args<T> a{x, weight, bias, y, N, C, S, num_groups, eps, mean, rstd};
+    switch (cpu_isa_resolve(isa)) {
+#if defined(OPBRIDGE_X86_DISPATCH)
+      case CpuIsa::kAvx512: group_norm_isa::forward_avx512(a, pf); break;
+      case CpuIsa::kAvx2: group_norm_isa::forward_avx2(a, pf); break;
+#endif
+      default: group_norm_isa::forward_baseline(a, pf); break;
+    }
+    return Status::Ok();
+  }
 }
 
 template <class T>
@@ -300,7 +318,7 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, T* dx, 
 #define OPBRIDGE_INSTANTIATE_GROUP_NORM(T)                                                          \
   template Status group_norm_cpu<T>(const T*, const T*, const T*, T*, int64_t, int64_t,   \
                                               int64_t, int64_t, double, acc_t<T>*, acc_t<T>*,       \
-                                              const ParallelFor&);                                  \
+                                              const ParallelFor&, CpuIsa);                          \
   template Status group_norm_backward_cpu<T>(const T*, const T*, const T*, T*, T*, T*, int64_t,     \
                                              int64_t, int64_t, int64_t, double, const ParallelFor&);
 

@@ -11,10 +11,12 @@ namespace opbridge::py {
 namespace {
 
 CpuIsa parse_isa(const std::string& isa) {
-  for (CpuIsa v : {CpuIsa::kAuto, CpuIsa::kBaseline, CpuIsa::kAvx2}) {
-    if (isa == cpu_isa_name(v)) return v;
+  CpuIsa v;
+  if (!parse_cpu_isa(isa.c_str(), &v)) {
+    throw nb::value_error(
+        ("inverse: isa must be 'auto', 'baseline', 'avx2' or 'avx512', got '" + isa + "'").c_str());
   }
-  throw nb::value_error(("inverse: isa must be 'auto', 'baseline' or 'avx2', got '" + isa + "'").c_str());
+  return v;
 }
 
 OutArray inverse_py(const InArray& x, const std::string& isa) {
@@ -41,10 +43,8 @@ OutArray inverse_py(const InArray& x, const std::string& isa) {
 
 void bind(nb::module_& m) {
   m.def("inverse", &inverse_py, nb::arg("x"), nb::arg("isa") = "auto",
-        "Inverse of each matrix of x (*, n, n), computed by opbridge's CPU kernel (isa: 'auto', 'baseline' or "
-        "'avx2', the instruction-set variant).");
-  m.def("cpu_isa_supported", [](const std::string& isa) { return cpu_isa_supported(parse_isa(isa)); },
-        nb::arg("isa"), "Whether this CPU and build can run the kernels' instruction-set variant `isa`.");
+        "Inverse of each matrix of x (*, n, n), computed by opbridge's CPU kernel (isa: 'auto', 'baseline', "
+        "'avx2' or 'avx512', the instruction-set variant).");
 }
 
 }  // namespace

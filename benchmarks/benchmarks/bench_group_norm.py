@@ -1,0 +1,191 @@
+"""GroupNorm on the CPU: opbridge (torch op and ORT custom op) against torch's native kernel and
+ONNX Runtime's built-in GroupNormalization-21 and Reshape + InstanceNormalization lowering."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from ._common import (
+    ONNX_TYPES,
+    THREADS,
+    measure_speedup,
+    numpy_to_bf16_bits,
+    opbridge_torch_op,
+    ort_runner,
+    ort_session,
+    ort_value,
+    torch_or_skip,
+)
+
+# (N, C, H, W), all with 32 groups: a ResNet-50 stage-1 activation (800 KB), a mid-sized
+# diffusion U-Net block (8 MB) and a large one (16 MB, beyond what two L2s hold).
+SHAPES = ["1x64x56x56", "8x256x32x32", "2x512x64x64"]
+GROUPS = 32
+EPS = 1e-5
+DTYPES = ["float32", "float16", "bfloat16"]
+IMPLS = ["opbridge-torch", "torch-native", "opbridge-ort", "ort-GroupNormalization-21", "ort-decomposition"]
+# ir_version 10 covers opset 21; ORT 1.31 refuses the IR 14 that onnx 1.23 stamps by default.
+IR_VERSION = 10
+
+
+def parse_shape(s):
+    return tuple(int(d) for d in s.split("x"))
+
+
+def inputs(shape, seed=0):
+    """float64 x, weight, bias: activations with a non-zero mean, weights around 1."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * 2 + 0.5
+    w = rng.uniform(0.5, 2.0, shape[1])
+    b = rng.standard_normal(shape[1])
+    return x, w, b
+
+
+# ---- hand-built ONNX models ------------------------------------------------------------------
+
+
+def model_opbridge(shape, dtype):
+    t = ONNX_TYPES[dtype]
+    c = shape[1]
+    node = helper.make_node("GroupNorm", ["X", "scale", "bias"], ["Y"], domain="ai.opbridge",
+                            num_groups=GROUPS, epsilon=EPS)
+    graph = helper.make_graph(
+        [node], "gn",
+        [helper.make_tensor_value_info("X", t, shape), helper.make_tensor_value_info("scale", t, [c]),
+         helper.make_tensor_value_info("bias", t, [c])],
+        [helper.make_tensor_value_info("Y", t, shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.opbridge", 1)],
+                             ir_version=IR_VERSION)
+
+
+def model_gn21(shape, dtype):
+    """ONNX GroupNormalization-21 (per-channel scale and bias)."""
+    t = ONNX_TYPES[dtype]
+    c = shape[1]
+    node = helper.make_node("GroupNormalization", ["X", "scale", "bias"], ["Y"], num_groups=GROUPS, epsilon=EPS)
+    graph = helper.make_graph(
+        [node], "gn21",
+        [helper.make_tensor_value_info("X", t, shape), helper.make_tensor_value_info("scale", t, [c]),
+         helper.make_tensor_value_info("bias", t, [c])],
+        [helper.make_tensor_value_info("Y", t, shape)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=IR_VERSION)
+
+
+def model_decomposition(shape, dtype):
+    """The classic exporter lowering: Reshape(N, G, -1) -> InstanceNormalization (unit scale,
+    zero bias) -> Reshape back -> Mul(scale[C,1,1]) -> Add(bias[C,1,1])."""
+    t = ONNX_TYPES[dtype]
+    c = shape[1]
+    affine_shape = [c] + [1] * (len(shape) - 2)
+    init = [
+        helper.make_tensor("grouped_shape", TensorProto.INT64, [3], [0, GROUPS, -1]),
+        helper.make_tensor("ones", t, [GROUPS], [1.0] * GROUPS),
+        helper.make_tensor("zeros", t, [GROUPS], [0.0] * GROUPS),
+        helper.make_tensor("affine_shape", TensorProto.INT64, [len(affine_shape)], affine_shape),
+    ]
+    nodes = [
+        helper.make_node("Shape", ["X"], ["x_shape"]),
+        helper.make_node("Reshape", ["X", "grouped_shape"], ["xg"]),
+        helper.make_node("InstanceNormalization", ["xg", "ones", "zeros"], ["ng"], epsilon=EPS),
+        helper.make_node("Reshape", ["ng", "x_shape"], ["n"]),
+        helper.make_node("Reshape", ["scale", "affine_shape"], ["scale_b"]),
+        helper.make_node("Reshape", ["bias", "affine_shape"], ["bias_b"]),
+        helper.make_node("Mul", ["n", "scale_b"], ["scaled"]),
+        helper.make_node("Add", ["scaled", "bias_b"], ["Y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "gn_decomposed",
+        [helper.make_tensor_value_info("X", t, shape), helper.make_tensor_value_info("scale", t, [c]),
+         helper.make_tensor_value_info("bias", t, [c])],
+        [helper.make_tensor_value_info("Y", t, shape)], initializer=init)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+
+
+# ---- one callable per implementation ----------------------------------------------------------
+
+
+def make_fn(impl, shape, dtype, seed=0):
+    """A no-argument callable computing GroupNorm of fresh inputs with implementation `impl`;
+    NotImplementedError where that implementation cannot run this dtype here."""
+    x, w, b = inputs(shape, seed)
+    if impl in ("opbridge-torch", "torch-native"):
+        torch = torch_or_skip()
+        tdt = getattr(torch, dtype)
+        xt, wt, bt = (torch.from_numpy(a).to(tdt) for a in (x, w, b))
+        if impl == "opbridge-torch":
+            op = opbridge_torch_op("group_norm")
+            return lambda: op(xt, GROUPS, wt, bt, EPS)
+        gn = torch.nn.functional.group_norm
+        return lambda: gn(xt, GROUPS, wt, bt, EPS)
+    build = {"opbridge-ort": model_opbridge, "ort-GroupNormalization-21": model_gn21,
+             "ort-decomposition": model_decomposition}[impl]
+    sess = ort_session(build(shape, dtype), custom_ops=impl == "opbridge-ort")
+    if dtype == "bfloat16":
+        arrays = [numpy_to_bf16_bits(a) for a in (x, w, b)]
+    else:
+        arrays = [a.astype(dtype) for a in (x, w, b)]
+    feeds = {k: ort_value(a, dtype) for k, a in zip(("X", "scale", "bias"), arrays)}
+    fn = ort_runner(sess, feeds)
+    try:
+        fn()
+    except Exception as e:
+        raise NotImplementedError(f"{impl} fails on {dtype}: {e}".splitlines()[0]) from e
+    return fn
+
+
+class GroupNorm:
+    """Time per call of each implementation (THREADS threads, see _common.py)."""
+
+    params = (SHAPES, DTYPES, IMPLS)
+    param_names = ["shape", "dtype", "impl"]
+    warmup_time = 0.2
+
+    def setup(self, shape, dtype, impl):
+        self.fn = make_fn(impl, parse_shape(shape), dtype)
+
+    def time_group_norm(self, shape, dtype, impl):
+        self.fn()
+
+
+# The speed-ups the project tracks: (ours, baseline).
+COMPARISONS = {
+    "opbridge-ort/ort-GroupNormalization-21": ("opbridge-ort", "ort-GroupNormalization-21"),
+    "opbridge-ort/ort-decomposition": ("opbridge-ort", "ort-decomposition"),
+    "opbridge-ort/torch-native": ("opbridge-ort", "torch-native"),
+    "opbridge-torch/torch-native": ("opbridge-torch", "torch-native"),
+}
+
+
+class GroupNormSpeedup:
+    """Speed-up of opbridge over each baseline (float32), both timed side by side in one
+    process: time(baseline) / time(opbridge), > 1 means opbridge is faster."""
+
+    params = (SHAPES, list(COMPARISONS))
+    param_names = ["shape", "comparison"]
+    unit = "x"
+    timeout = 300
+
+    def setup(self, shape, comparison):
+        ours, theirs = COMPARISONS[comparison]
+        self.ours = make_fn(ours, parse_shape(shape), "float32")
+        self.theirs = make_fn(theirs, parse_shape(shape), "float32")
+
+    def track_speedup(self, shape, comparison):
+        return measure_speedup(self.ours, self.theirs)
+
+
+class GroupNorm16BitVsFloat32:
+    """time(float32) / time(16-bit) per call of opbridge's op (same element count): >= 1 means
+    the 16-bit kernel is at least as fast per element as the float32 one."""
+
+    params = (SHAPES, ["float16", "bfloat16"], ["opbridge-torch", "opbridge-ort"])
+    param_names = ["shape", "dtype", "impl"]
+    unit = "x"
+
+    def setup(self, shape, dtype, impl):
+        self.half = make_fn(impl, parse_shape(shape), dtype)
+        self.full = make_fn(impl, parse_shape(shape), "float32")
+
+    def track_speedup(self, shape, dtype, impl):
+        return measure_speedup(self.half, self.full)

@@ -1,0 +1,179 @@
+// opbridge: 8 float lanes for kernels compiled for the architecture's baseline.
+//
+// Same interface as simd_avx2.h / simd_avx512.h (see there). On x86-64 two SSE2 registers
+// (SSE2 is part of the x86-64 baseline); elsewhere fixed-size loops that the compiler
+// vectorizes for the target (NEON on arm64). 16-bit types convert one element at a time with
+// dtype.h's exact conversions. Everything has internal linkage: see simd_avx512.h for why.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include "opbridge/dtype.h"
+
+namespace opbridge {
+namespace {
+
+#if defined(__SSE2__)
+
+struct SimdGeneric {
+  static constexpr int W = 8;
+  struct V {
+    __m128 lo, hi;
+  };
+
+  static V zero() { return {_mm_setzero_ps(), _mm_setzero_ps()}; }
+  static V set1(float a) { return {_mm_set1_ps(a), _mm_set1_ps(a)}; }
+  static V add(V a, V b) { return {_mm_add_ps(a.lo, b.lo), _mm_add_ps(a.hi, b.hi)}; }
+  static V sub(V a, V b) { return {_mm_sub_ps(a.lo, b.lo), _mm_sub_ps(a.hi, b.hi)}; }
+  // a * b + c (two roundings: the baseline has no fused multiply-add)
+  static V fmadd(V a, V b, V c) {
+    return {_mm_add_ps(_mm_mul_ps(a.lo, b.lo), c.lo), _mm_add_ps(_mm_mul_ps(a.hi, b.hi), c.hi)};
+  }
+  static V sub_n(V a, V b, int n) {
+    const __m128i nn = _mm_set1_epi32(n);
+    const __m128 klo = _mm_castsi128_ps(_mm_cmpgt_epi32(nn, _mm_setr_epi32(0, 1, 2, 3)));
+    const __m128 khi = _mm_castsi128_ps(_mm_cmpgt_epi32(nn, _mm_setr_epi32(4, 5, 6, 7)));
+    const V d = sub(a, b);
+    return {_mm_and_ps(d.lo, klo), _mm_and_ps(d.hi, khi)};
+  }
+  static double hsum(V a) {
+    const __m128 s = _mm_add_ps(a.lo, a.hi);
+    __m128d d = _mm_add_pd(_mm_cvtps_pd(s), _mm_cvtps_pd(_mm_movehl_ps(s, s)));
+    d = _mm_add_sd(d, _mm_unpackhi_pd(d, d));
+    return _mm_cvtsd_f64(d);
+  }
+
+  static float to_f32(float v) { return v; }
+  static float to_f32(Half v) { return half_to_float(v.bits); }
+  static float to_f32(BFloat16 v) { return bf16_to_float(v.bits); }
+
+  static V load(const float* p) { return {_mm_loadu_ps(p), _mm_loadu_ps(p + 4)}; }
+  static void store(float* p, V a) {
+    _mm_storeu_ps(p, a.lo);
+    _mm_storeu_ps(p + 4, a.hi);
+  }
+  // Streaming stores for float; the 16-bit types convert one element at a time anyway.
+  static void stream(float* p, V a) {
+    _mm_stream_ps(p, a.lo);
+    _mm_stream_ps(p + 4, a.hi);
+  }
+  template <class T>
+  static void stream(T* p, V a) {
+    store(p, a);
+  }
+  static void fence() { _mm_sfence(); }
+  template <class T>
+  static V load(const T* p) {
+    alignas(16) float f[W];
+    for (int l = 0; l < W; ++l) f[l] = to_f32(p[l]);
+    return load(f);
+  }
+  template <class T>
+  static void store(T* p, V a) {
+    alignas(16) float f[W];
+    store(f, a);
+    for (int l = 0; l < W; ++l) from_f32(f[l], p + l);
+  }
+  template <class T>
+  static V load_n(const T* p, int n) {
+    alignas(16) float f[W] = {};
+    for (int l = 0; l < n; ++l) f[l] = to_f32(p[l]);
+    return load(f);
+  }
+  template <class T>
+  static void store_n(T* p, V a, int n) {
+    alignas(16) float f[W];
+    store(f, a);
+    for (int l = 0; l < n; ++l) from_f32(f[l], p + l);
+  }
+
+ private:
+  static void from_f32(float v, float* p) { *p = v; }
+  static void from_f32(float v, Half* p) { p->bits = float_to_half(v); }
+  static void from_f32(float v, BFloat16* p) { p->bits = float_to_bf16(v); }
+};
+
+#else  // no SSE2: plain loops
+
+struct SimdGeneric {
+  // 8 lanes: two SSE registers, so the per-lane partial sums of the kernels stay short.
+  static constexpr int W = 8;
+  struct V {
+    float v[W];
+  };
+
+  static V zero() { return set1(0.f); }
+  static V set1(float a) {
+    V r;
+    for (int l = 0; l < W; ++l) r.v[l] = a;
+    return r;
+  }
+  static V add(V a, V b) {
+    for (int l = 0; l < W; ++l) a.v[l] += b.v[l];
+    return a;
+  }
+  static V sub(V a, V b) {
+    for (int l = 0; l < W; ++l) a.v[l] -= b.v[l];
+    return a;
+  }
+  // a * b + c
+  static V fmadd(V a, V b, V c) {
+    for (int l = 0; l < W; ++l) a.v[l] = a.v[l] * b.v[l] + c.v[l];
+    return a;
+  }
+  // a - b in the first n lanes, 0 in the others.
+  static V sub_n(V a, V b, int n) {
+    for (int l = 0; l < W; ++l) a.v[l] = l < n ? a.v[l] - b.v[l] : 0.f;
+    return a;
+  }
+  static double hsum(V a) {
+    double s = 0.0;
+    for (int l = 0; l < W; ++l) s += static_cast<double>(a.v[l]);
+    return s;
+  }
+
+  static float to_f32(float v) { return v; }
+  static float to_f32(Half v) { return half_to_float(v.bits); }
+  static float to_f32(BFloat16 v) { return bf16_to_float(v.bits); }
+  static void from_f32(float v, float* p) { *p = v; }
+  static void from_f32(float v, Half* p) { p->bits = float_to_half(v); }
+  static void from_f32(float v, BFloat16* p) { p->bits = float_to_bf16(v); }
+
+  template <class T>
+  static V load(const T* p) {
+    V r;
+    for (int l = 0; l < W; ++l) r.v[l] = to_f32(p[l]);
+    return r;
+  }
+  // Loads the first n (< W) elements; the other lanes are 0.
+  template <class T>
+  static V load_n(const T* p, int n) {
+    V r = zero();
+    for (int l = 0; l < n; ++l) r.v[l] = to_f32(p[l]);
+    return r;
+  }
+  template <class T>
+  static void store(T* p, V a) {
+    for (int l = 0; l < W; ++l) from_f32(a.v[l], p + l);
+  }
+  // Stores the first n (< W) lanes.
+  template <class T>
+  static void store_n(T* p, V a, int n) {
+    for (int l = 0; l < n; ++l) from_f32(a.v[l], p + l);
+  }
+  // No portable streaming store: an ordinary one.
+  template <class T>
+  static void stream(T* p, V a) {
+    store(p, a);
+  }
+  static void fence() {}
+};
+
+#endif
+
+}  // namespace
+}  // namespace opbridge

@@ -1,0 +1,30 @@
+// GroupNorm forward for float, Half and BFloat16, once per instruction set (internal header).
+// group_norm_cpu() picks one at run time (opbridge/cpu_isa.h); each is defined in its own TU
+// compiled with that instruction set's flags (group_norm_cpu_<isa>.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "opbridge/dtype.h"
+#include "opbridge/parallel.h"
+
+namespace opbridge::group_norm_isa {
+
+// The arguments of group_norm_cpu (see opbridge/group_norm.h), already checked.
+template <class T>
+struct Args {
+  const T* x;
+  const T* weight;  // nullptr: 1
+  const T* bias;    // nullptr: 0
+  T* y;
+  int64_t N, C, S, G;
+  double eps;
+  float* mean;  // [N, G] or nullptr
+  float* rstd;  // [N, G] or nullptr
+};
+
+template <class T> void forward_baseline(const Args<T>& a, const ParallelFor& pf);
+template <class T> void forward_avx2(const Args<T>& a, const ParallelFor& pf);
+template <class T> void forward_avx512(const Args<T>& a, const ParallelFor& pf);
+
+}  // namespace opbridge::group_norm_isa
