@@ -1,0 +1,38 @@
+"""Quick side-by-side timing of opbridge vs torch and ONNX Runtime built-ins (2 threads, fp32,
+medians of plain calls; ORT through InferenceSession.run, so its Python overhead is included).
+The asv suite in this folder is the reference; this is a one-minute sanity check:
+
+    MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296 python benchmarks/quick_compare.py
+"""
+import time, torch, numpy as np, opbridge, onnxruntime as ort
+from onnx import helper, TensorProto
+torch.set_num_threads(2)
+def bench(fn, n=60):
+    for _ in range(3): fn()
+    ts=[]
+    for _ in range(n):
+        t=time.perf_counter(); fn(); ts.append(time.perf_counter()-t)
+    return np.median(ts)*1e6
+def sess(nodes, inputs, opset, ir):
+    g=helper.make_graph(nodes,"g",[helper.make_tensor_value_info(n,TensorProto.FLOAT,None) for n in inputs],[helper.make_tensor_value_info("Y",TensorProto.FLOAT,None)])
+    m=helper.make_model(g,opset_imports=[helper.make_opsetid("",opset),helper.make_opsetid("ai.opbridge",1),helper.make_opsetid("com.microsoft",1)],ir_version=ir)
+    so=ort.SessionOptions(); so.intra_op_num_threads=2
+    return opbridge.InferenceSession(m.SerializeToString(), so)
+for shape in [(1,64,56,56),(8,256,32,32),(2,512,64,64)]:
+    x=torch.randn(*shape); w=torch.randn(shape[1]); b=torch.randn(shape[1])
+    feed={"X":x.numpy(),"s":w.numpy(),"b":b.numpy()}
+    s_ob=sess([helper.make_node("GroupNorm",["X","s","b"],["Y"],domain="ai.opbridge",num_groups=32)],["X","s","b"],17,9)
+    s_21=sess([helper.make_node("GroupNormalization",["X","s","b"],["Y"],num_groups=32)],["X","s","b"],21,10)
+    t_t=bench(lambda: torch.nn.functional.group_norm(x,32,w,b))
+    t_o=bench(lambda: opbridge.ops.group_norm(x,32,w,b))
+    t_r=bench(lambda: s_ob.run(None,feed))
+    t_21=bench(lambda: s_21.run(None,feed), 20)
+    print(shape, f"torch {t_t:.0f}  ob-torch {t_o:.0f} ({t_t/t_o:.2f}x)  ob-ort {t_r:.0f} ({t_t/t_r:.2f}x vs torch, {t_21/t_r:.1f}x vs GN-21 {t_21:.0f})")
+for shape in [(4096,3,3),(1024,8,8),(64,64,64),(8,256,256)]:
+    a=torch.randn(*shape)+torch.eye(shape[-1])*shape[-1]
+    s_ob=sess([helper.make_node("Inverse",["X"],["Y"],domain="ai.opbridge")],["X"],17,9)
+    s_ms=sess([helper.make_node("Inverse",["X"],["Y"],domain="com.microsoft")],["X"],17,9)
+    feed={"X":a.numpy()}
+    t_o=bench(lambda: opbridge.ops.inverse(a)); t_r=bench(lambda: s_ob.run(None,feed)); t_m=bench(lambda: s_ms.run(None,feed))
+    t_t=bench(lambda: torch.linalg.inv(a)) if shape[-1] < 150 else float('nan')
+    print(shape, f"torch.linalg.inv {t_t:.0f}  ob-torch {t_o:.0f} ({t_t/t_o:.2f}x)  ob-ort {t_r:.0f}  com.microsoft {t_m:.0f} ({t_m/t_r:.2f}x)")
