@@ -133,16 +133,16 @@ def calls_per_round(fn, min_seconds=2e-3):
     return max(1, int(min_seconds / dt))
 
 
-def measure_speedup(ours, theirs, rounds=15):
+def measure_speedup(ours, theirs, rounds=9, round_seconds=0.01):
     """time(theirs) / time(ours), measured side by side in this process: the two alternate
-    round by round (so load changes hit both), and the median of the per-round ratios is
-    returned. Each round of one implementation starts after SETTLE_SECONDS and two untimed
-    calls, so that it runs with its own thread pool awake and the other's idle."""
+    round by round (so load changes hit both alike), and the median of the per-round ratios is
+    returned. Each round starts after SETTLE_SECONDS and a few milliseconds of untimed calls,
+    so that an implementation is timed in its steady state (its own thread pool awake, its data
+    back in cache) and not while the other's threads still spin."""
 
     def timed(fn, n):
         time.sleep(SETTLE_SECONDS)
-        fn()
-        fn()
+        warm_up(fn, seconds=round_seconds / 2, min_calls=2)
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
@@ -150,7 +150,7 @@ def measure_speedup(ours, theirs, rounds=15):
 
     warm_up(ours)
     warm_up(theirs)
-    n_ours, n_theirs = calls_per_round(ours), calls_per_round(theirs)
+    n_ours, n_theirs = calls_per_round(ours, round_seconds), calls_per_round(theirs, round_seconds)
     ratios = []
     for r in range(rounds):
         # Alternate which goes first, in case the order matters.
