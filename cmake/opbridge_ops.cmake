@@ -1,4 +1,5 @@
 # opbridge_add_op(<name>): adds one op's sources to every target, by the naming convention
+#   cpp/ops/<name>/<name>_decl.cpp   the op's declaration (op_decl.h)  -> opbridge_kernels
 #   cpp/ops/<name>/<name>_cpu.cpp    framework-free CPU kernel        -> opbridge_kernels
 #   cpp/ops/<name>/<name>_cpu_avx2.cpp, <name>_cpu_avx512.cpp (optional) the kernel's hot loops
 #                                    built with that instruction set   -> opbridge_kernels (x86)
@@ -29,6 +30,9 @@ function(opbridge_add_op name)
     message(FATAL_ERROR "opbridge_add_op(${name}): ${cpu}/${name}_cpu.cpp does not exist")
   endif()
   target_sources(opbridge_kernels PRIVATE ${cpu}/${name}_cpu.cpp)
+  if(EXISTS ${cpu}/${name}_decl.cpp)
+    target_sources(opbridge_kernels PRIVATE ${cpu}/${name}_decl.cpp)
+  endif()
   if(OPBRIDGE_X86_DISPATCH)
     foreach(isa avx2 avx512)
       set(src ${cpu}/${name}_cpu_${isa}.cpp)

@@ -33,7 +33,8 @@ void check(const Status& status, const std::string& where) {
   if (status.ok()) return;
   OrtErrorCode code = ORT_FAIL;
   switch (status.code()) {
-    case StatusCode::kInvalidArgument: code = ORT_INVALID_ARGUMENT; break;
+    case StatusCode::kInvalidArgument:
+    case StatusCode::kTypeError: code = ORT_INVALID_ARGUMENT; break;
     case StatusCode::kNotImplemented: code = ORT_NOT_IMPLEMENTED; break;
     default: code = ORT_RUNTIME_EXCEPTION; break;
   }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "opbridge/dtype.h"
+#include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
 
@@ -88,6 +89,19 @@ template <> constexpr ONNXTensorElementDataType onnx_type<float>() { return ONNX
 template <> constexpr ONNXTensorElementDataType onnx_type<double>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE; }
 template <> constexpr ONNXTensorElementDataType onnx_type<Half>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16; }
 template <> constexpr ONNXTensorElementDataType onnx_type<BFloat16>() { return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16; }
+
+// Calls f(T{}) with T the opbridge element type of a floating ONNX type (float, double, Half,
+// BFloat16); other types are an error (the declaration's types keep them out).
+template <class F>
+void dispatch_elem(ONNXTensorElementDataType t, F&& f) {
+  switch (t) {
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: f(float{}); return;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: f(double{}); return;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: f(Half{}); return;
+    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: f(BFloat16{}); return;
+    default: fail(ORT_NOT_IMPLEMENTED, std::string("opbridge: unsupported element type ") + type_name(t));
+  }
+}
 
 // Read-only view of one kernel input.
 struct Input {
@@ -183,6 +197,15 @@ class InferIO {
   // Does nothing when input `in` has rank 0 (unknown rank, see InferInput::shape): declaring a
   // scalar there would make ORT's downstream shape inference reject valid models.
   void set_output_like_input(size_t out, size_t in) const;
+  // Reads the declared attribute `a` into `out`; false when the node does not set it. Throws
+  // Error when it is set with another type.
+  bool read_attr(const ArgDecl& a, AttrValue* out) const;
+  // The symbolic names of input `index`'s dimensions ("" where a dimension has none).
+  std::vector<std::string> input_symbols(size_t index) const;
+  // Output `out` gets element type `type` and dimensions `dims` (-1: unknown), named by
+  // `symbols` where non-empty; an unknown dimension without a name gets a fresh symbol.
+  void set_output(size_t out, ONNXTensorElementDataType type, const std::vector<int64_t>& dims,
+                  const std::vector<std::string>& symbols) const;
   OrtShapeInferContext* raw() const { return ctx_; }
 
  private:
@@ -197,12 +220,20 @@ struct OpSpec {
   std::vector<bool> optional_inputs;  // same length as inputs
   std::vector<ONNXTensorElementDataType> outputs;
   std::vector<OrtMemType> input_mem;  // empty: all default memory
-  void* (*create)(const OrtKernelInfo* info) = nullptr;  // may throw
+  void* (*create)(const OpSpec& spec, const OrtKernelInfo* info) = nullptr;  // may throw
   void (*compute)(void* kernel, OrtKernelContext* ctx) = nullptr;  // may throw
   void (*destroy)(void* kernel) = nullptr;
   // Output type/shape inference at model load (may throw to reject the node);
   // nullptr: output 0 has input 0's type and shape (InferIO::set_output_like_input).
-  void (*infer_shape)(const InferIO& io) = nullptr;
+  void (*infer_shape)(const OpSpec& spec, const InferIO& io) = nullptr;
+  // Declared ops (OPBRIDGE_ORT_OP): the declaration and the provider's compute function.
+  const OpDecl* decl = nullptr;
+  void (*declared_compute)(const struct OrtOpContext& ctx) = nullptr;
+  // Opset range of the domain this kernel serves. 0: for a declared op, from its first version
+  // to the library's newest (the highest version any of its declared ops has), so a library
+  // refuses a model newer than itself; for other ops, every version.
+  int start_version = 0;
+  int end_version = 0;
 };
 
 // Builds an OpSpec for kernel class K: K(const OrtKernelInfo*) and void Compute(KernelIO&).
@@ -215,7 +246,7 @@ OpSpec make_op(const char* name, const char* provider, std::vector<ONNXTensorEle
   s.inputs = std::move(inputs);
   s.optional_inputs = std::move(optional_inputs);
   s.outputs = std::move(outputs);
-  s.create = [](const OrtKernelInfo* info) -> void* { return new K(info); };
+  s.create = [](const OpSpec&, const OrtKernelInfo* info) -> void* { return new K(info); };
   s.compute = [](void* k, OrtKernelContext* ctx) {
     KernelIO io(ctx);
     static_cast<K*>(k)->Compute(io);
@@ -223,6 +254,28 @@ OpSpec make_op(const char* name, const char* provider, std::vector<ONNXTensorEle
   s.destroy = [](void* k) { delete static_cast<K*>(k); };
   return s;
 }
+
+// ---- declared ops ------------------------------------------------------------------------
+// What a declared op's compute function gets for one run: the validated call (types, shapes,
+// attribute values, host data of host_memory inputs), the inputs' data, and the kernel context.
+struct OrtOpContext {
+  const KernelIO& io;
+  const OpCall& call;
+  const std::string& label;         // "ai.opbridge::GroupNorm (node 'gn1')", for messages
+  const std::vector<Input>& inputs;  // in declaration order; present == false when omitted
+
+  // Allocates output `index` with the shape the declaration's rule gives.
+  void* output(size_t index) const { return io.output(index, output_shape(call, index)); }
+  template <class T> T* output_as(size_t index) const { return static_cast<T*>(output(index)); }
+  void* output(size_t index, const std::vector<int64_t>& shape) const { return io.output(index, shape); }
+  // Throws a non-ok status as an ORT error prefixed with the label.
+  void check(const Status& status) const;
+};
+using OrtComputeFn = void (*)(const OrtOpContext& ctx);
+
+// One OpSpec per combination of the declaration's type variables, for one execution provider
+// (nullptr: CPU). Inputs declared host_memory() are CPU inputs on other providers.
+std::vector<OpSpec> declared_op_specs(const OpDecl& decl, const char* provider, OrtComputeFn compute);
 
 // Every op file adds its specs here during static initialization; RegisterCustomOps reads it.
 // Adding an op never edits a shared list.
@@ -241,6 +294,45 @@ struct OpRegistrar {
 #define OPBRIDGE_REGISTER_ORT_OPS(fn) \
   static const ::opbridge::ort::OpRegistrar OPBRIDGE_ORT_CONCAT(opbridge_ort_registrar_, __LINE__)(fn)
 
+// OPBRIDGE_ORT_OP(decl, provider, compute): registers the declared op `decl()` (a function
+// returning const OpDecl&) with `compute` (void(const OrtOpContext&)) for `provider` (nullptr:
+// the CPU execution provider, or "CUDAExecutionProvider").
+#define OPBRIDGE_ORT_OP(decl, provider, compute)                                                        \
+  OPBRIDGE_REGISTER_ORT_OPS(                                                                             \
+      []() -> std::vector<::opbridge::ort::OpSpec> {                                                     \
+        return ::opbridge::ort::declared_op_specs((decl)(), (provider), (compute));                      \
+      })
+
+namespace opbridge::ort {
+// The C entry points every library exports next to RegisterCustomOps (through
+// OPBRIDGE_ORT_LIBRARY_ENTRY), for Python (opbridge/_decl.py), which loads the library with
+// ctypes: no ORT needed.
+struct CheckTensor {  // one input, as OpbridgeCheckCall takes it
+  int32_t present;
+  int32_t type;      // ONNX element type
+  int64_t rank;      // -1: unknown
+  const int64_t* dims;  // rank entries, -1 where unknown
+  const void* data;  // host data of a host_memory input, or nullptr
+};
+struct CheckAttr {  // one attribute, in declaration order
+  int32_t present;  // 0: the default
+  int64_t i;
+  double f;
+  const char* s;
+  int64_t n;  // number of ints / floats
+  const int64_t* ints;
+  const double* floats;
+};
+// The highest version among the library's declared ops (1 when it has none).
+int declared_domain_version();
+// The JSON description of the library's declared ops (static storage; never freed).
+const char* describe_ops(const char* domain) noexcept;
+// Checks one call of op `name` like the kernels do. Returns the StatusCode (0: ok) and writes the
+// message (NUL-terminated, truncated to size) to `message`.
+int32_t check_call_c(const char* name, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
+                     int64_t n_attrs, char* message, int64_t size) noexcept;
+}  // namespace opbridge::ort
+
 // OPBRIDGE_ORT_LIBRARY_ENTRY(domain): defines the library's exported entry point
 // RegisterCustomOps (what SessionOptions.register_custom_ops_library / RegisterCustomOpsLibrary
 // look up), registering all of its ops in `domain` (a const char*). Exactly one per library.
@@ -248,4 +340,12 @@ struct OpRegistrar {
   extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps( \
       OrtSessionOptions* options, const OrtApiBase* api_base) {                                   \
     return ::opbridge::ort::register_custom_ops(options, api_base, (domain));                     \
+  }                                                                                               \
+  extern "C" __attribute__((visibility("default"))) const char* OpbridgeDescribeOps() {           \
+    return ::opbridge::ort::describe_ops(domain);                                                 \
+  }                                                                                               \
+  extern "C" __attribute__((visibility("default"))) int32_t OpbridgeCheckCall(                    \
+      const char* name, const ::opbridge::ort::CheckTensor* inputs, int64_t n_inputs,             \
+      const ::opbridge::ort::CheckAttr* attrs, int64_t n_attrs, char* message, int64_t size) {    \
+    return ::opbridge::ort::check_call_c(name, inputs, n_inputs, attrs, n_attrs, message, size);  \
   }

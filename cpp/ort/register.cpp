@@ -42,7 +42,7 @@ OrtStatus* create_kernel(const OrtCustomOp* o, const OrtKernelInfo* info, void**
   return guard([&] {
     const OpSpec& spec = spec_of(o);
     std::unique_ptr<Kernel> k(new Kernel{&spec, nullptr});
-    k->impl = spec.create(info);
+    k->impl = spec.create(spec, info);
     *out = k.release();
   });
 }
@@ -134,7 +134,7 @@ void fill(CustomOp* op, uint32_t version) {
       OrtStatus* st = guard([&] {
         const InferIO io(ctx);
         if (spec_of(o).infer_shape != nullptr) {
-          spec_of(o).infer_shape(io);
+          spec_of(o).infer_shape(spec_of(o), io);
         } else {
           io.set_output_like_input(0, 0);
         }
@@ -143,8 +143,8 @@ void fill(CustomOp* op, uint32_t version) {
       return nullptr;
     };
   }
-  c.GetStartVersion = [](const OrtCustomOp*) { return 1; };
-  c.GetEndVersion = [](const OrtCustomOp*) { return INT_MAX; };
+  c.GetStartVersion = [](const OrtCustomOp* o) { return spec_of(o).start_version; };
+  c.GetEndVersion = [](const OrtCustomOp* o) { return spec_of(o).end_version; };
 }
 
 }  // namespace
@@ -253,11 +253,29 @@ OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* bas
     if (s.domain == nullptr) {
       // Built aside and committed at the end, so that a failure leaves the state as it was.
       std::vector<std::unique_ptr<CustomOp>> ops;
+      // Declared ops serve their versions up to the newest any of the library's ops has: a model
+      // that needs a newer version (an attribute this library does not know) is refused at load.
+      const int newest = declared_domain_version();
       for (const OpSpec& spec : op_registry()) {
+        if (spec.decl != nullptr && !spec.decl->error().empty()) {
+          fail(ORT_INVALID_ARGUMENT, "opbridge: misdeclared op in domain '" + std::string(domain_name) +
+                                         "': " + spec.decl->error());
+        }
+        for (const auto& other : ops) {
+          const OpSpec& o = other->spec;
+          if (std::strcmp(o.name, spec.name) == 0 && (o.provider == nullptr) == (spec.provider == nullptr) &&
+              (o.provider == nullptr || std::strcmp(o.provider, spec.provider) == 0) && o.inputs == spec.inputs &&
+              o.decl != spec.decl) {
+            fail(ORT_INVALID_ARGUMENT, "opbridge: op '" + std::string(spec.name) + "' is registered twice in domain '" +
+                                           domain_name + "' (two declarations or op files of one name)");
+          }
+        }
         // Value-initialized: OrtCustomOp members we do not set (GetMayInplace, GetAliasMap, ...)
         // stay null, which ORT reads as "not provided".
         auto op = std::make_unique<CustomOp>();
         op->spec = spec;
+        if (op->spec.start_version == 0) op->spec.start_version = spec.decl != nullptr ? spec.decl->since_version() : 1;
+        if (op->spec.end_version == 0) op->spec.end_version = spec.decl != nullptr ? newest : INT_MAX;
         fill(op.get(), api_version());
         ops.push_back(std::move(op));
       }

@@ -36,9 +36,24 @@ void check(const Status& st, const char* op) {
   const std::string msg = std::string(op) + ": " + st.message();
   switch (st.code()) {
     case StatusCode::kInvalidArgument: throw nb::value_error(msg.c_str());
+    case StatusCode::kTypeError: throw nb::type_error(msg.c_str());
     case StatusCode::kNotImplemented: throw nb::builtin_exception(nb::exception_type::runtime_error, msg.c_str());
     default: throw std::runtime_error(msg);
   }
+}
+
+TensorArg tensor_arg(const ArrayArg* a) {
+  TensorArg t;
+  if (a == nullptr) return t;
+  t.present = true;
+  switch (a->dtype) {
+    case DType::kFloat32: t.type = ElemType::kFloat32; break;
+    case DType::kFloat64: t.type = ElemType::kFloat64; break;
+    case DType::kFloat16: t.type = ElemType::kFloat16; break;
+    case DType::kBFloat16: t.type = ElemType::kBFloat16; break;
+  }
+  t.shape = shape_of(a->array);
+  return t;
 }
 
 ArrayArg array_arg(nb::handle obj, const char* op, const char* arg) {

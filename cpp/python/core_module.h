@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "opbridge/dtype.h"
+#include "opbridge/op_decl.h"
 #include "opbridge/status.h"
 
 namespace opbridge::py {
@@ -43,6 +44,9 @@ void check(const Status& st, const char* op);
 std::vector<int64_t> shape_of(const InArray& a);
 // A new numpy array of `dtype` and `shape`, owning its memory.
 OutArray new_array(DType dtype, const std::vector<int64_t>& shape, void** data);
+
+// What a declared op's checks see of an array argument (nullptr: an omitted optional input).
+TensorArg tensor_arg(const ArrayArg* a);
 
 // Calls f(T{}) with T matching dtype (float32/float64/float16/bfloat16).
 template <class F>

@@ -17,6 +17,8 @@ void check_status(const Status& status, const char* op) {
   switch (status.code()) {
     case StatusCode::kInvalidArgument:
       TORCH_CHECK_VALUE(false, op, ": ", status.message());
+    case StatusCode::kTypeError:
+      TORCH_CHECK_TYPE(false, op, ": ", status.message());
     case StatusCode::kNotImplemented:
       TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": ", status.message());
     default:
@@ -38,6 +40,156 @@ void check_param(const std::optional<at::Tensor>& p, const at::Tensor& x, const 
                     "), got ", p->device());
   TORCH_CHECK_VALUE(p->dim() == 1, op, ": ", arg, " must be 1-D (one value per channel), got shape ",
                     p->sizes());
+}
+
+}  // namespace opbridge::torch_adapter
+
+// ---------------------------------------------------------------- declared ops
+
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+namespace opbridge::torch_adapter {
+
+namespace {
+
+std::string float_literal(double v) {
+  char buf[32];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".eE") == std::string::npos) s += ".";
+  return s;
+}
+
+std::string default_literal(const ArgDecl& a) {
+  const AttrValue& v = a.default_value;
+  switch (a.attr_type) {
+    case AttrType::kInt: return std::to_string(v.i);
+    case AttrType::kBool: return v.i ? "True" : "False";
+    case AttrType::kFloat: return float_literal(v.f);
+    case AttrType::kString: return "\"" + v.s + "\"";
+    case AttrType::kInts: {
+      std::string s = "[";
+      for (size_t i = 0; i < v.ints.size(); ++i) s += (i ? ", " : "") + std::to_string(v.ints[i]);
+      return s + "]";
+    }
+    case AttrType::kFloats: {
+      std::string s = "[";
+      for (size_t i = 0; i < v.floats.size(); ++i) s += (i ? ", " : "") + float_literal(v.floats[i]);
+      return s + "]";
+    }
+  }
+  return "";
+}
+
+const char* torch_type(AttrType t) {
+  switch (t) {
+    case AttrType::kInt: return "int";
+    case AttrType::kFloat: return "float";
+    case AttrType::kString: return "str";
+    case AttrType::kBool: return "bool";
+    case AttrType::kInts: return "int[]";
+    case AttrType::kFloats: return "float[]";
+  }
+  return "";
+}
+
+ElemType elem_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return ElemType::kFloat32;
+    case at::kDouble: return ElemType::kFloat64;
+    case at::kHalf: return ElemType::kFloat16;
+    case at::kBFloat16: return ElemType::kBFloat16;
+    case at::kByte: return ElemType::kUint8;
+    case at::kChar: return ElemType::kInt8;
+    case at::kShort: return ElemType::kInt16;
+    case at::kInt: return ElemType::kInt32;
+    case at::kLong: return ElemType::kInt64;
+    case at::kBool: return ElemType::kBool;
+    case at::kComplexFloat: return ElemType::kComplex64;
+    case at::kComplexDouble: return ElemType::kComplex128;
+    default: return ElemType::kUndefined;
+  }
+}
+
+}  // namespace
+
+std::string torch_schema(const OpDecl& decl) {
+  std::string s = decl.name() + "(";
+  bool first = true;
+  for (const ArgDecl& a : decl.args()) {
+    s += first ? "" : ", ";
+    first = false;
+    if (a.is_input) {
+      s += a.optional ? "Tensor? " + a.name + "=None" : "Tensor " + a.name;
+    } else {
+      s += std::string(torch_type(a.attr_type)) + " " + a.name;
+      if (a.has_default) s += "=" + default_literal(a);
+    }
+  }
+  s += ") -> ";
+  if (decl.outputs().size() == 1) return s + "Tensor";
+  s += "(";
+  for (size_t i = 0; i < decl.outputs().size(); ++i) s += i ? ", Tensor" : "Tensor";
+  return s + ")";
+}
+
+void define_op(torch::Library& m, const OpDecl& decl) {
+  TORCH_CHECK(decl.error().empty(), "opbridge: misdeclared op: ", decl.error());
+  const std::string schema = torch_schema(decl);
+  m.def(schema.c_str(), {at::Tag::pt2_compliant_tag});
+}
+
+const at::Tensor* Arg::tensor() const {
+  if (tensor_ != nullptr) return tensor_->defined() ? tensor_ : nullptr;
+  if (opt_ != nullptr && opt_->has_value() && (*opt_)->defined()) return &**opt_;
+  return nullptr;
+}
+
+CheckedCall check_call(const OpDecl& decl, const char* qualname, std::initializer_list<Arg> args) {
+  CheckedCall out{OpCall(decl), {}};
+  TORCH_CHECK(args.size() == decl.args().size(), qualname, ": expected ", decl.args().size(), " arguments, got ",
+              args.size());
+  const at::Tensor* first = nullptr;
+  const ArgDecl* first_decl = nullptr;
+  size_t k = 0;
+  for (const Arg& arg : args) {
+    const ArgDecl& a = decl.args()[k++];
+    if (a.is_input) {
+      TensorArg& t = out.call.input(static_cast<size_t>(a.input_index));
+      const at::Tensor* tensor = arg.tensor();
+      if (tensor == nullptr) continue;
+      t.present = true;
+      t.type = elem_type(tensor->scalar_type());
+      t.shape.assign(tensor->sizes().begin(), tensor->sizes().end());
+      if (a.host_memory) {
+        // Validation reads these values: a contiguous CPU copy (one sync for a device tensor).
+        at::Tensor host = tensor->is_cpu() ? tensor->contiguous() : tensor->to(at::kCPU).contiguous();
+        if (host.scalar_type() == at::kLong) t.data = host.const_data_ptr();
+        out.host.push_back(std::move(host));
+        continue;
+      }
+      if (first == nullptr) {
+        first = tensor;
+        first_decl = &a;
+      } else {
+        TORCH_CHECK_VALUE(tensor->device() == first->device(), qualname, ": ", a.name, " must be on ",
+                          first_decl->name, "'s device (", first->device(), "), got ", tensor->device());
+      }
+    } else {
+      AttrValue& v = out.call.attr(static_cast<size_t>(a.attr_index));
+      v = arg.value();
+      v.type = a.attr_type;
+    }
+  }
+  check_status(opbridge::check_call(out.call), qualname);
+  return out;
 }
 
 }  // namespace opbridge::torch_adapter

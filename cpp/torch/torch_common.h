@@ -5,14 +5,62 @@
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
+#include <c10/util/string_view.h>
+
+#include <initializer_list>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "opbridge/dtype.h"
+#include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
 
+namespace torch {
+class Library;
+}
+
 namespace opbridge::torch_adapter {
+
+// ---- declared ops (opbridge/op_decl.h) ----
+// The torch schema of a declaration, e.g. "group_norm(Tensor x, int num_groups, Tensor? weight=None, ...) -> Tensor".
+std::string torch_schema(const OpDecl& decl);
+// m.def(torch_schema(decl)), tagged pt2-compliant. Throws (at library load) for a misdeclared op.
+void define_op(torch::Library& m, const OpDecl& decl);
+
+// One argument of a torch call, as a declared op's checks see it.
+class Arg {
+ public:
+  Arg(const at::Tensor& t) : tensor_(&t) {}  // NOLINT: implicit by design
+  Arg(const std::optional<at::Tensor>& t) : opt_(&t) {}  // NOLINT
+  Arg(int64_t v) : kind_(AttrType::kInt) { value_.type = kind_; value_.i = v; }  // NOLINT
+  Arg(double v) : kind_(AttrType::kFloat) { value_.type = kind_; value_.f = v; }  // NOLINT
+  Arg(bool v) : kind_(AttrType::kBool) { value_.type = kind_; value_.i = v; }  // NOLINT
+  Arg(c10::string_view v) : kind_(AttrType::kString) { value_.type = kind_; value_.s = std::string(v); }  // NOLINT
+  Arg(const std::string& v) : kind_(AttrType::kString) { value_.type = kind_; value_.s = v; }  // NOLINT
+  Arg(const char* v) : kind_(AttrType::kString) { value_.type = kind_; value_.s = v; }  // NOLINT
+  const at::Tensor* tensor() const;  // nullptr for an absent optional tensor or an attribute
+  bool is_tensor_arg() const { return tensor_ != nullptr || opt_ != nullptr; }
+  const AttrValue& value() const { return value_; }
+
+ private:
+  const at::Tensor* tensor_ = nullptr;
+  const std::optional<at::Tensor>* opt_ = nullptr;
+  AttrType kind_ = AttrType::kInt;
+  AttrValue value_;
+};
+
+// A checked call: the OpCall the declaration's checks passed, plus the contiguous host copies of
+// host_memory inputs it points into.
+struct CheckedCall {
+  OpCall call;
+  std::vector<at::Tensor> host;  // host_memory inputs, contiguous, on the CPU (declaration order)
+};
+// Runs the declaration's checks on a call (arguments in schema order) and throws the matching
+// torch exception ("<qualname>: <message>") when they fail; tensor inputs other than
+// host_memory ones must be on the first input's device.
+CheckedCall check_call(const OpDecl& decl, const char* qualname, std::initializer_list<Arg> args);
 
 // at::parallel_for, so kernels follow torch.set_num_threads.
 ParallelFor torch_parallel();

@@ -24,12 +24,21 @@ int main(int argc, char** argv) {
     }
     const int64_t groups = std::atoll(argv[4]);
     const double eps = std::atof(argv[5]);
-    const int64_t rank = static_cast<int64_t>(x.shape.size());
-    const int64_t C = rank >= 2 ? x.shape[1] : 0;
-    opbridge::Status st = opbridge::group_norm_check(rank, C, groups, w.numel(), b.numel(), eps);
+    // The op's own checks, from its declaration (the same torch and ORT run).
+    opbridge::OpCall call(opbridge::group_norm_decl());
+    for (const char* name : {"x", "weight", "bias"}) {
+      const npy::Array& a = name[0] == 'x' ? x : name[0] == 'w' ? w : b;
+      opbridge::TensorArg& t = call.in(name);
+      t.present = true;
+      t.type = opbridge::ElemType::kFloat32;
+      t.shape = a.shape;
+    }
+    call.set_int("num_groups", groups);
+    call.set_float("eps", eps);
+    opbridge::Status st = opbridge::check_call(call);
     if (!st.ok()) throw std::runtime_error(st.message());
-    const int64_t N = x.shape[0];
-    const int64_t S = N * C == 0 ? 0 : x.numel() / (N * C);
+    const opbridge::GroupNormDims d = opbridge::group_norm_dims(x.shape, groups);
+    const int64_t N = d.N, C = d.C, S = d.S;
     std::vector<float> y(static_cast<size_t>(x.numel()));
     // Serial ParallelFor: this program has no thread pool to offer.
     st = opbridge::group_norm_cpu<float>(reinterpret_cast<const float*>(x.data.data()),

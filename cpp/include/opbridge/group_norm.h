@@ -30,9 +30,11 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "opbridge/cpu_isa.h"
 #include "opbridge/dtype.h"
+#include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
 
@@ -41,16 +43,19 @@ namespace opbridge {
 // The ONNX op type in domain ai.opbridge: the contract between exporter and ORT library.
 inline constexpr const char* kGroupNormOpType = "GroupNorm";
 
-// Validates GroupNorm arguments; the same checks and messages serve torch and ORT.
-//   rank:        rank of x (must be >= 2)
-//   channels:    x.shape[1]
-//   num_groups:  must be > 0 and divide `channels`
-//   weight_len:  number of elements of weight, or -1 when absent
-//   bias_len:    number of elements of bias, or -1 when absent
-//   eps:         must be finite and >= 0
-//   weight_name: how the caller's API names the per-channel scale ("weight" / "scale")
-Status group_norm_check(int64_t rank, int64_t channels, int64_t num_groups, int64_t weight_len,
-                        int64_t bias_len, double eps, const char* weight_name = "weight");
+// The op's declaration (opbridge/op_decl.h): arguments, types, versions, output rule, checks.
+const OpDecl& group_norm_decl();
+
+// The [N, C, S] view of x (channels_last = false) or [N, S, C] (channels_last = true: NHWC
+// memory), S the product of the trailing dimensions (1 if none), G = num_groups. Every adapter
+// computes it here: an empty x gives S = 0 (nothing to compute) and N * C is never formed then,
+// so x = [2^62, 4, 0] cannot overflow.
+struct GroupNormDims {
+  int64_t N = 0, C = 0, S = 0, G = 1;
+  bool channels_last = false;
+};
+// shape: x's shape (rank >= 2, already validated); num_groups: G.
+GroupNormDims group_norm_dims(const std::vector<int64_t>& shape, int64_t num_groups, bool channels_last = false);
 
 // Forward on the CPU.
 //   x:      [N, C, S] input (N, C or S may be 0: nothing is computed then)
@@ -63,7 +68,7 @@ Status group_norm_check(int64_t rank, int64_t channels, int64_t num_groups, int6
 //   isa:    the instruction-set variant to run (kAuto: the process-wide level, see cpu_isa.h);
 //           asking for one this CPU or build lacks returns a NotImplemented status
 // T is float, double, Half or BFloat16 (accumulation in float for the 16-bit types, in the
-// type itself otherwise). Arguments must already have passed group_norm_check. The variants
+// type itself otherwise). Arguments must already have passed the declaration's checks (check_call). The variants
 // differ in the last bits only (vector width, fused multiply-adds); float64 has one variant.
 template <class T>
 Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, int64_t N, int64_t C,

@@ -12,8 +12,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "opbridge/cpu_isa.h"
+#include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
 
@@ -22,11 +24,15 @@ namespace opbridge {
 // The ONNX op type in domain ai.opbridge: the contract between exporter and ORT library.
 inline constexpr const char* kInverseOpType = "Inverse";
 
-// Validates Inverse arguments; the same checks and messages serve torch and ORT.
-//   rank: rank of x (must be >= 2)
-//   rows: x.shape[-2] (ignored when rank < 2)
-//   cols: x.shape[-1] (must equal rows)
-Status inverse_check(int64_t rank, int64_t rows, int64_t cols);
+// The op's declaration (opbridge/op_decl.h): arguments, types, versions, output rule, checks.
+const OpDecl& inverse_decl();
+
+// The [batch, n, n] view of x (*, n, n), shared by every adapter: an empty x has batch = 0 and
+// n * n is never formed then (x = [0, 2^32, 2^32] cannot overflow). shape: already validated.
+struct InverseDims {
+  int64_t batch = 0, n = 0;
+};
+InverseDims inverse_dims(const std::vector<int64_t>& shape);
 
 // Inverse on the CPU.
 //   a:     [batch, n, n] input matrices, row-major
@@ -41,7 +47,7 @@ Status inverse_check(int64_t rank, int64_t rows, int64_t cols);
 // T is float or double. Returns a RuntimeError naming the first singular matrix, e.g.
 // "matrix 3 of the batch is singular (U[2,2] == 0)", where 3 counts matrices in row-major
 // order of the batch dimensions; `out` is then unspecified. Arguments must already have passed
-// inverse_check. The variants may differ in the last bits (AVX2 fuses multiply-adds).
+// the declaration's checks (check_call). The variants may differ in the last bits (AVX2 fuses multiply-adds).
 template <class T>
 Status inverse_cpu(const T* a, T* out, int64_t batch, int64_t n, const ParallelFor& pf,
                    CpuIsa isa = CpuIsa::kAuto);

@@ -10,6 +10,7 @@ namespace opbridge {
 enum class StatusCode {
   kOk = 0,
   kInvalidArgument,  // bad shape, attribute or value supplied by the caller
+  kTypeError,        // an argument of the wrong element type (torch: TypeError)
   kNotImplemented,   // a dtype or configuration this build does not support
   kRuntimeError,     // a failure while computing (e.g. a singular matrix, a CUDA error)
 };
@@ -23,6 +24,7 @@ class Status {
 
   static Status Ok() { return {}; }
   static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status TypeError(std::string m) { return {StatusCode::kTypeError, std::move(m)}; }
   static Status NotImplemented(std::string m) { return {StatusCode::kNotImplemented, std::move(m)}; }
   static Status RuntimeError(std::string m) { return {StatusCode::kRuntimeError, std::move(m)}; }
 

@@ -14,33 +14,6 @@
 
 namespace opbridge {
 
-Status group_norm_check(int64_t rank, int64_t channels, int64_t num_groups, int64_t weight_len,
-                        int64_t bias_len, double eps, const char* weight_name) {
-  if (rank < 2) {
-    return Status::InvalidArgument("x must have rank >= 2 (N, C, *), got rank " + std::to_string(rank));
-  }
-  if (num_groups <= 0) {
-    return Status::InvalidArgument("num_groups must be > 0, got " + std::to_string(num_groups));
-  }
-  if (channels % num_groups != 0) {
-    return Status::InvalidArgument("num_groups must divide the number of channels C = x.shape[1] = " +
-                                   std::to_string(channels) + ", got num_groups = " +
-                                   std::to_string(num_groups));
-  }
-  if (weight_len >= 0 && weight_len != channels) {
-    return Status::InvalidArgument(std::string(weight_name) + " must have C = " + std::to_string(channels) +
-                                   " elements (one per channel), got " + std::to_string(weight_len));
-  }
-  if (bias_len >= 0 && bias_len != channels) {
-    return Status::InvalidArgument("bias must have C = " + std::to_string(channels) +
-                                   " elements (one per channel), got " + std::to_string(bias_len));
-  }
-  if (!(eps >= 0.0) || !std::isfinite(eps)) {
-    return Status::InvalidArgument("eps must be finite and >= 0, got " + std::to_string(eps));
-  }
-  return Status::Ok();
-}
-
 namespace {
 
 // Elements summed in independent lanes before folding into a double. 16 lanes let the compiler

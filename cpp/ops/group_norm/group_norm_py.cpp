@@ -17,17 +17,14 @@ nb::object group_norm_py(nb::handle x_obj, int64_t num_groups, nb::handle weight
   std::optional<ArrayArg> weight, bias;
   if (!weight_obj.is_none()) weight = array_arg(weight_obj, op, "weight");
   if (!bias_obj.is_none()) bias = array_arg(bias_obj, op, "bias");
-  for (auto* p : {&weight, &bias}) {
-    if (p->has_value() && (*p)->dtype != dt)
-      throw nb::type_error("group_norm: weight and bias must have the dtype of x");
-  }
-  check(group_norm_check(static_cast<int64_t>(shape.size()), shape.size() >= 2 ? shape[1] : 0, num_groups,
-                         weight ? static_cast<int64_t>(weight->array.size()) : -1,
-                         bias ? static_cast<int64_t>(bias->array.size()) : -1, eps),
-        op);
-  const int64_t N = shape[0], C = shape[1];
-  // S = 0 for an empty x (the kernel then does nothing); only then could N * C overflow.
-  const int64_t S = x.array.size() == 0 ? 0 : static_cast<int64_t>(x.array.size()) / (N * C);
+  OpCall call(group_norm_decl());
+  call.in("x") = tensor_arg(&x);
+  call.in("weight") = tensor_arg(weight ? &*weight : nullptr);
+  call.in("bias") = tensor_arg(bias ? &*bias : nullptr);
+  call.set_int("num_groups", num_groups);
+  call.set_float("eps", eps);
+  check(check_call(call), op);
+  const GroupNormDims d = group_norm_dims(shape, num_groups);
   void* out = nullptr;
   OutArray y = new_array(dt, shape, &out);
   Status st;
@@ -38,8 +35,8 @@ nb::object group_norm_py(nb::handle x_obj, int64_t num_groups, nb::handle weight
       using T = decltype(tag);
       st = group_norm_cpu<T>(static_cast<const T*>(x.array.data()),
                              weight ? static_cast<const T*>(weight->array.data()) : nullptr,
-                             bias ? static_cast<const T*>(bias->array.data()) : nullptr, static_cast<T*>(out), N, C,
-                             S, num_groups, eps, nullptr, nullptr, ParallelFor());
+                             bias ? static_cast<const T*>(bias->array.data()) : nullptr, static_cast<T*>(out), d.N, d.C,
+                             d.S, d.G, eps, nullptr, nullptr, ParallelFor());
     });
   }
   check(st, op);

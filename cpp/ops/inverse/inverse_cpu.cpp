@@ -42,18 +42,6 @@
 
 namespace opbridge {
 
-Status inverse_check(int64_t rank, int64_t rows, int64_t cols) {
-  if (rank < 2) {
-    return Status::InvalidArgument(
-        "x must have rank >= 2 (a batch of square matrices, shape (*, n, n)), got rank " + std::to_string(rank));
-  }
-  if (rows != cols) {
-    return Status::InvalidArgument("x must hold square matrices (*, n, n), got matrices of shape (" +
-                                   std::to_string(rows) + ", " + std::to_string(cols) + ")");
-  }
-  return Status::Ok();
-}
-
 namespace inverse_impl {
 namespace {
 

@@ -1,42 +1,27 @@
-// ORT CPU op ai.opbridge::Inverse (input X (*, n, n), output Y of the same shape; f32/f64).
-#include <string>
-#include <vector>
-
+// ORT CPU op ai.opbridge::Inverse: types, attributes, checks and shape inference come from the
+// declaration (inverse_decl.cpp); this file only runs the kernel.
 #include "opbridge/inverse.h"
 #include "ort_op.h"
 
 namespace opbridge::ort {
 namespace {
 
-template <class T>
-class InverseKernel {
- public:
-  explicit InverseKernel(const OrtKernelInfo* info) : label_(node_label(info, kInverseOpType)) {}
-
-  void Compute(KernelIO& io) {
-    const Input x = io.input(0);
-    const int64_t r = x.rank();
-    check(inverse_check(r, r >= 2 ? x.shape[r - 2] : 0, r >= 1 ? x.shape[r - 1] : 0), label_);
-    const int64_t n = x.shape[r - 1];
-    // An empty x has no matrices; only then could n * n overflow (x = [0, 2^32, 2^32] made it 0).
-    const int64_t batch = x.numel == 0 ? 0 : x.numel / (n * n);
-    T* y = io.output_as<T>(0, x.shape);
-    check(inverse_cpu<T>(x.as<T>(), y, batch, n, io.parallel()), label_);
+void inverse_compute(const OrtOpContext& ctx) {
+  const Input& x = ctx.inputs[0];
+  if (ctx.call.attr_string("on_singular") != "raise") {
+    ctx.check(Status::NotImplemented("on_singular '" + ctx.call.attr_string("on_singular") +
+                                     "' is not implemented by this build"));
   }
-
- private:
-  std::string label_;
-};
-
-template <class T>
-OpSpec inverse_spec() {
-  const auto t = onnx_type<T>();
-  return make_op<InverseKernel<T>>(kInverseOpType, nullptr, {t}, {false}, {t});
+  void* y = ctx.output(0);
+  const InverseDims v = inverse_dims(x.shape);
+  if (x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    ctx.check(inverse_cpu<float>(x.as<float>(), static_cast<float*>(y), v.batch, v.n, ctx.io.parallel()));
+  } else {
+    ctx.check(inverse_cpu<double>(x.as<double>(), static_cast<double*>(y), v.batch, v.n, ctx.io.parallel()));
+  }
 }
-
-std::vector<OpSpec> inverse_specs() { return {inverse_spec<float>(), inverse_spec<double>()}; }
 
 }  // namespace
 }  // namespace opbridge::ort
 
-OPBRIDGE_REGISTER_ORT_OPS(opbridge::ort::inverse_specs);
+OPBRIDGE_ORT_OP(opbridge::inverse_decl, nullptr, opbridge::ort::inverse_compute);

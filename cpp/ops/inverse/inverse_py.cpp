@@ -22,14 +22,14 @@ CpuIsa parse_isa(const std::string& isa) {
 OutArray inverse_py(const InArray& x, const std::string& isa) {
   constexpr const char* op = "inverse";
   const CpuIsa variant = parse_isa(isa);
-  const DType dt = dtype_of_array(x, op, "x");
-  if (dt != DType::kFloat32 && dt != DType::kFloat64) throw nb::type_error("inverse: x must be float32 or float64");
+  const ArrayArg xa{x, dtype_of_array(x, op, "x")};
+  const DType dt = xa.dtype;
+  OpCall call(inverse_decl());
+  call.in("x") = tensor_arg(&xa);
+  check(check_call(call), op);
   const auto shape = shape_of(x);
-  const int64_t r = static_cast<int64_t>(shape.size());
-  check(inverse_check(r, r >= 2 ? shape[r - 2] : 0, r >= 1 ? shape[r - 1] : 0), op);
-  const int64_t n = shape[r - 1];
-  // An empty x has no matrices; only then could n * n overflow (x = [0, 2^32, 2^32] made it 0).
-  const int64_t batch = x.size() == 0 ? 0 : static_cast<int64_t>(x.size()) / (n * n);
+  const InverseDims d = inverse_dims(shape);
+  const int64_t batch = d.batch, n = d.n;
   void* out = nullptr;
   OutArray y = new_array(dt, shape, &out);
   const Status st = dt == DType::kFloat32

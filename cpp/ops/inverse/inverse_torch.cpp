@@ -1,5 +1,6 @@
-// torch op opbridge::inverse: schema and CPU implementation (autograd and fake kernels are
-// registered from Python, in opbridge/ops/inverse.py).
+// torch op opbridge::inverse: schema (from the declaration, inverse_decl.cpp) and CPU
+// implementation; the fake kernel comes from the declaration too, the autograd formula from
+// opbridge/ops/inverse.py.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
@@ -12,19 +13,17 @@ namespace {
 
 constexpr const char* kOp = "opbridge::inverse";
 
-at::Tensor inverse_cpu_impl(const at::Tensor& x) {
-  const auto st = x.scalar_type();
-  TORCH_CHECK_TYPE(st == at::kFloat || st == at::kDouble, kOp, ": x must be a float32 or float64 tensor, got ", st);
-  const int64_t r = x.dim();
-  check_status(inverse_check(r, r >= 2 ? x.size(-2) : 0, r >= 1 ? x.size(-1) : 0), kOp);
+at::Tensor inverse_cpu_impl(const at::Tensor& x, c10::string_view on_singular) {
+  check_call(inverse_decl(), kOp, {x, on_singular});
+  TORCH_CHECK_NOT_IMPLEMENTED(on_singular == "raise", kOp, ": on_singular '", on_singular,
+                              "' is not implemented by this build");
+  const InverseDims d = inverse_dims({x.sizes().begin(), x.sizes().end()});
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
-  const int64_t n = x.size(-1);
-  // An empty x has no matrices; only then could n * n overflow (x = [0, 2^32, 2^32] made it 0).
-  const int64_t batch = x.numel() == 0 ? 0 : x.numel() / (n * n);
-  const Status status = x.scalar_type() == at::kFloat
-                            ? inverse_cpu<float>(ptr<float>(xc), mutable_ptr<float>(y), batch, n, torch_parallel())
-                            : inverse_cpu<double>(ptr<double>(xc), mutable_ptr<double>(y), batch, n, torch_parallel());
+  const Status status =
+      x.scalar_type() == at::kFloat
+          ? inverse_cpu<float>(ptr<float>(xc), mutable_ptr<float>(y), d.batch, d.n, torch_parallel())
+          : inverse_cpu<double>(ptr<double>(xc), mutable_ptr<double>(y), d.batch, d.n, torch_parallel());
   // A singular matrix raises torch.linalg.LinAlgError, as torch.linalg.inv does; other
   // failures raise as usual.
   TORCH_CHECK_LINALG(status.code() != StatusCode::kRuntimeError, kOp, ": ", status.message());
@@ -34,9 +33,7 @@ at::Tensor inverse_cpu_impl(const at::Tensor& x) {
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(opbridge, m) {
-  m.def("inverse(Tensor x) -> Tensor", {at::Tag::pt2_compliant_tag});
-}
+TORCH_LIBRARY_FRAGMENT(opbridge, m) { define_op(m, inverse_decl()); }
 
 TORCH_LIBRARY_IMPL(opbridge, CPU, m) { m.impl("inverse", &inverse_cpu_impl); }
 

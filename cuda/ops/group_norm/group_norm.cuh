@@ -31,7 +31,7 @@ size_t group_norm_workspace_bytes(int64_t N, int64_t C, int64_t S, int64_t num_g
 //               16-byte aligned (nullptr when that is 0); must stay allocated until the queued
 //               work has run (stream-ordered frees of the caching allocators guarantee that)
 // T: float, double, Half or BFloat16; statistics are accumulated in float for the 16-bit
-// types (in the type itself otherwise). Arguments must already have passed group_norm_check.
+// types (in the type itself otherwise). Arguments must already have passed the declaration's checks.
 template <class T>
 cudaError_t launch_group_norm(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y, int64_t N,
                               int64_t C, int64_t S, int64_t num_groups, double eps, void* workspace,

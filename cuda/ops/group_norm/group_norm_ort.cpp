@@ -1,7 +1,7 @@
-// ORT CUDA op ai.opbridge::GroupNorm for the CUDAExecutionProvider (same inputs, attributes and
-// checks as the CPU op in cpp/ops/group_norm/group_norm_ort.cpp), queued on ORT's compute stream.
+// ORT CUDA op ai.opbridge::GroupNorm for the CUDAExecutionProvider: the declaration
+// (cpp/ops/group_norm/group_norm_decl.cpp) gives the types, attributes, checks and shapes, as for
+// the CPU op; this file queues the kernel on ORT's compute stream.
 #include <string>
-#include <vector>
 
 #include "group_norm.cuh"
 #include "opbridge/group_norm.h"
@@ -10,65 +10,34 @@
 namespace opbridge::ort {
 namespace {
 
-template <class T>
-class GroupNormCudaKernel {
- public:
-  explicit GroupNormCudaKernel(const OrtKernelInfo* info)
-      : label_(node_label(info, kGroupNormOpType)),
-        num_groups_(0),
-        epsilon_(attr_float(info, "epsilon", 1e-5f)) {
-    try {
-      num_groups_ = attr_int(info, "num_groups");
-    } catch (const Error& e) {
-      fail(ORT_INVALID_ARGUMENT, label_ + ": " + e.what());
-    }
+void group_norm_cuda_compute(const OrtOpContext& ctx) {
+  const Input& x = ctx.inputs[0];
+  const Input& scale = ctx.inputs[1];
+  const Input& bias = ctx.inputs[2];
+  if (ctx.call.attr_string("activation") != "none") {
+    ctx.check(Status::NotImplemented("activation '" + ctx.call.attr_string("activation") +
+                                     "' is not implemented by this build"));
   }
-
-  void Compute(KernelIO& io) {
-    const Input x = io.input(0);
-    const Input scale = io.input(1);
-    const Input bias = io.input(2);
-    check(group_norm_check(x.rank(), x.rank() >= 2 ? x.shape[1] : 0, num_groups_,
-                           scale.present ? scale.numel : -1, bias.present ? bias.numel : -1, epsilon_,
-                           "scale"),
-          label_);
-    T* y = io.output_as<T>(0, x.shape);
-    // Nothing to compute for an empty x; only then could N * C overflow (x = [2^62, 4, 0]).
-    if (x.numel == 0) return;
-    const int64_t N = x.shape[0], C = x.shape[1];
-    const int64_t S = x.numel / (N * C);
+  void* y = ctx.output(0);
+  const GroupNormDims d = group_norm_dims(x.shape, ctx.call.attr_int("num_groups"));
+  if (d.S == 0) return;
+  dispatch_elem(x.type, [&](auto tag) {
+    using T = decltype(tag);
     // Scratch in x's (device) memory, from the CUDA EP's allocator.
-    const size_t ws_bytes = cuda::group_norm_workspace_bytes<T>(N, C, S, num_groups_);
-    const Scratch workspace = io.scratch(ws_bytes, 0);
+    const size_t ws_bytes = cuda::group_norm_workspace_bytes<T>(d.N, d.C, d.S, d.G);
+    const Scratch workspace = ctx.io.scratch(ws_bytes, 0);
     const cudaError_t err = cuda::launch_group_norm<T>(
-        static_cast<cudaStream_t>(io.gpu_stream()), x.as<T>(), scale.present ? scale.as<T>() : nullptr,
-        bias.present ? bias.as<T>() : nullptr, y, N, C, S, num_groups_, epsilon_, workspace.get(), ws_bytes);
+        static_cast<cudaStream_t>(ctx.io.gpu_stream()), x.as<T>(), scale.present ? scale.as<T>() : nullptr,
+        bias.present ? bias.as<T>() : nullptr, static_cast<T*>(y), d.N, d.C, d.S, d.G,
+        ctx.call.attr_float("eps"), workspace.get(), ws_bytes);
     if (err != cudaSuccess) {
       fail(ORT_RUNTIME_EXCEPTION,
-           label_ + ": CUDA launch failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+           ctx.label + ": CUDA launch failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
     }
-  }
-
- private:
-  std::string label_;
-  int64_t num_groups_;
-  float epsilon_;
-};
-
-constexpr const char* kCudaProvider = "CUDAExecutionProvider";
-
-template <class T>
-OpSpec group_norm_cuda_spec() {
-  const auto t = onnx_type<T>();
-  return make_op<GroupNormCudaKernel<T>>(kGroupNormOpType, kCudaProvider, {t, t, t}, {false, true, true}, {t});
-}
-
-std::vector<OpSpec> group_norm_cuda_specs() {
-  return {group_norm_cuda_spec<float>(), group_norm_cuda_spec<double>(), group_norm_cuda_spec<Half>(),
-          group_norm_cuda_spec<BFloat16>()};
+  });
 }
 
 }  // namespace
 }  // namespace opbridge::ort
 
-OPBRIDGE_REGISTER_ORT_OPS(opbridge::ort::group_norm_cuda_specs);
+OPBRIDGE_ORT_OP(opbridge::group_norm_decl, "CUDAExecutionProvider", opbridge::ort::group_norm_cuda_compute);

@@ -27,18 +27,12 @@ std::optional<at::Tensor> contiguous(const std::optional<at::Tensor>& t) {
 }
 
 at::Tensor group_norm_cuda_impl(const at::Tensor& x, int64_t num_groups, const std::optional<at::Tensor>& weight,
-                                const std::optional<at::Tensor>& bias, double eps) {
-  check_float_dtype(x, kOp, "x");
-  check_param(weight, x, kOp, "weight");  // also checks weight is on x's device
-  check_param(bias, x, kOp, "bias");
-  const auto len = [](const std::optional<at::Tensor>& p) {
-    return p.has_value() && p->defined() ? p->numel() : int64_t{-1};
-  };
-  check_status(group_norm_check(x.dim(), x.dim() >= 2 ? x.size(1) : 0, num_groups, len(weight), len(bias), eps),
-               kOp);
-  const int64_t N = x.size(0), C = x.size(1);
-  // S = 0 for an empty x (nothing is launched then); only then could N * C overflow.
-  const int64_t S = x.numel() == 0 ? 0 : x.numel() / (N * C);
+                                const std::optional<at::Tensor>& bias, double eps, c10::string_view activation) {
+  check_call(group_norm_decl(), kOp, {x, num_groups, weight, bias, eps, activation});
+  TORCH_CHECK_NOT_IMPLEMENTED(activation == "none", kOp, ": activation '", activation,
+                              "' is not implemented by this build");
+  const GroupNormDims d = group_norm_dims({x.sizes().begin(), x.sizes().end()}, num_groups);
+  const int64_t N = d.N, C = d.C, S = d.S;
 
   const c10::cuda::CUDAGuard device_guard(x.device());
   const at::Tensor xc = x.contiguous();

@@ -1,5 +1,5 @@
-// ORT CUDA op ai.opbridge::Inverse for the CUDAExecutionProvider (same input, output and checks
-// as the CPU op), queued on ORT's compute stream.
+// ORT CUDA op ai.opbridge::Inverse for the CUDAExecutionProvider (declaration, checks and shapes as
+// for the CPU op: cpp/ops/inverse/inverse_decl.cpp), queued on ORT's compute stream.
 //
 // A singular matrix is an error, as on the CPU: the kernel reports it in an 8-byte device word
 // that is read back after the launch, which synchronizes ORT's compute stream once per call
@@ -22,51 +22,41 @@ void check_cuda(cudaError_t err, const std::string& label, const char* what) {
 }
 
 template <class T>
-class InverseCudaKernel {
- public:
-  explicit InverseCudaKernel(const OrtKernelInfo* info) : label_(node_label(info, kInverseOpType)) {}
-
-  void Compute(KernelIO& io) {
-    const Input x = io.input(0);
-    const int64_t rank = x.rank();
-    check(inverse_check(rank, rank >= 2 ? x.shape[rank - 2] : 0, rank >= 1 ? x.shape[rank - 1] : 0), label_);
-    const int64_t n = x.shape[rank - 1];
-    int64_t batch = 1;
-    for (int64_t i = 0; i + 2 < rank; ++i) batch *= x.shape[i];
-    T* y = io.output_as<T>(0, x.shape);
-    if (x.numel == 0) return;
-
-    // One scratch block from the CUDA EP's allocator: the 8-byte report, then the workspace.
-    constexpr size_t kInfoBytes = 16;  // keeps the workspace 16-byte aligned
-    const size_t ws_bytes = cuda::inverse_workspace_bytes<T>(batch, n);
-    const Scratch scratch = io.scratch(kInfoBytes + ws_bytes, 0);
-    auto* info = static_cast<uint64_t*>(scratch.get());
-    void* ws = ws_bytes > 0 ? static_cast<char*>(scratch.get()) + kInfoBytes : nullptr;
-    const auto stream = static_cast<cudaStream_t>(io.gpu_stream());
-    check_cuda(cuda::launch_inverse<T>(stream, x.as<T>(), y, batch, n, info, ws, ws_bytes), label_, "CUDA launch");
-    uint64_t report = cuda::kInverseInfoOk;
-    check_cuda(cudaMemcpyAsync(&report, info, sizeof report, cudaMemcpyDeviceToHost, stream), label_,
-               "reading the singular-matrix report");
-    check_cuda(cudaStreamSynchronize(stream), label_, "synchronizing the compute stream");
-    int64_t index = 0, step = 0;
-    if (cuda::inverse_info_singular(report, &index, &step)) check(cuda::inverse_singular_status(index, step), label_);
-  }
-
- private:
-  std::string label_;
-};
-
-constexpr const char* kCudaProvider = "CUDAExecutionProvider";
-
-template <class T>
-OpSpec inverse_cuda_spec() {
-  const auto t = onnx_type<T>();
-  return make_op<InverseCudaKernel<T>>(kInverseOpType, kCudaProvider, {t}, {false}, {t});
+void launch(const OrtOpContext& ctx, const Input& x, void* out, const InverseDims& d) {
+  // One scratch block from the CUDA EP's allocator: the 8-byte report, then the workspace.
+  constexpr size_t kInfoBytes = 16;  // keeps the workspace 16-byte aligned
+  const size_t ws_bytes = cuda::inverse_workspace_bytes<T>(d.batch, d.n);
+  const Scratch scratch = ctx.io.scratch(kInfoBytes + ws_bytes, 0);
+  auto* info = static_cast<uint64_t*>(scratch.get());
+  void* ws = ws_bytes > 0 ? static_cast<char*>(scratch.get()) + kInfoBytes : nullptr;
+  const auto stream = static_cast<cudaStream_t>(ctx.io.gpu_stream());
+  check_cuda(cuda::launch_inverse<T>(stream, x.as<T>(), static_cast<T*>(out), d.batch, d.n, info, ws, ws_bytes),
+             ctx.label, "CUDA launch");
+  uint64_t report = cuda::kInverseInfoOk;
+  check_cuda(cudaMemcpyAsync(&report, info, sizeof report, cudaMemcpyDeviceToHost, stream), ctx.label,
+             "reading the singular-matrix report");
+  check_cuda(cudaStreamSynchronize(stream), ctx.label, "synchronizing the compute stream");
+  int64_t index = 0, step = 0;
+  if (cuda::inverse_info_singular(report, &index, &step)) ctx.check(cuda::inverse_singular_status(index, step));
 }
 
-std::vector<OpSpec> inverse_cuda_specs() { return {inverse_cuda_spec<float>(), inverse_cuda_spec<double>()}; }
+void inverse_cuda_compute(const OrtOpContext& ctx) {
+  const Input& x = ctx.inputs[0];
+  if (ctx.call.attr_string("on_singular") != "raise") {
+    ctx.check(Status::NotImplemented("on_singular '" + ctx.call.attr_string("on_singular") +
+                                     "' is not implemented by this build"));
+  }
+  void* y = ctx.output(0);
+  const InverseDims d = inverse_dims(x.shape);
+  if (d.batch == 0) return;
+  if (x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
+    launch<float>(ctx, x, y, d);
+  } else {
+    launch<double>(ctx, x, y, d);
+  }
+}
 
 }  // namespace
 }  // namespace opbridge::ort
 
-OPBRIDGE_REGISTER_ORT_OPS(opbridge::ort::inverse_cuda_specs);
+OPBRIDGE_ORT_OP(opbridge::inverse_decl, "CUDAExecutionProvider", opbridge::ort::inverse_cuda_compute);

@@ -20,14 +20,13 @@ namespace {
 
 constexpr const char* kOp = "opbridge::inverse";
 
-at::Tensor inverse_cuda_impl(const at::Tensor& x) {
+at::Tensor inverse_cuda_impl(const at::Tensor& x, c10::string_view on_singular) {
+  check_call(inverse_decl(), kOp, {x, on_singular});
+  TORCH_CHECK_NOT_IMPLEMENTED(on_singular == "raise", kOp, ": on_singular '", on_singular,
+                              "' is not implemented by this build");
   const auto dt = x.scalar_type();
-  TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kDouble, kOp, ": x must be a float32 or float64 tensor, got ", dt);
-  const int64_t rank = x.dim();
-  check_status(inverse_check(rank, rank >= 2 ? x.size(-2) : 0, rank >= 1 ? x.size(-1) : 0), kOp);
-  const int64_t n = x.size(-1);
-  // An empty x has no matrices; only then could n * n overflow (x = [0, 2^32, 2^32] made it 0).
-  const int64_t batch = x.numel() == 0 ? 0 : x.numel() / (n * n);
+  const InverseDims d = inverse_dims({x.sizes().begin(), x.sizes().end()});
+  const int64_t n = d.n, batch = d.batch;
 
   const c10::cuda::CUDAGuard device_guard(x.device());
   const at::Tensor xc = x.contiguous();

@@ -26,7 +26,7 @@ import onnx
 
 from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig, Lowering, default_opset
 from ._custom import CustomOp, declare_op
-from ._registry import op_modules, op_names
+from ._registry import op_names, rule_sets, standard_lowering
 from ._script import infer_shapes, register_schemas
 
 __all__ = [
@@ -35,11 +35,14 @@ __all__ = [
     "DOMAIN_VERSION",
     "LOWERINGS",
     "ExportConfig",
+    "check_attributes",
     "declare_op",
     "export",
     "infer_shapes",
     "register_schemas",
     "register_symbolics",
+    "standard_lowering",
+    "symbolics_registered",
     "translation_table",
 ]
 
@@ -55,7 +58,7 @@ def _config(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None =
         known = op_names()
         for op, value in dict(lowering).items():
             if op not in known:
-                raise ValueError(f"lowering: unknown op {op!r}; opbridge ops are {sorted(known)}")
+                raise ValueError(f"lowering: unknown op {op!r}; the lowering keys are {sorted(known)}")
             if value not in LOWERINGS:
                 raise ValueError(f"lowering for {op!r} must be one of {LOWERINGS}, got {value!r}")
     return ExportConfig(lowering=lowering, custom_opsets=dict(custom_opsets or {}), opset_version=opset_version)
@@ -63,30 +66,32 @@ def _config(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None =
 
 def translation_table(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None = None,
                       opset_version: int | None = None) -> dict:
-    """``custom_translation_table`` for the dynamo exporter covering every opbridge op (and the
-    torch ops opbridge lowers, such as torch.linalg.inv). Arguments as for ``export``; pass the
-    ``opset_version`` you give torch.onnx.export (None: torch's default): standard lowerings depend on it."""
+    """``custom_translation_table`` for the dynamo exporter covering every op opbridge knows at
+    this moment (its own, registered libraries', declare_op's, and the torch ops opbridge lowers,
+    such as torch.linalg.inv). Arguments as for ``export``; pass the ``opset_version`` you give
+    torch.onnx.export (None: torch's default): standard lowerings depend on it."""
     import opbridge.ops  # noqa: F401  (the torch ops must exist)
 
     cfg = _config(lowering, custom_opsets, opset_version)
     table: dict = {}
-    for mod in op_modules():
-        if hasattr(mod, "translations"):
-            table.update(_rules(mod.translations, cfg))
+    for rules in rule_sets():
+        if hasattr(rules, "translations"):
+            table.update(_rules(rules.translations, cfg))
     return table
 
 
 def _rules(make: Any, cfg: ExportConfig) -> dict:
-    """make(cfg) (an op module's translations or symbolics). When the module has no such
-    lowering (NotImplementedError, e.g. lowering="standard" for an op without a standard form),
-    its rules raise that error when used, so that models without that op still export."""
+    """make(cfg) (a rule set's translations or symbolics). When the op has no such lowering
+    (NotImplementedError, e.g. lowering="standard" for an op without a standard form), its rules
+    raise that error when used, so that models without that op still export, and a model with it
+    fails with a message naming the op (never a silent custom node)."""
     import functools
 
     try:
         return make(cfg)
     except NotImplementedError as err:
         error = err  # `err` itself is unbound when the except clause ends
-        defaults = ExportConfig(custom_opsets=cfg.custom_opsets, opset_version=cfg.opset_version)
+        defaults = ExportConfig(lowering="custom", custom_opsets=cfg.custom_opsets, opset_version=cfg.opset_version)
 
         def unavailable(fn: Any) -> Any:
             @functools.wraps(fn)  # keeps the signature, which the exporters inspect
@@ -98,22 +103,81 @@ def _rules(make: Any, cfg: ExportConfig) -> dict:
         return {key: unavailable(fn) for key, fn in make(defaults).items()}
 
 
+def _symbolics(cfg: ExportConfig) -> dict:
+    out: dict = {}
+    for rules in rule_sets():
+        if hasattr(rules, "symbolics"):
+            out.update(_rules(rules.symbolics, cfg))
+    return out
+
+
 def register_symbolics(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None = None,
                        opset_version: int | None = None) -> None:
-    """Registers TorchScript-exporter symbolics for every opbridge op (and the torch ops opbridge
-    lowers, such as torch.linalg.inv). Calling it again with another lowering replaces the
-    previous registration. Pass the same ``custom_opsets`` to ``torch.onnx.export``."""
+    """Registers TorchScript-exporter symbolics for every op opbridge knows (and the torch ops it
+    lowers, such as torch.linalg.inv) with torch, persistently: for calling
+    ``torch.onnx.export(..., dynamo=False)`` yourself. ``opbridge.onnx.export`` does not need it
+    and leaves torch as it found it; use :func:`symbolics_registered` for a scoped registration.
+    Calling it again with another lowering replaces the previous registration. Pass the same
+    ``custom_opsets`` to ``torch.onnx.export``."""
     import torch
 
     import opbridge.ops  # noqa: F401
 
-    cfg = _config(lowering, custom_opsets, opset_version)
-    for mod in op_modules():
-        if not hasattr(mod, "symbolics"):
-            continue
-        for name, fn in _rules(mod.symbolics, cfg).items():
-            # Opset 1 makes the symbolic apply to every default-domain opset.
+    for name, fn in _symbolics(_config(lowering, custom_opsets, opset_version)).items():
+        # Opset 1 makes the symbolic apply to every default-domain opset.
+        torch.onnx.register_custom_op_symbolic(name, fn, 1)
+
+
+@contextlib.contextmanager
+def symbolics_registered(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None = None,
+                         opset_version: int | None = None):
+    """Within the ``with`` block, the TorchScript exporter has opbridge's symbolics; afterwards
+    the exporter's registry is exactly as before (symbolics registered by anyone else for the same
+    ops, before, are back in place)."""
+    import torch
+
+    import opbridge.ops  # noqa: F401
+
+    registry = _torchscript_registry()
+    table = _symbolics(_config(lowering, custom_opsets, opset_version))
+    saved = {}
+    for name in table:
+        group = registry.get_function_group(name)
+        saved[name] = None if group is None else dict(group._functions._overrides)
+    try:
+        for name, fn in table.items():
             torch.onnx.register_custom_op_symbolic(name, fn, 1)
+        yield
+    finally:
+        for name, before in saved.items():
+            if before is None:
+                registry._registry.pop(name, None)
+                continue
+            functions = registry.get_function_group(name)._functions
+            if 1 in before:
+                functions.override(1, before[1])
+            else:
+                functions.remove_override(1)
+
+
+def _torchscript_registry() -> Any:
+    try:  # torch >= 2.9 keeps the TorchScript exporter's registry here
+        from torch.onnx._internal.torchscript_exporter.registration import registry
+    except ImportError:  # pragma: no cover - older torch
+        from torch.onnx._internal.registration import registry
+    return registry
+
+
+def check_attributes(model: Any) -> list[str]:
+    """Problems ONNX Runtime cannot see in a model's declared-op nodes: unknown (e.g. misspelled)
+    attribute names and attributes newer than the op version the model imports. ``model``: a
+    ModelProto or a path. Empty when there are none. opbridge.InferenceSession and `opbridge
+    check` run it; onnx.checker finds unknown attributes through our OpSchemas too."""
+    from ._declared import attribute_problems
+
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(os.fspath(model), load_external_data=False)
+    return attribute_problems(model)
 
 
 def _tensor_args(args: Any) -> tuple:
@@ -215,14 +279,14 @@ def export(
                 **kwargs,
             )
         proto = program.model_proto
-        # The exporter stamps custom domains with their schemas' versions; honour the request.
+        # The exporter stamps custom domains with their schemas' versions; honour the request
+        # (declared ops' domains are stamped by _finalize, from the nodes).
         for imp in proto.opset_import:
             if imp.domain and imp.domain in cfg.custom_opsets:
                 imp.version = int(cfg.custom_opsets[imp.domain])
         if opset < _DYNAMO_MIN_OPSET:
             proto = _convert_opset(proto, opset)
     else:
-        register_symbolics(cfg.lowering, cfg.custom_opsets, cfg.opset_version)
         names = kwargs.pop("input_names", None) or _input_names(model, args)
         if dynamic_batch and not user_dynamic:
             kwargs["dynamic_axes"] = {names[i]: {0: "batch"} for i in tensor_positions if args[i].dim() > 0}
@@ -232,13 +296,13 @@ def export(
         import io
 
         buf = io.BytesIO()
-        with _quiet_exporter():
+        with _quiet_exporter(), symbolics_registered(cfg.lowering, cfg.custom_opsets, cfg.opset_version):
             torch.onnx.export(
                 model, args, buf, dynamo=False, opset_version=opset, input_names=names,
                 custom_opsets=opsets, **kwargs,
             )
         proto = onnx.load_from_string(buf.getvalue())
-    _finalize(proto)
+    _finalize(proto, cfg)
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
@@ -292,8 +356,11 @@ def _all_nodes(graph: onnx.GraphProto):
 _IR9_MAX_ELEM_TYPE = onnx.TensorProto.FLOAT8E5M2FNUZ
 
 
-def _finalize(proto: onnx.ModelProto) -> None:
+def _finalize(proto: onnx.ModelProto, cfg: ExportConfig | None = None) -> None:
     """Post-export fix-ups shared by both exporters (see export's docstring)."""
+    from ._declared import stamp_versions
+
+    stamp_versions(proto, dict(cfg.custom_opsets) if cfg is not None else {}, _all_nodes(proto.graph))
     used = {n.domain for n in _all_nodes(proto.graph)}
     for fn in proto.functions:
         used |= {n.domain for n in fn.node} | {fn.domain}

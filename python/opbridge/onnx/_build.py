@@ -54,6 +54,11 @@ class Builder:
     def const_ints(self, values: Sequence[int]) -> Any:
         return self.op("Constant", value_ints=[int(v) for v in values])
 
+    def custom(self, domain: str, version: int, op_type: str, schema: onnx.defs.OpSchema, *inputs: Any,
+               **attrs: Any) -> Any:  # pragma: no cover - interface
+        """One node of a custom domain (``schema`` describes it for onnxscript)."""
+        raise NotImplementedError
+
     def const(self, elem_type: int, dims: Sequence[int], values: Sequence[float]) -> Any:
         """A Constant of ONNX element type ``elem_type``."""
         return self.op("Constant", value=onnx.helper.make_tensor("value", elem_type, list(dims), list(values)))
@@ -80,6 +85,12 @@ class DynamoBuilder(Builder):
 
     def op(self, op_type: str, *inputs: Any, **attrs: Any) -> Any:
         return getattr(self._ops, op_type)(*inputs, **attrs)
+
+    def custom(self, domain: str, version: int, op_type: str, schema: onnx.defs.OpSchema, *inputs: Any,
+               **attrs: Any) -> Any:
+        import onnxscript
+
+        return onnxscript.values.Op(onnxscript.values.Opset(domain, version), op_type, schema)(*inputs, **attrs)
 
     def is_none(self, value: Any) -> bool:
         return value is None
@@ -125,6 +136,10 @@ class TorchScriptBuilder(Builder):
                 raise TypeError(f"attribute {name!r} of {op_type}: unsupported value {v!r}")
         inputs = tuple(self._none() if i is None else i for i in inputs)
         return self.g.op(op_type, *inputs, **typed)
+
+    def custom(self, domain: str, version: int, op_type: str, schema: onnx.defs.OpSchema, *inputs: Any,
+               **attrs: Any) -> Any:
+        return self.op(f"{domain}::{op_type}", *inputs, **attrs)
 
     def _none(self) -> Any:
         from torch.onnx import symbolic_helper as sh

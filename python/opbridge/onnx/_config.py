@@ -48,16 +48,20 @@ class ExportConfig:
     opset_version: int | None = None
     default_lowering: str = "custom"
 
-    def lowering_for(self, op: str, default: str | None = None) -> str:
-        """The lowering of ``op`` (a key of some op module's ``OPS``). ``default`` is the op's own
-        default (e.g. "standard" for torch's inverse, which then runs on stock ONNX Runtime); it
-        applies unless the user chose a lowering for all ops or named this one."""
+    def lowering_for(self, op: str | tuple, default: str | None = None) -> str:
+        """The lowering of ``op``: a ``lowering`` key, or a tuple of the keys one op answers to
+        (``("opbridge::group_norm", "group_norm")``). ``default`` is the op's own default (e.g.
+        "standard" for torch's inverse, which then runs on stock ONNX Runtime); it applies unless
+        the user chose a lowering for all ops or named this one."""
+        keys = (op,) if isinstance(op, str) else tuple(op)
+        named = [k for k in keys if self.lowering is not None and not isinstance(self.lowering, str) and k in self.lowering]
         if isinstance(self.lowering, str):
             value = self.lowering
-        elif self.lowering is not None and op in self.lowering:
-            value = self.lowering[op]
+        elif named:
+            value = self.lowering[named[0]]
         else:
             value = default or self.default_lowering
+        op = keys[0]
         if value not in LOWERINGS:
             raise ValueError(f"lowering for {op!r} must be one of {LOWERINGS}, got {value!r}")
         return value

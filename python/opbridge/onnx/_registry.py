@@ -1,32 +1,134 @@
-"""Collects the export rules of every op module in opbridge.onnx (no hand-edited list).
+"""The export rules of every op, computed when an export asks for them (so ops declared or
+libraries registered later are included, and nothing is registered with torch ahead of time).
 
-An op module (``opbridge/onnx/<op>.py``) may define:
-  OPS: the op names it handles (keys of per-op ``lowering={...}``).
-  translations(cfg) -> {torch op overload: onnxscript-building function}   (dynamo exporter)
-  symbolics(cfg) -> {"namespace::op": symbolic function}                   (TorchScript exporter)
-  schemas() -> [onnx.defs.OpSchema]                                        (ai.opbridge schemas)
-  infer_functions() -> {op type: fn(onnx InferenceContext)}                (shape inference of those)
-Ops of your own, declared with ``opbridge.onnx.declare_op``, are listed after the modules.
+Rule sets (each with ``OPS``: its ``lowering`` keys, ``translations(cfg)`` and ``symbolics(cfg)``):
+  * every declared op of every known library (opbridge/_decl.py): its custom lowering is derived
+    from the declaration (opbridge/onnx/_declared.py), its standard lowering is what
+    :func:`standard_lowering` registered for it (ours: opbridge/onnx/<op>.py), if anything;
+  * rules for torch's own ops that opbridge lowers (modules of opbridge/onnx defining ``RULES``,
+    e.g. torch.inverse in inverse.py);
+  * ops exported through a Python-side ``declare_op`` (opbridge/onnx/_custom.py).
 
-Op modules must not import torch at module level (only inside translations/symbolics): importing
-opbridge.onnx registers the schemas, and that has to work where torch is not installed.
+Lowering keys: ``"namespace::op"`` (the torch op, e.g. ``"opbridge::group_norm"`` or
+``"myops::rms_norm"``); the bare op name (``"group_norm"``) also works where it is unambiguous.
+Torch's own ops have keys of their own (``"torch_inverse"``).
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import Any, Callable
+
+from .._decl import OpDecl, libraries
+from ._config import ExportConfig
+
+__all__ = ["op_names", "rule_sets", "standard_lowering"]
+
+# qualname -> (function(builder, *torch args), lowest default-domain opset it works at)
+_standard: dict[str, tuple[Callable, int]] = {}
 
 
-def op_modules() -> list:
+def standard_lowering(op: str, *, min_opset: int = 1) -> Callable[[Callable], Callable]:
+    """Registers the standard-ONNX lowering of a declared op (decorator), used with
+    ``lowering="standard"``: ``fn(b, *args)`` gets an opbridge.onnx.Builder ``b`` and the torch
+    op's arguments (tensor inputs as graph values, attributes as Python values) and returns the
+    output value. ``min_opset``: the lowest default-domain opset it can express the op at."""
+
+    def register(fn: Callable) -> Callable:
+        _standard[op] = (fn, int(min_opset))
+        return fn
+
+    return register
+
+
+class DeclaredRules:
+    """Export rules of one declared op."""
+
+    def __init__(self, op: OpDecl, keys: tuple[str, ...]) -> None:
+        self.op = op
+        self.OPS = keys
+
+    def __repr__(self) -> str:
+        return f"DeclaredRules({self.op.qualname})"
+
+    def overload(self) -> Any:
+        import torch
+
+        ns, name = self.op.qualname.split("::")
+        return getattr(getattr(torch.ops, ns), name).default
+
+    def _standard(self, cfg: ExportConfig, dynamo: bool) -> tuple[Callable, int]:
+        entry = _standard.get(self.op.qualname)
+        if entry is None:
+            raise NotImplementedError(
+                f"{self.op.qualname} has no standard ONNX lowering: export it with lowering 'custom' "
+                f"(a {self.op.domain}::{self.op.onnx_type} node, run with its custom-op library), or register one "
+                "with opbridge.onnx.standard_lowering")
+        fn, min_opset = entry
+        opset = cfg.resolved_opset(dynamo)
+        if opset < min_opset:
+            raise NotImplementedError(f"{self.op.qualname}: the standard lowering needs opset >= {min_opset}, "
+                                      f"the export uses {opset}")
+        return fn, opset
+
+    def translations(self, cfg: ExportConfig) -> dict:
+        from ._declared import translation
+        if cfg.lowering_for(self.OPS) == "custom":
+            return {self.overload(): translation(self.op)}
+        fn, opset = self._standard(cfg, dynamo=True)
+        from ._build import DynamoBuilder
+
+        sig = self.op.signature()
+
+        def standard(*args: Any, **kwargs: Any) -> Any:
+            bound = sig.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return fn(DynamoBuilder(opset), *bound.args)
+
+        standard.__signature__ = sig  # type: ignore[attr-defined]
+        return {self.overload(): standard}
+
+    def symbolics(self, cfg: ExportConfig) -> dict:
+        from ._declared import _TS_DESC, symbolic
+        if cfg.lowering_for(self.OPS) == "custom":
+            return {self.op.qualname: symbolic(self.op)}
+        fn, _ = self._standard(cfg, dynamo=False)
+        from torch.onnx import symbolic_helper as sh
+
+        from ._build import TorchScriptBuilder
+
+        sig = self.op.signature()
+        op = self.op
+
+        def standard(g: Any, *args: Any) -> Any:
+            bound = sig.bind(*args)
+            bound.apply_defaults()
+            values = []
+            for a in op.args:
+                v = bound.arguments[a.name]
+                if hasattr(a, "optional"):
+                    values.append(None if v is None or sh._is_none(v) else v)
+                elif hasattr(v, "node"):
+                    values.append(None if sh._is_none(v) else sh._get_const(v, _TS_DESC[a.type], a.name))
+                else:
+                    values.append(v)
+            y = fn(TorchScriptBuilder(g), *values)
+            if op.outputs[0].like >= 0:
+                y.setType(values[op.outputs[0].like].type())
+            return y
+
+        return {self.op.qualname: standard}
+
+
+def _modules() -> list:
     from . import __path__ as pkg_path
 
     mods = []
     for m in sorted(pkgutil.iter_modules(pkg_path), key=lambda m: m.name):
-        if m.name.startswith("_"):
-            continue
-        mods.append(importlib.import_module(f"opbridge.onnx.{m.name}"))
-    return mods + list(_declared.values())
+        if not m.name.startswith("_"):
+            mods.append(importlib.import_module(f"opbridge.onnx.{m.name}"))
+    return mods
 
 
 # torch op name -> CustomOp (opbridge/onnx/_custom.py), in declaration order.
@@ -38,6 +140,24 @@ def add_declared_op(op) -> None:
     _declared[op.torch_op] = op
 
 
+def declared_ops() -> list[OpDecl]:
+    """Every op of every known library that has a torch namespace."""
+    return [op for lib in libraries() if lib.namespace for op in lib.ops.values()]
+
+
+def rule_sets() -> list:
+    mods = _modules()  # also registers their standard lowerings
+    names: dict[str, int] = {}
+    for op in declared_ops():
+        names[op.name] = names.get(op.name, 0) + 1
+    rules: list = []
+    for op in declared_ops():
+        keys = (op.qualname, op.name) if names[op.name] == 1 else (op.qualname,)
+        rules.append(DeclaredRules(op, keys))
+    rules += [m.RULES for m in mods if hasattr(m, "RULES")]
+    return rules + list(_declared.values())
+
+
 def op_names() -> set[str]:
-    """Every op name some module lists in OPS."""
-    return {name for mod in op_modules() for name in getattr(mod, "OPS", ())}
+    """Every ``lowering`` key."""
+    return {name for r in rule_sets() for name in getattr(r, "OPS", ())}

@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import onnx
 
 
-@functools.lru_cache(maxsize=None)
-def _infer_functions() -> dict[tuple[str, str], Callable[[Any], None]]:
-    from ._registry import op_modules
+def _sources() -> list[tuple[onnx.defs.OpSchema, Callable[[Any], None] | None]]:
+    """(schema, shape-inference function) of every op opbridge knows: the declared ops of every
+    known library (all their versions) and the ops of Python-side declare_op declarations."""
+    from .._decl import libraries
+    from ._declared import infer_function, schemas
+    from ._registry import _declared
 
-    out: dict[tuple[str, str], Callable[[Any], None]] = {}
-    for mod in op_modules():
-        for schema in getattr(mod, "schemas", lambda: [])():
-            fn = getattr(mod, "infer_functions", dict)().get(schema.name)
-            if fn is not None:
-                out[(schema.domain, schema.name)] = fn
+    out = []
+    for lib in libraries():
+        for op in lib.ops.values():
+            fn = infer_function(op)
+            out += [(schema, fn) for schema in schemas(op)]
+    for legacy in _declared.values():
+        out += [(schema, None) for schema in legacy.schemas()]
     return out
+
+
+def _infer_functions() -> dict[tuple[str, str], Callable[[Any], None]]:
+    return {(schema.domain, schema.name): fn for schema, fn in _sources() if fn is not None}
 
 
 def python_inference_supported() -> bool:
@@ -27,22 +34,17 @@ def python_inference_supported() -> bool:
     return hasattr(onnx.defs.OpSchema, "set_type_and_shape_inference_function")
 
 
-@functools.lru_cache(maxsize=None)
 def register_schemas() -> None:
-    """Registers the OpSchemas of every ai.opbridge op with onnx (once per process), so that
-    onnx.checker, onnx.shape_inference and onnxscript know our nodes. Where onnx supports it, each
-    schema carries its op's shape-inference function; infer_shapes() covers older onnx."""
-    from ._registry import op_modules
-
-    infer = _infer_functions()
-    for mod in op_modules():
-        for schema in getattr(mod, "schemas", lambda: [])():
-            if onnx.defs.has(schema.name, schema.since_version, schema.domain):
-                continue
-            fn = infer.get((schema.domain, schema.name))
-            if fn is not None and python_inference_supported():
-                schema.set_type_and_shape_inference_function(fn)
-            onnx.defs.register_schema(schema)
+    """Registers the OpSchemas of every op opbridge knows (all versions) with onnx, so that
+    onnx.checker, onnx.shape_inference and onnxscript know our nodes; idempotent, and cheap to
+    call again after a library was registered. Where onnx supports it, each schema carries its
+    op's shape-inference function; infer_shapes() covers older onnx."""
+    for schema, fn in _sources():
+        if onnx.defs.has(schema.name, schema.since_version, schema.domain):
+            continue
+        if fn is not None and python_inference_supported():
+            schema.set_type_and_shape_inference_function(fn)
+        onnx.defs.register_schema(schema)
 
 
 class _Context:

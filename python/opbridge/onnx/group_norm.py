@@ -1,7 +1,6 @@
-"""ONNX export of opbridge::group_norm.
-
-custom lowering: one ``ai.opbridge::GroupNorm`` node (inputs X, scale?, bias?; attributes
-num_groups, epsilon), run by opbridge's ORT library.
+"""Standard-ONNX lowering of opbridge::group_norm (its custom lowering, one
+``ai.opbridge::GroupNorm`` node, and its schema come from its declaration,
+cpp/ops/group_norm/group_norm_decl.cpp).
 
 standard lowering (stock ONNX Runtime, no library):
   * export opset >= 21: ``GroupNormalization``-21 (per-channel scale and bias, like torch).
@@ -20,86 +19,20 @@ from typing import Any
 import onnx
 from onnx import TensorProto
 
-from ._config import DOMAIN, DOMAIN_VERSION, ExportConfig
+from ._registry import standard_lowering
 
-OPS = ("group_norm",)
-OP_TYPE = "GroupNorm"  # must match opbridge::kGroupNormOpType in the ORT library
-
-_FLOAT_TYPES = ("tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)")
-
-
-def _infer(ctx: Any) -> None:
-    """onnx shape inference for GroupNorm: Y has X's type and shape; what is known statically is
-    checked like the kernels do (rank >= 2, num_groups divides C, scale/bias have C elements)."""
-    from onnx.shape_inference import InferenceError
-
-    x = ctx.get_input_type(0)
-    if x is None or not x.HasField("tensor_type"):
-        return
-    attr = ctx.get_attribute("num_groups")
-    num_groups = attr.i if attr is not None else None
-    where = f"{DOMAIN}::{OP_TYPE} ({ctx.get_display_name()})"
-    if num_groups is None:
-        raise InferenceError(f"{where}: required int attribute 'num_groups' is missing")
-    if num_groups <= 0:
-        raise InferenceError(f"{where}: num_groups must be > 0, got {num_groups}")
-    if x.tensor_type.HasField("shape"):
-        dims = x.tensor_type.shape.dim
-        if len(dims) < 2:
-            raise InferenceError(f"{where}: X must have rank >= 2 (N, C, *), got rank {len(dims)}")
-        if dims[1].HasField("dim_value"):
-            c = dims[1].dim_value
-            if c % num_groups != 0:
-                raise InferenceError(f"{where}: num_groups must divide the number of channels C = X.shape[1] = "
-                                     f"{c}, got num_groups = {num_groups}")
-            for i, name in ((1, "scale"), (2, "bias")):
-                if i >= ctx.get_num_inputs() or not ctx.has_input(i):
-                    continue
-                t = ctx.get_input_type(i)
-                if t is None or not t.tensor_type.HasField("shape"):
-                    continue
-                sd = t.tensor_type.shape.dim
-                if all(d.HasField("dim_value") for d in sd):
-                    n = 1
-                    for d in sd:
-                        n *= d.dim_value
-                    if n != c:
-                        raise InferenceError(f"{where}: {name} must have C = {c} elements (one per channel), got {n}")
-    out = onnx.TypeProto()
-    out.CopyFrom(x)
-    ctx.set_output_type(0, out)
-
-
-def schemas() -> list[onnx.defs.OpSchema]:
-    S = onnx.defs.OpSchema
-    schema = S(
-        OP_TYPE,
-        DOMAIN,
-        DOMAIN_VERSION,
-        doc="Group normalization with per-channel scale and bias (semantics of "
-        "torch.nn.functional.group_norm and ONNX GroupNormalization-21).",
-        inputs=[
-            S.FormalParameter("X", "T", "Input (N, C, *)"),
-            S.FormalParameter("scale", "T", "Per-channel scale (C)", param_option=S.FormalParameterOption.Optional),
-            S.FormalParameter("bias", "T", "Per-channel bias (C)", param_option=S.FormalParameterOption.Optional),
-        ],
-        outputs=[S.FormalParameter("Y", "T", "Output, shape of X")],
-        type_constraints=[("T", list(_FLOAT_TYPES), "Float tensors")],
-        attributes=[
-            S.Attribute("num_groups", S.AttrType.INT, "Number of groups; must divide C", required=True),
-            S.Attribute("epsilon", onnx.helper.make_attribute("epsilon", 1e-5), "Added to the variance"),
-        ],
-    )
-    return [schema]
-
-
-def infer_functions() -> dict:
-    """op type -> onnx shape-inference function (see opbridge.onnx._script.register_schemas)."""
-    return {OP_TYPE: _infer}
+@standard_lowering("opbridge::group_norm")
+def standard(b: Any, x: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5,
+             activation: str = "none") -> Any:
+    """The standard-ONNX lowering, for either exporter (``b`` is an opbridge.onnx._build.Builder);
+    activation "silu" appends x * Sigmoid(x)."""
+    y = _standard(b, x, int(num_groups), weight, bias, float(eps))
+    if activation == "silu":
+        y = b.op("Mul", y, b.op("Sigmoid", y))
+    return y
 
 
 def _standard(b: Any, x: Any, num_groups: int, weight: Any, bias: Any, eps: float) -> Any:
-    """The standard-ONNX lowering, for either exporter (``b`` is an opbridge.onnx._build.Builder)."""
     elem = b.elem_type(x)
     if b.target_opset >= 21:
         # GroupNormalization-21 requires scale and bias: ones / zeros of length C = X.shape[1]
@@ -156,46 +89,3 @@ def _normalize_last_axis(b: Any, x: Any, eps: float, elem: int) -> Any:
     centered = b.op("Sub", x, mean(x))
     var = mean(b.op("Mul", centered, centered))
     return b.op("Div", centered, b.op("Sqrt", b.op("Add", var, b.const(elem, [], [float(eps)]))))
-
-
-def translations(cfg: ExportConfig) -> dict:
-    import torch
-
-    from ._build import DynamoBuilder
-    from ._script import custom_opset
-
-    if cfg.lowering_for("group_norm") == "standard":
-        builder = DynamoBuilder(cfg.resolved_opset(dynamo=True))
-
-        def group_norm_standard(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
-            return _standard(builder, x, int(num_groups), weight, bias, float(eps))
-
-        return {torch.ops.opbridge.group_norm.default: group_norm_standard}
-
-    opset = custom_opset(DOMAIN, cfg.domain_version(DOMAIN, DOMAIN_VERSION))
-
-    def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
-        return opset.GroupNorm(x, weight, bias, num_groups=int(num_groups), epsilon=float(eps))
-
-    return {torch.ops.opbridge.group_norm.default: group_norm}
-
-
-def symbolics(cfg: ExportConfig) -> dict:
-    from torch.onnx import symbolic_helper as sh
-
-    from ._build import TorchScriptBuilder
-
-    standard = cfg.lowering_for("group_norm") == "standard"
-
-    @sh.parse_args("v", "i", "v", "v", "f")
-    def group_norm(g, x, num_groups, weight, bias, eps):
-        if standard:
-            y = _standard(TorchScriptBuilder(g), x, num_groups, weight, bias, eps)
-        else:
-            scale = weight if not sh._is_none(weight) else sh._optional_input_placeholder_tensor(g)
-            shift = bias if not sh._is_none(bias) else sh._optional_input_placeholder_tensor(g)
-            y = g.op(f"{DOMAIN}::{OP_TYPE}", x, scale, shift, num_groups_i=num_groups, epsilon_f=eps)
-        y.setType(x.type())
-        return y
-
-    return {"opbridge::group_norm": group_norm}

@@ -1,9 +1,10 @@
-"""ONNX export of matrix inverses: opbridge::inverse and torch's own (torch.inverse,
+"""ONNX export of matrix inverses: opbridge::inverse (its custom lowering and schema come from
+its declaration, cpp/ops/inverse/inverse_decl.cpp) and torch's own (torch.inverse,
 torch.linalg.inv).
 
 Two lowerings, one node each, input X (*, n, n) -> output Y:
   custom:   ``ai.opbridge::Inverse``, run by opbridge's ORT library (singular matrices raise an
-            error naming the batch index).
+            error naming the batch index, or give NaN with on_singular="nan").
   standard: ``com.microsoft::Inverse``, a contrib op every ONNX Runtime build runs, no opbridge
             library needed (singular matrices silently give inf/NaN there).
 Per-op lowering keys: "inverse" (opbridge.ops.inverse; default custom) and "torch_inverse"
@@ -18,97 +19,104 @@ import warnings
 
 import onnx
 
-from ._config import DOMAIN, DOMAIN_VERSION, ExportConfig
+from .._decl import opbridge_library
+from ._config import DOMAIN, ExportConfig
+from ._registry import standard_lowering
 
-OPS = ("inverse", "torch_inverse")
-OP_TYPE = "Inverse"  # must match opbridge::kInverseOpType in the ORT library
+OP_TYPE = "Inverse"  # the declaration's onnx_type
 MS_DOMAIN = "com.microsoft"
 MS_DOMAIN_VERSION = 1
-_DEFAULTS = {"inverse": "custom", "torch_inverse": "standard"}
+_KEYS = ("torch_inverse", "aten::linalg_inv", "aten::inverse")
 
 
-def _schema(domain: str, version: int) -> onnx.defs.OpSchema:
+def _ms_schema(version: int) -> onnx.defs.OpSchema:
     S = onnx.defs.OpSchema
-    types = ["tensor(float)", "tensor(double)"]
-    if domain == MS_DOMAIN:
-        types.append("tensor(float16)")
     return S(
         OP_TYPE,
-        domain,
+        MS_DOMAIN,
         version,
         doc="Inverse of each square matrix of X (*, n, n); Y has X's shape.",
         inputs=[S.FormalParameter("X", "T", "Input matrices (*, n, n)")],
         outputs=[S.FormalParameter("Y", "T", "Their inverses (*, n, n)")],
-        type_constraints=[("T", types, "Float tensors")],
+        type_constraints=[("T", ["tensor(float)", "tensor(double)", "tensor(float16)"], "Float tensors")],
     )
 
 
-def schemas() -> list[onnx.defs.OpSchema]:
-    # Only our own domain is registered with onnx; com.microsoft belongs to ONNX Runtime.
-    return [_schema(DOMAIN, DOMAIN_VERSION)]
-
-
-def _target(cfg: ExportConfig, op: str) -> tuple[str, int]:
-    """(domain, version) of the node that ``op`` lowers to."""
-    if cfg.lowering_for(op, _DEFAULTS[op]) == "custom":
-        return DOMAIN, cfg.domain_version(DOMAIN, DOMAIN_VERSION)
-    return MS_DOMAIN, cfg.domain_version(MS_DOMAIN, MS_DOMAIN_VERSION)
-
-
-def _targets(cfg: ExportConfig) -> dict[str, tuple[str, int]]:
-    targets = {op: _target(cfg, op) for op in OPS}
+def _ms_version(cfg: ExportConfig) -> int:
     version = cfg.domain_version(MS_DOMAIN, MS_DOMAIN_VERSION)
-    if version != MS_DOMAIN_VERSION and any(d == MS_DOMAIN for d, _ in targets.values()):
+    if version != MS_DOMAIN_VERSION:
         warnings.warn(
             f"custom_opsets asks for {MS_DOMAIN} version {version}: ONNX Runtime registers its "
             f"contrib ops (com.microsoft::{OP_TYPE} included) only at version {MS_DOMAIN_VERSION}, "
             "so a model that imports another version does not load there",
+            stacklevel=5,
+        )
+    return version
+
+
+_warned_raise = False
+
+
+@standard_lowering("opbridge::inverse")
+def standard(b, x, on_singular: str = "raise"):
+    """com.microsoft::Inverse: stock ONNX Runtime runs it; a singular matrix gives inf/NaN there,
+    so on_singular="raise" cannot be expressed (warned once)."""
+    global _warned_raise
+    if on_singular == "raise" and not _warned_raise:
+        _warned_raise = True
+        warnings.warn(
+            "opbridge::inverse exported with the standard lowering (com.microsoft::Inverse): a singular matrix "
+            "gives inf/NaN there instead of the error on_singular='raise' asks for",
             stacklevel=4,
         )
-    return targets
+    return b.custom(MS_DOMAIN, MS_DOMAIN_VERSION, OP_TYPE, _ms_schema(MS_DOMAIN_VERSION), x)
 
 
-def translations(cfg: ExportConfig) -> dict:
-    import onnxscript
-    import torch
+class _TorchInverse:
+    """torch.inverse / torch.linalg.inv: standard (com.microsoft::Inverse) by default, so that such
+    models keep running on stock ONNX Runtime; "custom" makes them ai.opbridge::Inverse nodes."""
 
-    def lowered(domain: str, version: int):
-        # The schema's since_version becomes the node's (and the model's opset import) version.
-        op = onnxscript.values.Op(onnxscript.values.Opset(domain, version), OP_TYPE, _schema(domain, version))
+    OPS = _KEYS
+
+    def _custom(self):
+        return opbridge_library().ops["inverse"]
+
+    def translations(self, cfg: ExportConfig) -> dict:
+        import onnxscript
+        import torch
+
+        from ._declared import schemas
+
+        if cfg.lowering_for(_KEYS, "standard") == "custom":
+            op = self._custom()
+            node = onnxscript.values.Op(onnxscript.values.Opset(DOMAIN, op.since), OP_TYPE, schemas(op)[0])
+        else:
+            version = _ms_version(cfg)
+            node = onnxscript.values.Op(onnxscript.values.Opset(MS_DOMAIN, version), OP_TYPE, _ms_schema(version))
 
         def inverse(x):
-            return op(x)
+            return node(x)
 
-        return inverse
+        # torch.export keeps torch.inverse as aten.inverse and torch.linalg.inv as aten.linalg_inv
+        # when they have a translation (it would otherwise decompose them into linalg_inv_ex plus an
+        # error check, which has no ONNX form).
+        return {torch.ops.aten.linalg_inv.default: inverse, torch.ops.aten.inverse.default: inverse}
 
-    targets = _targets(cfg)
-    ours = lowered(*targets["inverse"])
-    torch_own = lowered(*targets["torch_inverse"])
-    # torch.export keeps torch.inverse as aten.inverse and torch.linalg.inv as aten.linalg_inv
-    # when they have a translation (it would otherwise decompose them into linalg_inv_ex plus an
-    # error check, which has no ONNX form).
-    return {
-        torch.ops.opbridge.inverse.default: ours,
-        torch.ops.aten.linalg_inv.default: torch_own,
-        torch.ops.aten.inverse.default: torch_own,
-    }
+    def symbolics(self, cfg: ExportConfig) -> dict:
+        # The TorchScript exporter takes domain versions from torch.onnx.export(custom_opsets=...),
+        # which opbridge.onnx.export fills from cfg.custom_opsets.
+        if cfg.lowering_for(_KEYS, "standard") == "custom":
+            domain = DOMAIN
+        else:
+            domain = MS_DOMAIN
+            _ms_version(cfg)
 
-
-def symbolics(cfg: ExportConfig) -> dict:
-    def lowered(domain: str):
         def inverse(g, x):
             y = g.op(f"{domain}::{OP_TYPE}", x)
             y.setType(x.type())
             return y
 
-        return inverse
+        return {"aten::linalg_inv": inverse, "aten::inverse": inverse}
 
-    # The TorchScript exporter takes domain versions from torch.onnx.export(custom_opsets=...),
-    # which opbridge.onnx.export fills from cfg.custom_opsets.
-    targets = _targets(cfg)
-    torch_own = lowered(targets["torch_inverse"][0])
-    return {
-        "opbridge::inverse": lowered(targets["inverse"][0]),
-        "aten::linalg_inv": torch_own,
-        "aten::inverse": torch_own,
-    }
+
+RULES = _TorchInverse()

@@ -14,7 +14,7 @@ from .._library import load_torch_library
 
 load_torch_library()
 
-__all__: list[str] = []
+__all__: list[str] = ["register_autograd"]
 for _m in pkgutil.iter_modules(__path__):
     if _m.name.startswith("_"):
         continue
@@ -22,3 +22,10 @@ for _m in pkgutil.iter_modules(__path__):
     for _name in getattr(_mod, "__all__", []):
         globals()[_name] = getattr(_mod, _name)
         __all__.append(_name)
+
+# Fake kernels (and a clear error for ops without a gradient formula) from the declarations,
+# after the op modules above registered their formulas.
+from .._decl import opbridge_library  # noqa: E402
+from ._declared import register_autograd, register_library_ops  # noqa: E402
+
+register_library_ops(opbridge_library())

@@ -7,6 +7,8 @@ from typing import Optional
 
 import torch
 
+from ._declared import register_autograd
+
 __all__ = ["group_norm"]
 
 
@@ -16,47 +18,12 @@ def group_norm(
     weight: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
     eps: float = 1e-5,
+    activation: str = "none",
 ) -> torch.Tensor:
     """Group normalization with per-channel affine, same semantics as
     ``torch.nn.functional.group_norm``: x is (N, C, *) and C must be divisible by num_groups.
     Runs opbridge's C++ (CPU) or CUDA kernel, exports to ONNX as ``ai.opbridge::GroupNorm``."""
-    return torch.ops.opbridge.group_norm.default(x, num_groups, weight, bias, eps)
-
-
-_OP = "opbridge::group_norm"
-
-
-def _check_param(p, x, name):
-    # The fake kernel also serves the Meta dispatch key, which wins over CPU when any argument
-    # is a meta tensor: without these checks a CPU x with a meta weight would return an
-    # uninitialized tensor instead of an error.
-    if p is None:
-        return
-    torch._check_type(p.dtype == x.dtype, lambda: f"{_OP}: {name} must have the dtype of x ({x.dtype}), got {p.dtype}")
-    torch._check_value(p.device == x.device,
-                       lambda: f"{_OP}: {name} must be on x's device ({x.device}), got {p.device}")
-    torch._check_value(p.dim() == 1,
-                       lambda: f"{_OP}: {name} must be 1-D (one value per channel), got shape {list(p.shape)}")
-    torch._check_value(p.shape[0] == x.shape[1], lambda: f"{_OP}: {name} must have C = {x.shape[1]} elements "
-                       f"(one per channel), got {p.shape[0]}")
-
-
-@torch.library.register_fake("opbridge::group_norm")
-def _group_norm_fake(x, num_groups, weight=None, bias=None, eps=1e-5):
-    torch._check_type(x.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16),
-                      lambda: f"{_OP}: x must be a floating tensor (float32, float64, float16 or bfloat16), "
-                      f"got {x.dtype}")
-    torch._check_value(x.dim() >= 2, lambda: f"{_OP}: x must have rank >= 2 (N, C, *), got rank {x.dim()}")
-    torch._check_value(num_groups > 0, lambda: f"{_OP}: num_groups must be > 0, got {num_groups}")
-    torch._check_value(
-        x.shape[1] % num_groups == 0,
-        lambda: f"{_OP}: num_groups must divide the number of channels C = {x.shape[1]}, "
-        f"got num_groups = {num_groups}",
-    )
-    _check_param(weight, x, "weight")
-    _check_param(bias, x, "bias")
-    torch._check_value(math.isfinite(eps) and eps >= 0, lambda: f"{_OP}: eps must be finite and >= 0, got {eps}")
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return torch.ops.opbridge.group_norm.default(x, num_groups, weight, bias, eps, activation)
 
 
 @torch.library.register_fake("opbridge::group_norm_backward")
@@ -70,7 +37,7 @@ def _group_norm_backward_fake(grad, x, num_groups, weight, eps):
 
 
 def _setup_context(ctx, inputs, output):
-    x, num_groups, weight, bias, eps = inputs
+    x, num_groups, weight, bias, eps, activation = inputs
     ctx.save_for_backward(x, weight)
     ctx.num_groups = num_groups
     ctx.eps = eps
@@ -79,7 +46,12 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad):
     x, weight = ctx.saved_tensors
-    dx, dw, db = torch.ops.opbridge.group_norm_backward.default(grad, x, ctx.num_groups, weight, ctx.eps)
+    if torch.is_grad_enabled():
+        # create_graph: the gradient must itself be differentiable (double backward, Hessian-vector
+        # products), which the C++ backward kernel is not; the composite of torch ops is.
+        dx, dw, db = _group_norm_backward_composite(grad, x, ctx.num_groups, weight, ctx.eps)
+    else:
+        dx, dw, db = torch.ops.opbridge.group_norm_backward.default(grad, x, ctx.num_groups, weight, ctx.eps)
     need = ctx.needs_input_grad
     return (
         dx if need[0] else None,
@@ -87,10 +59,11 @@ def _backward(ctx, grad):
         dw if weight is not None and need[2] else None,
         db if ctx.has_bias and need[3] else None,
         None,
+        None,
     )
 
 
-torch.library.register_autograd("opbridge::group_norm", _backward, setup_context=_setup_context)
+register_autograd("opbridge::group_norm", _backward, setup_context=_setup_context, double_backward=True)
 
 
 def _group_norm_backward_composite(grad, x, num_groups, weight, eps):

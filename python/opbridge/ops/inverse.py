@@ -4,35 +4,18 @@ from __future__ import annotations
 
 import torch
 
+from ._declared import register_autograd
+
 __all__ = ["inverse"]
 
 
-def inverse(x: torch.Tensor) -> torch.Tensor:
+def inverse(x: torch.Tensor, on_singular: str = "raise") -> torch.Tensor:
     """Inverse of each square matrix of ``x`` (shape ``(*, n, n)``, float32 or float64), like
     ``torch.linalg.inv``; a singular matrix raises ``torch.linalg.LinAlgError`` naming its index
     in the batch. Runs opbridge's C++ kernel (correct at any thread count and size), exports to
     ONNX as ``ai.opbridge::Inverse`` (or ``com.microsoft::Inverse`` with
     ``lowering={"inverse": "standard"}``)."""
-    return torch.ops.opbridge.inverse.default(x)
-
-
-@torch.library.register_fake("opbridge::inverse")
-def _inverse_fake(x):
-    torch._check_type(
-        x.dtype in (torch.float32, torch.float64),
-        lambda: f"opbridge::inverse: x must be a float32 or float64 tensor, got {x.dtype}",
-    )
-    torch._check_value(
-        x.dim() >= 2,
-        lambda: "opbridge::inverse: x must have rank >= 2 (a batch of square matrices, shape (*, n, n)), "
-        f"got rank {x.dim()}",
-    )
-    torch._check_value(
-        x.shape[-1] == x.shape[-2],
-        lambda: "opbridge::inverse: x must hold square matrices (*, n, n), got matrices of shape "
-        f"({x.shape[-2]}, {x.shape[-1]})",
-    )
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return torch.ops.opbridge.inverse.default(x, on_singular)
 
 
 def _setup_context(ctx, inputs, output):
@@ -44,7 +27,7 @@ def _backward(ctx, grad):
     # itself differentiable (double backward, Hessian-vector products).
     (y,) = ctx.saved_tensors
     yt = y.transpose(-2, -1)
-    return -(yt @ grad @ yt)
+    return -(yt @ grad @ yt), None
 
 
-torch.library.register_autograd("opbridge::inverse", _backward, setup_context=_setup_context)
+register_autograd("opbridge::inverse", _backward, setup_context=_setup_context, double_backward=True)

@@ -1,0 +1,759 @@
+// opbridge op declarations: building, generic checks, output rules, JSON description.
+#include "opbridge/op_decl.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace opbridge {
+
+const char* elem_type_name(ElemType t) {
+  switch (t) {
+    case ElemType::kFloat32: return "float32";
+    case ElemType::kFloat64: return "float64";
+    case ElemType::kFloat16: return "float16";
+    case ElemType::kBFloat16: return "bfloat16";
+    case ElemType::kUint8: return "uint8";
+    case ElemType::kInt8: return "int8";
+    case ElemType::kInt32: return "int32";
+    case ElemType::kInt64: return "int64";
+    case ElemType::kBool: return "bool";
+    case ElemType::kUint16: return "uint16";
+    case ElemType::kInt16: return "int16";
+    case ElemType::kUint32: return "uint32";
+    case ElemType::kUint64: return "uint64";
+    case ElemType::kComplex64: return "complex64";
+    case ElemType::kComplex128: return "complex128";
+    case ElemType::kUndefined: break;
+  }
+  return "undefined";
+}
+
+const char* attr_type_name(AttrType t) {
+  switch (t) {
+    case AttrType::kInt: return "an int";
+    case AttrType::kFloat: return "a float";
+    case AttrType::kString: return "a string";
+    case AttrType::kBool: return "a bool";
+    case AttrType::kInts: return "a list of ints";
+    case AttrType::kFloats: return "a list of floats";
+  }
+  return "an attribute";
+}
+
+// ---------------------------------------------------------------- TensorArg
+
+int64_t TensorArg::dim(int64_t i) const {
+  const int64_t r = rank();
+  if (!rank_known) return -1;
+  if (i < 0) i += r;
+  if (i < 0 || i >= r) return -1;
+  return shape[static_cast<size_t>(i)] < 0 ? -1 : shape[static_cast<size_t>(i)];
+}
+
+bool TensorArg::all_known() const {
+  if (!rank_known) return false;
+  for (int64_t d : shape) {
+    if (d < 0) return false;
+  }
+  return true;
+}
+
+int64_t TensorArg::numel() const {
+  if (!all_known()) return -1;
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d == 0) return 0;
+  }
+  for (int64_t d : shape) {
+    if (__builtin_mul_overflow(n, d, &n)) return -1;
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------- OpDecl building
+
+OpDecl::OpDecl(std::string name, std::string onnx_type, int since)
+    : name_(std::move(name)), onnx_type_(std::move(onnx_type)), since_(since) {}
+
+OpDecl& OpDecl::doc(std::string text) {
+  // Before any argument: the op's description; after one: that argument's.
+  if (args_.empty()) {
+    doc_ = std::move(text);
+  } else {
+    last("doc").doc = std::move(text);
+  }
+  return *this;
+}
+
+ArgDecl& OpDecl::add(ArgDecl a) {
+  derived_.finished = false;
+  if (a.onnx_name.empty()) a.onnx_name = a.name;
+  args_.push_back(std::move(a));
+  return args_.back();
+}
+
+ArgDecl& OpDecl::last(const char* what) {
+  if (args_.empty()) {
+    build_errors_.push_back(std::string(what) + "() before any argument was declared");
+    static ArgDecl dummy;
+    dummy = ArgDecl{};
+    return dummy;
+  }
+  derived_.finished = false;
+  return args_.back();
+}
+
+OpDecl& OpDecl::input(std::string name, std::string type_var, std::string doc) {
+  ArgDecl a;
+  a.is_input = true;
+  a.name = std::move(name);
+  a.type_var = std::move(type_var);
+  a.doc = std::move(doc);
+  add(std::move(a));
+  return *this;
+}
+
+namespace {
+ArgDecl attribute(std::string name, AttrType type, std::string doc) {
+  ArgDecl a;
+  a.is_input = false;
+  a.name = std::move(name);
+  a.attr_type = type;
+  a.doc = std::move(doc);
+  a.default_value.type = type;
+  return a;
+}
+}  // namespace
+
+OpDecl& OpDecl::attr_int(std::string name, std::string doc) {
+  add(attribute(std::move(name), AttrType::kInt, std::move(doc)));
+  return *this;
+}
+OpDecl& OpDecl::attr_int(std::string name, int64_t value, std::string doc) {
+  ArgDecl& a = add(attribute(std::move(name), AttrType::kInt, std::move(doc)));
+  a.has_default = true;
+  a.default_value.i = value;
+  return *this;
+}
+OpDecl& OpDecl::attr_float(std::string name, double value, std::string doc) {
+  ArgDecl& a = add(attribute(std::move(name), AttrType::kFloat, std::move(doc)));
+  a.has_default = true;
+  a.default_value.f = value;
+  return *this;
+}
+OpDecl& OpDecl::attr_float(std::string name, std::string doc) {
+  add(attribute(std::move(name), AttrType::kFloat, std::move(doc)));
+  return *this;
+}
+OpDecl& OpDecl::attr_bool(std::string name, bool value, std::string doc) {
+  ArgDecl& a = add(attribute(std::move(name), AttrType::kBool, std::move(doc)));
+  a.has_default = true;
+  a.default_value.i = value ? 1 : 0;
+  return *this;
+}
+OpDecl& OpDecl::attr_string(std::string name, std::string value, std::string doc) {
+  ArgDecl& a = add(attribute(std::move(name), AttrType::kString, std::move(doc)));
+  a.has_default = true;
+  a.default_value.s = std::move(value);
+  return *this;
+}
+OpDecl& OpDecl::attr_ints(std::string name, std::vector<int64_t> value, std::string doc) {
+  ArgDecl& a = add(attribute(std::move(name), AttrType::kInts, std::move(doc)));
+  a.has_default = true;
+  a.default_value.ints = std::move(value);
+  return *this;
+}
+OpDecl& OpDecl::attr_floats(std::string name, std::vector<double> value, std::string doc) {
+  ArgDecl& a = add(attribute(std::move(name), AttrType::kFloats, std::move(doc)));
+  a.has_default = true;
+  a.default_value.floats = std::move(value);
+  return *this;
+}
+
+OpDecl& OpDecl::optional() {
+  ArgDecl& a = last("optional");
+  if (!a.is_input) build_errors_.push_back("argument " + a.name + ": optional() applies to inputs; give an attribute a default");
+  a.optional = true;
+  return *this;
+}
+OpDecl& OpDecl::required() {
+  ArgDecl& a = last("required");
+  if (a.is_input) build_errors_.push_back("argument " + a.name + ": required() applies to attributes (inputs are required unless optional())");
+  a.required = true;
+  a.has_default = false;
+  return *this;
+}
+OpDecl& OpDecl::onnx_name(std::string n) {
+  last("onnx_name").onnx_name = std::move(n);
+  return *this;
+}
+OpDecl& OpDecl::shape(std::string s) {
+  last("shape").shape_doc = std::move(s);
+  return *this;
+}
+OpDecl& OpDecl::rank(int64_t r) {
+  last("rank").rank = r;
+  return *this;
+}
+OpDecl& OpDecl::min_rank(int64_t r) {
+  last("min_rank").min_rank = r;
+  return *this;
+}
+OpDecl& OpDecl::host_memory() {
+  last("host_memory").host_memory = true;
+  return *this;
+}
+OpDecl& OpDecl::choices(std::vector<std::string> values) {
+  ArgDecl& a = last("choices");
+  if (a.is_input || a.attr_type != AttrType::kString) {
+    build_errors_.push_back("argument " + a.name + ": choices() applies to string attributes");
+  }
+  a.choices = std::move(values);
+  return *this;
+}
+OpDecl& OpDecl::since(int version) {
+  last("since").since = version;
+  return *this;
+}
+OpDecl& OpDecl::types(std::string type_var, std::vector<ElemType> types) {
+  derived_.finished = false;
+  type_vars_.push_back({std::move(type_var), std::move(types)});
+  return *this;
+}
+OpDecl& OpDecl::output(std::string name, std::string type_var, std::string rule, std::string doc) {
+  derived_.finished = false;
+  OutputDecl o;
+  o.name = std::move(name);
+  o.type_var = std::move(type_var);
+  o.rule = std::move(rule);
+  o.doc = std::move(doc);
+  outputs_.push_back(std::move(o));
+  return *this;
+}
+OpDecl& OpDecl::keeps_memory_format() {
+  if (outputs_.empty()) {
+    build_errors_.push_back("keeps_memory_format() before any output was declared");
+  } else {
+    outputs_.back().keeps_memory_format = true;
+  }
+  return *this;
+}
+OpDecl& OpDecl::check(ValidateFn fn) {
+  validate_ = fn;
+  return *this;
+}
+
+// ---------------------------------------------------------------- OpDecl reading
+
+int OpDecl::latest_version() const {
+  int v = since_;
+  for (const ArgDecl& a : args_) v = std::max(v, a.since);
+  return v;
+}
+
+const TypeVarDecl* OpDecl::type_var(std::string_view n) const {
+  for (const TypeVarDecl& t : type_vars_) {
+    if (t.name == n) return &t;
+  }
+  return nullptr;
+}
+
+int64_t OpDecl::input_index(std::string_view n) const {
+  finish();
+  for (size_t i = 0; i < derived_.inputs.size(); ++i) {
+    if (derived_.inputs[i]->name == n) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+int64_t OpDecl::attr_index(std::string_view n) const {
+  finish();
+  for (size_t i = 0; i < derived_.attrs.size(); ++i) {
+    if (derived_.attrs[i]->name == n) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+const std::vector<const ArgDecl*>& OpDecl::inputs() const {
+  finish();
+  return derived_.inputs;
+}
+
+const std::vector<const ArgDecl*>& OpDecl::attrs() const {
+  finish();
+  return derived_.attrs;
+}
+
+namespace {
+
+bool valid_identifier(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  }
+  return true;
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t");
+  size_t e = s.find_last_not_of(" \t");
+  return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::string cur;
+  for (char c : s) {
+    if (c == sep) {
+      parts.push_back(trim(cur));
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  parts.push_back(trim(cur));
+  return parts;
+}
+
+bool parse_int(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  size_t i = s[0] == '-' ? 1 : 0;
+  if (i == s.size()) return false;
+  for (size_t k = i; k < s.size(); ++k) {
+    if (!std::isdigit(static_cast<unsigned char>(s[k]))) return false;
+  }
+  try {
+    *out = std::stoll(s);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void OpDecl::finish() const {
+  if (derived_.finished) return;
+  derived_.finished = true;
+  auto& inputs_ = derived_.inputs;
+  auto& attrs_ = derived_.attrs;
+  inputs_.clear();
+  attrs_.clear();
+  std::vector<std::string> errors = build_errors_;
+  auto* self = const_cast<OpDecl*>(this);
+  std::set<std::string> names, onnx_inputs, onnx_attrs;
+  if (!valid_identifier(name_)) errors.push_back("name '" + name_ + "' is not a valid identifier");
+  if (!valid_identifier(onnx_type_)) errors.push_back("onnx_type '" + onnx_type_ + "' is not a valid identifier");
+  if (since_ < 1) errors.push_back("since must be >= 1, got " + std::to_string(since_));
+  for (ArgDecl& a : self->args_) {
+    const std::string where = "argument " + a.name + ": ";
+    if (!valid_identifier(a.name)) errors.push_back(where + "name is not a valid identifier");
+    if (!names.insert(a.name).second) errors.push_back(where + "declared twice");
+    if (a.since == 0) a.since = since_;
+    if (a.since < since_) errors.push_back(where + "since " + std::to_string(a.since) + " is before the op's first version " + std::to_string(since_));
+    if (a.is_input) {
+      a.input_index = static_cast<int64_t>(inputs_.size());
+      inputs_.push_back(&a);
+      if (!onnx_inputs.insert(a.onnx_name).second) errors.push_back(where + "ONNX input name '" + a.onnx_name + "' used twice");
+      if (type_var(a.type_var) == nullptr) errors.push_back(where + "type variable '" + a.type_var + "' has no types() declaration");
+      if (a.since > since_ && !a.optional) errors.push_back(where + "an input added in a later version must be optional()");
+    } else {
+      a.attr_index = static_cast<int64_t>(attrs_.size());
+      attrs_.push_back(&a);
+      if (!onnx_attrs.insert(a.onnx_name).second) errors.push_back(where + "ONNX attribute name '" + a.onnx_name + "' used twice");
+      if (!a.required && !a.has_default) errors.push_back(where + "an attribute needs a default or required()");
+      if (a.since > since_ && !a.has_default) errors.push_back(where + "an attribute added in a later version needs a default");
+      if (a.has_default && !a.choices.empty()) {
+        bool found = false;
+        for (const std::string& c : a.choices) found = found || c == a.default_value.s;
+        if (!found) errors.push_back(where + "default '" + a.default_value.s + "' is not one of its choices");
+      }
+      if (a.has_default && a.attr_type == AttrType::kFloat && !std::isfinite(a.default_value.f)) {
+        errors.push_back(where + "default must be finite");
+      }
+    }
+  }
+  if (inputs_.empty()) errors.push_back("an op needs at least one tensor input");
+  std::set<std::string> tv_names;
+  for (const TypeVarDecl& t : type_vars_) {
+    if (!tv_names.insert(t.name).second) errors.push_back("type variable '" + t.name + "' declared twice");
+    if (t.types.empty()) errors.push_back("type variable '" + t.name + "' allows no types");
+    for (ElemType e : t.types) {
+      if (std::string(elem_type_name(e)) == "undefined") {
+        errors.push_back("type variable '" + t.name + "': unknown element type " + std::to_string(static_cast<int>(e)));
+      }
+    }
+  }
+  if (outputs_.empty()) errors.push_back("an op needs at least one output");
+  for (OutputDecl& o : self->outputs_) {
+    const std::string where = "output " + o.name + ": ";
+    if (type_var(o.type_var) == nullptr) errors.push_back(where + "type variable '" + o.type_var + "' has no types() declaration");
+    bool bound = false;
+    for (const ArgDecl* in : inputs_) bound = bound || (in->type_var == o.type_var && !in->optional);
+    if (!bound) errors.push_back(where + "type variable '" + o.type_var + "' is bound by no required input");
+    o.like_input = -1;
+    o.dims.clear();
+    const std::string rule = trim(o.rule);
+    const int64_t like = input_index(rule);
+    if (like >= 0) {
+      o.like_input = like;
+      continue;
+    }
+    if (rule.empty()) {
+      errors.push_back(where + "empty shape rule");
+      continue;
+    }
+    for (const std::string& dim : split(rule, ',')) {
+      std::vector<DimFactor> product;
+      for (const std::string& factor : split(dim, '*')) {
+        DimFactor f;
+        int64_t value = 0;
+        const size_t open = factor.find('[');
+        if (parse_int(factor, &value) && value >= 0) {
+          f.input = -1;
+          f.dim = value;
+        } else if (open != std::string::npos && !factor.empty() && factor.back() == ']' &&
+                   input_index(trim(factor.substr(0, open))) >= 0 &&
+                   parse_int(trim(factor.substr(open + 1, factor.size() - open - 2)), &value)) {
+          f.input = input_index(trim(factor.substr(0, open)));
+          f.dim = value;
+        } else {
+          errors.push_back(where + "cannot read '" + factor + "' in shape rule '" + o.rule +
+                           "' (expected an input name, input[dim] or a non-negative integer)");
+          continue;
+        }
+        product.push_back(f);
+      }
+      o.dims.push_back(std::move(product));
+    }
+  }
+  std::string msg;
+  for (const std::string& e : errors) msg += (msg.empty() ? "" : "; ") + e;
+  derived_.error = msg.empty() ? std::string() : "op " + name_ + ": " + msg;
+}
+
+const std::string& OpDecl::error() const {
+  finish();
+  return derived_.error;
+}
+
+// ---------------------------------------------------------------- OpCall
+
+OpCall::OpCall(const OpDecl& decl) : decl_(&decl) {
+  decl.finish();
+  inputs_.resize(decl.inputs().size());
+  attrs_.reserve(decl.attrs().size());
+  for (const ArgDecl* a : decl.attrs()) attrs_.push_back(a->default_value);
+}
+
+const TensorArg& OpCall::in(std::string_view name) const {
+  const int64_t i = decl_->input_index(name);
+  if (i < 0) throw std::logic_error("op " + decl_->name() + " has no input " + std::string(name));
+  return inputs_[static_cast<size_t>(i)];
+}
+TensorArg& OpCall::in(std::string_view name) {
+  return const_cast<TensorArg&>(static_cast<const OpCall*>(this)->in(name));
+}
+
+const AttrValue& OpCall::attr_named(std::string_view name, AttrType type) const {
+  const int64_t i = decl_->attr_index(name);
+  if (i < 0) throw std::logic_error("op " + decl_->name() + " has no attribute " + std::string(name));
+  const AttrValue& v = attrs_[static_cast<size_t>(i)];
+  if (v.type != type && !(type == AttrType::kInt && v.type == AttrType::kBool)) {
+    throw std::logic_error("attribute " + std::string(name) + " of op " + decl_->name() + " is not " +
+                           attr_type_name(type));
+  }
+  return v;
+}
+
+void OpCall::set_int(std::string_view n, int64_t v) { const_cast<AttrValue&>(attr_named(n, AttrType::kInt)).i = v; }
+void OpCall::set_float(std::string_view n, double v) {
+  const_cast<AttrValue&>(attr_named(n, AttrType::kFloat)).f = v;
+}
+void OpCall::set_string(std::string_view n, std::string v) {
+  const_cast<AttrValue&>(attr_named(n, AttrType::kString)).s = std::move(v);
+}
+
+int64_t OpCall::attr_int(std::string_view n) const { return attr_named(n, AttrType::kInt).i; }
+double OpCall::attr_float(std::string_view n) const { return attr_named(n, AttrType::kFloat).f; }
+bool OpCall::attr_bool(std::string_view n) const { return attr_named(n, AttrType::kBool).i != 0; }
+const std::string& OpCall::attr_string(std::string_view n) const { return attr_named(n, AttrType::kString).s; }
+const std::vector<int64_t>& OpCall::attr_ints(std::string_view n) const { return attr_named(n, AttrType::kInts).ints; }
+const std::vector<double>& OpCall::attr_floats(std::string_view n) const {
+  return attr_named(n, AttrType::kFloats).floats;
+}
+
+// ---------------------------------------------------------------- checks
+
+namespace {
+
+std::string type_list(const std::vector<ElemType>& types) {
+  std::string s;
+  for (size_t i = 0; i < types.size(); ++i) {
+    if (i > 0) s += i + 1 == types.size() ? " or " : ", ";
+    s += elem_type_name(types[i]);
+  }
+  return s;
+}
+
+std::string shape_suffix(const ArgDecl& a) { return a.shape_doc.empty() ? "" : " " + a.shape_doc; }
+
+bool same_value(const AttrValue& a, const AttrValue& b) {
+  switch (a.type) {
+    case AttrType::kInt:
+    case AttrType::kBool: return a.i == b.i;
+    case AttrType::kFloat: return a.f == b.f || (std::isnan(a.f) && std::isnan(b.f));
+    case AttrType::kString: return a.s == b.s;
+    case AttrType::kInts: return a.ints == b.ints;
+    case AttrType::kFloats: return a.floats == b.floats;
+  }
+  return false;
+}
+
+}  // namespace
+
+Status check_call(const OpCall& call) {
+  const OpDecl& d = call.decl();
+  if (!d.error().empty()) return Status::InvalidArgument(d.error());
+  // Element types: allowed, and equal across the inputs of one type variable.
+  for (const TypeVarDecl& tv : d.type_vars()) {
+    const TensorArg* first = nullptr;
+    const ArgDecl* first_decl = nullptr;
+    for (const ArgDecl* a : d.inputs()) {
+      if (a->type_var != tv.name) continue;
+      const TensorArg& t = call.input(static_cast<size_t>(a->input_index));
+      if (!t.present || t.type == ElemType::kUndefined) continue;
+      bool ok = false;
+      for (ElemType e : tv.types) ok = ok || e == t.type;
+      if (!ok) {
+        return Status(StatusCode::kTypeError, a->name + " must be a " + type_list(tv.types) + " tensor, got " +
+                                                  elem_type_name(t.type));
+      }
+      if (first == nullptr) {
+        first = &t;
+        first_decl = a;
+      } else if (t.type != first->type) {
+        return Status(StatusCode::kTypeError, a->name + " must have the dtype of " + first_decl->name + " (" +
+                                                  elem_type_name(first->type) + "), got " + elem_type_name(t.type));
+      }
+    }
+  }
+  for (const ArgDecl* a : d.inputs()) {
+    const TensorArg& t = call.input(static_cast<size_t>(a->input_index));
+    if (!t.present) {
+      if (!a->optional) return Status::InvalidArgument("input " + a->name + " is required but missing");
+      continue;
+    }
+    if (!t.rank_known) continue;
+    if (a->rank >= 0 && t.rank() != a->rank) {
+      return Status::InvalidArgument(a->name + " must have rank " + std::to_string(a->rank) + shape_suffix(*a) +
+                                     ", got rank " + std::to_string(t.rank()));
+    }
+    if (a->min_rank >= 0 && t.rank() < a->min_rank) {
+      return Status::InvalidArgument(a->name + " must have rank >= " + std::to_string(a->min_rank) +
+                                     shape_suffix(*a) + ", got rank " + std::to_string(t.rank()));
+    }
+  }
+  for (const ArgDecl* a : d.attrs()) {
+    const AttrValue& v = call.attr(static_cast<size_t>(a->attr_index));
+    if (a->attr_type == AttrType::kFloat && !std::isfinite(v.f) && a->has_default) {
+      // Non-finite float attributes are never meaningful for opbridge's ops; ops that want them
+      // can declare the attribute required and check themselves.
+      return Status::InvalidArgument(a->name + " must be finite, got " + std::to_string(v.f));
+    }
+    if (!a->choices.empty()) {
+      bool ok = false;
+      std::string list;
+      for (const std::string& c : a->choices) {
+        ok = ok || c == v.s;
+        list += (list.empty() ? "'" : ", '") + c + "'";
+      }
+      if (!ok) return Status::InvalidArgument(a->name + " must be one of " + list + ", got '" + v.s + "'");
+    }
+  }
+  if (d.validate_fn() != nullptr) return d.validate_fn()(call);
+  return Status::Ok();
+}
+
+std::vector<int64_t> output_shape(const OpCall& call, size_t output) {
+  const OutputDecl& o = call.decl().outputs().at(output);
+  if (o.like_input >= 0) {
+    const TensorArg& t = call.input(static_cast<size_t>(o.like_input));
+    if (!t.rank_known) return {};
+    std::vector<int64_t> s = t.shape;
+    for (int64_t& v : s) v = v < 0 ? -1 : v;
+    return s;
+  }
+  std::vector<int64_t> shape;
+  for (const auto& product : o.dims) {
+    int64_t v = 1;
+    for (const DimFactor& f : product) {
+      const int64_t x = f.input < 0 ? f.dim : call.input(static_cast<size_t>(f.input)).dim(f.dim);
+      if (x < 0 || v < 0) {
+        v = -1;
+      } else if (__builtin_mul_overflow(v, x, &v)) {
+        v = -1;
+      }
+    }
+    shape.push_back(v);
+  }
+  return shape;
+}
+
+ElemType output_type(const OpCall& call, size_t output) {
+  const OutputDecl& o = call.decl().outputs().at(output);
+  for (const ArgDecl* a : call.decl().inputs()) {
+    const TensorArg& t = call.input(static_cast<size_t>(a->input_index));
+    if (a->type_var == o.type_var && t.present) return t.type;
+  }
+  return ElemType::kUndefined;
+}
+
+int required_version(const OpCall& call) {
+  const OpDecl& d = call.decl();
+  int v = d.since_version();
+  for (const ArgDecl* a : d.inputs()) {
+    if (call.input(static_cast<size_t>(a->input_index)).present) v = std::max(v, a->since);
+  }
+  for (const ArgDecl* a : d.attrs()) {
+    if (!a->has_default || !same_value(call.attr(static_cast<size_t>(a->attr_index)), a->default_value)) {
+      v = std::max(v, a->since);
+    }
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------- JSON
+
+namespace {
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_double(double v) {
+  // Shortest representation that reads back to the same double.
+  char buf[32];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string json_value(const AttrValue& v) {
+  switch (v.type) {
+    case AttrType::kInt: return std::to_string(v.i);
+    case AttrType::kBool: return v.i ? "true" : "false";
+    case AttrType::kFloat: return json_double(v.f);
+    case AttrType::kString: return json_string(v.s);
+    case AttrType::kInts: {
+      std::string s = "[";
+      for (size_t i = 0; i < v.ints.size(); ++i) s += (i ? "," : "") + std::to_string(v.ints[i]);
+      return s + "]";
+    }
+    case AttrType::kFloats: {
+      std::string s = "[";
+      for (size_t i = 0; i < v.floats.size(); ++i) s += (i ? "," : "") + json_double(v.floats[i]);
+      return s + "]";
+    }
+  }
+  return "null";
+}
+
+const char* attr_type_key(AttrType t) {
+  switch (t) {
+    case AttrType::kInt: return "int";
+    case AttrType::kFloat: return "float";
+    case AttrType::kString: return "str";
+    case AttrType::kBool: return "bool";
+    case AttrType::kInts: return "int[]";
+    case AttrType::kFloats: return "float[]";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::string describe_ops_json(const std::vector<const OpDecl*>& ops, const std::string& domain, int domain_version) {
+  std::ostringstream j;
+  j << "{\"domain\":" << json_string(domain) << ",\"domain_version\":" << domain_version << ",\"ops\":[";
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const OpDecl& d = *ops[k];
+    j << (k ? "," : "") << "{\"name\":" << json_string(d.name()) << ",\"onnx_type\":" << json_string(d.onnx_type())
+      << ",\"since\":" << d.since_version() << ",\"doc\":" << json_string(d.description())
+      << ",\"error\":" << json_string(d.error()) << ",\"args\":[";
+    for (size_t i = 0; i < d.args().size(); ++i) {
+      const ArgDecl& a = d.args()[i];
+      j << (i ? "," : "") << "{\"name\":" << json_string(a.name) << ",\"onnx_name\":" << json_string(a.onnx_name)
+        << ",\"doc\":" << json_string(a.doc) << ",\"since\":" << a.since;
+      if (a.is_input) {
+        j << ",\"kind\":\"input\",\"type_var\":" << json_string(a.type_var)
+          << ",\"optional\":" << (a.optional ? "true" : "false") << ",\"rank\":" << a.rank
+          << ",\"min_rank\":" << a.min_rank << ",\"shape\":" << json_string(a.shape_doc)
+          << ",\"host_memory\":" << (a.host_memory ? "true" : "false");
+      } else {
+        j << ",\"kind\":\"attr\",\"type\":\"" << attr_type_key(a.attr_type) << "\""
+          << ",\"required\":" << (a.required ? "true" : "false");
+        if (a.has_default) j << ",\"default\":" << json_value(a.default_value);
+        j << ",\"choices\":[";
+        for (size_t c = 0; c < a.choices.size(); ++c) j << (c ? "," : "") << json_string(a.choices[c]);
+        j << "]";
+      }
+      j << "}";
+    }
+    j << "],\"types\":{";
+    for (size_t i = 0; i < d.type_vars().size(); ++i) {
+      const TypeVarDecl& t = d.type_vars()[i];
+      j << (i ? "," : "") << json_string(t.name) << ":[";
+      for (size_t e = 0; e < t.types.size(); ++e) j << (e ? "," : "") << static_cast<int>(t.types[e]);
+      j << "]";
+    }
+    j << "},\"outputs\":[";
+    for (size_t i = 0; i < d.outputs().size(); ++i) {
+      const OutputDecl& o = d.outputs()[i];
+      j << (i ? "," : "") << "{\"name\":" << json_string(o.name) << ",\"type_var\":" << json_string(o.type_var)
+        << ",\"rule\":" << json_string(o.rule) << ",\"doc\":" << json_string(o.doc)
+        << ",\"keeps_memory_format\":" << (o.keeps_memory_format ? "true" : "false")
+        << ",\"like\":" << o.like_input << ",\"dims\":[";
+      for (size_t p = 0; p < o.dims.size(); ++p) {
+        j << (p ? "," : "") << "[";
+        for (size_t f = 0; f < o.dims[p].size(); ++f) {
+          j << (f ? "," : "") << "[" << o.dims[p][f].input << "," << o.dims[p][f].dim << "]";
+        }
+        j << "]";
+      }
+      j << "]}";
+    }
+    j << "]}";
+  }
+  j << "]}";
+  return j.str();
+}
+
+}  // namespace opbridge

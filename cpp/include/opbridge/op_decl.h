@@ -1,0 +1,286 @@
+// opbridge op declarations: the one contract of an op, written once, from which every adapter
+// derives what it needs.
+//
+// An op's declaration names it (snake_case for torch, PascalCase for ONNX), lists its arguments
+// in torch order (tensor inputs and attributes interleaved, as the torch schema has them), the
+// element types each input accepts, the output rule, the op version each argument exists since,
+// and one validation routine. From it come:
+//   - the torch schema (torch adapter: define_op), the checks of the torch kernels (check_call),
+//   - the ORT registration for CPU and CUDA: element types, optional and host-memory inputs,
+//     typed attributes with defaults, the opset range, shape inference (ort_op.h: OPBRIDGE_ORT_OP),
+//   - everything Python needs, through the ORT library's C entry points OpbridgeDescribeOps /
+//     OpbridgeCheckCall: the onnx OpSchemas, the fake kernels, both exporters' rules,
+//     `opbridge check`, and the check for unknown attribute names.
+// The same checks therefore give the same verdict and message in torch, its fake kernel, ORT's
+// shape inference and ORT's kernels.
+//
+//   OpDecl group_norm_decl() {
+//     return OpDecl("group_norm", "GroupNorm", 1)
+//         .input("x", "T").shape("(N, C, *)").min_rank(2)
+//         .attr_int("num_groups").required()
+//         .input("weight", "T").optional().onnx_name("scale").shape("(C,)")
+//         .attr_float("eps", 1e-5).onnx_name("epsilon")
+//         .attr_string("activation", "none").choices({"none", "silu"}).since(2)
+//         .types("T", kFloatTypes)
+//         .output("y", "T", "x")
+//         .check(group_norm_validate);
+//   }
+//
+// Framework-free: no torch, no ORT, no Python.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "opbridge/status.h"
+
+namespace opbridge {
+
+// ONNX element types (TensorProto.DataType numbers), as ORT and onnx number them.
+enum class ElemType : int32_t {
+  kUndefined = 0,
+  kFloat32 = 1,
+  kUint8 = 2,
+  kInt8 = 3,
+  kUint16 = 4,
+  kInt16 = 5,
+  kInt32 = 6,
+  kInt64 = 7,
+  kBool = 9,
+  kFloat16 = 10,
+  kFloat64 = 11,
+  kUint32 = 12,
+  kUint64 = 13,
+  kComplex64 = 14,
+  kComplex128 = 15,
+  kBFloat16 = 16,
+};
+// "float32", "int64", ... ("undefined" for anything else).
+const char* elem_type_name(ElemType t);
+
+// The floating types every opbridge kernel supports, and the usual subsets.
+inline const std::vector<ElemType> kFloatTypes = {ElemType::kFloat32, ElemType::kFloat64, ElemType::kFloat16,
+                                                  ElemType::kBFloat16};
+inline const std::vector<ElemType> kFloat32And64 = {ElemType::kFloat32, ElemType::kFloat64};
+
+enum class AttrType : int32_t { kInt = 0, kFloat = 1, kString = 2, kBool = 3, kInts = 4, kFloats = 5 };
+const char* attr_type_name(AttrType t);  // "an int", "a float", "a string", ...
+
+// An attribute value (the member its type names is meaningful).
+struct AttrValue {
+  AttrType type = AttrType::kInt;
+  int64_t i = 0;  // kInt, kBool
+  double f = 0;   // kFloat
+  std::string s;  // kString
+  std::vector<int64_t> ints;
+  std::vector<double> floats;
+};
+
+// What a validation routine sees of one tensor input. Sizes may be unknown (-1): in ORT's shape
+// inference and the torch fake kernel under symbolic shapes. Checks on an unknown size are skipped
+// there and run again, with every size known, in the kernels.
+struct TensorArg {
+  bool present = false;  // false for an omitted optional input
+  ElemType type = ElemType::kUndefined;
+  bool rank_known = true;
+  std::vector<int64_t> shape;  // -1 where unknown
+  // Host data of an input declared host_memory(), when the caller has it (kernels); nullptr in
+  // shape inference and fake kernels, where checks on values are skipped.
+  const void* data = nullptr;
+
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+  // Size of dimension i (negative i counts from the end); -1 when unknown.
+  int64_t dim(int64_t i) const;
+  bool known(int64_t i) const { return dim(i) >= 0; }
+  bool all_known() const;
+  // Number of elements; -1 when a size is unknown or the product overflows int64.
+  int64_t numel() const;
+  const int64_t* int64_data() const {
+    return type == ElemType::kInt64 ? static_cast<const int64_t*>(data) : nullptr;
+  }
+};
+
+class OpDecl;
+
+// One call of an op as the validation routine sees it: inputs and attribute values (defaults
+// applied) in declaration order, looked up by torch name.
+class OpCall {
+ public:
+  explicit OpCall(const OpDecl& decl);
+  const OpDecl& decl() const { return *decl_; }
+
+  const TensorArg& in(std::string_view name) const;
+  TensorArg& in(std::string_view name);
+  const TensorArg& input(size_t i) const { return inputs_.at(i); }
+  TensorArg& input(size_t i) { return inputs_.at(i); }
+  size_t input_count() const { return inputs_.size(); }
+
+  int64_t attr_int(std::string_view name) const;
+  double attr_float(std::string_view name) const;
+  bool attr_bool(std::string_view name) const;
+  const std::string& attr_string(std::string_view name) const;
+  const std::vector<int64_t>& attr_ints(std::string_view name) const;
+  const std::vector<double>& attr_floats(std::string_view name) const;
+  // Setting attributes by torch name (for adapters that build a call by hand).
+  void set_int(std::string_view name, int64_t v);
+  void set_float(std::string_view name, double v);
+  void set_string(std::string_view name, std::string v);
+  const AttrValue& attr(size_t i) const { return attrs_.at(i); }
+  AttrValue& attr(size_t i) { return attrs_.at(i); }
+  size_t attr_count() const { return attrs_.size(); }
+
+ private:
+  const AttrValue& attr_named(std::string_view name, AttrType type) const;
+  const OpDecl* decl_;
+  std::vector<TensorArg> inputs_;
+  std::vector<AttrValue> attrs_;
+};
+
+using ValidateFn = Status (*)(const OpCall& call);
+
+// One argument of the torch schema: a tensor input or an attribute.
+struct ArgDecl {
+  bool is_input = true;
+  std::string name;       // torch argument name
+  std::string onnx_name;  // ONNX input / attribute name
+  std::string doc;
+  int since = 0;  // op version the argument exists since (0: the op's first)
+  // inputs
+  std::string type_var;
+  bool optional = false;
+  int64_t rank = -1;      // exact rank, or -1
+  int64_t min_rank = -1;  // minimum rank, or -1
+  std::string shape_doc;  // e.g. "(N, C, *)": named in messages
+  bool host_memory = false;
+  // attributes
+  AttrType attr_type = AttrType::kInt;
+  bool required = false;
+  bool has_default = false;
+  AttrValue default_value;
+  std::vector<std::string> choices;  // allowed values of a string attribute (empty: any)
+  int64_t input_index = -1;  // position among inputs / attributes
+  int64_t attr_index = -1;
+};
+
+struct TypeVarDecl {
+  std::string name;
+  std::vector<ElemType> types;
+};
+
+// Output shape rule: "x" (the shape of input x) or dimensions "a[0], a[1], b[2]*b[3], 4".
+struct DimFactor {
+  int64_t input = -1;  // input index, or -1 for a constant
+  int64_t dim = 0;     // dimension of that input (negative: from the end), or the constant
+};
+struct OutputDecl {
+  std::string name;
+  std::string type_var;
+  std::string rule;
+  std::string doc;
+  int64_t like_input = -1;                    // rule "x": the index of x
+  std::vector<std::vector<DimFactor>> dims;   // rule with dimensions: one product per dimension
+  bool keeps_memory_format = false;           // torch: channels_last in -> channels_last out
+};
+
+class OpDecl {
+ public:
+  OpDecl() = default;
+  // name: snake_case (torch op and lowering key); onnx_type: PascalCase ONNX op type;
+  // since: the op version (opset version of the library's domain) the op first appears in.
+  OpDecl(std::string name, std::string onnx_type, int since = 1);
+
+  // ---- building (each modifier applies to the argument declared last) ----
+  OpDecl& doc(std::string text);
+  OpDecl& input(std::string name, std::string type_var, std::string doc = "");
+  OpDecl& attr_int(std::string name, std::string doc = "");
+  OpDecl& attr_int(std::string name, int64_t default_value, std::string doc = "");
+  OpDecl& attr_float(std::string name, double default_value, std::string doc = "");
+  OpDecl& attr_float(std::string name, std::string doc = "");
+  OpDecl& attr_bool(std::string name, bool default_value, std::string doc = "");
+  OpDecl& attr_string(std::string name, std::string default_value, std::string doc = "");
+  OpDecl& attr_ints(std::string name, std::vector<int64_t> default_value, std::string doc = "");
+  OpDecl& attr_floats(std::string name, std::vector<double> default_value, std::string doc = "");
+  OpDecl& optional();                      // input may be omitted (torch: Tensor? = None)
+  OpDecl& required();                      // attribute without default
+  OpDecl& onnx_name(std::string name);     // ONNX name differs from the torch name
+  OpDecl& shape(std::string shape_doc);    // how messages describe the input, e.g. "(N, C, *)"
+  OpDecl& rank(int64_t r);                 // input must have exactly this rank
+  OpDecl& min_rank(int64_t r);             // ... at least this rank
+  OpDecl& host_memory();                   // input values are read on the host (int64 index data)
+  OpDecl& choices(std::vector<std::string> values);  // string attribute: allowed values
+  OpDecl& since(int version);              // argument added in this op version
+  OpDecl& types(std::string type_var, std::vector<ElemType> types);
+  OpDecl& output(std::string name, std::string type_var, std::string rule, std::string doc = "");
+  OpDecl& keeps_memory_format();           // last output: torch keeps x's memory format
+  OpDecl& check(ValidateFn fn);            // the op's own validation (after the generic checks)
+
+  // ---- reading ----
+  const std::string& name() const { return name_; }
+  const std::string& onnx_type() const { return onnx_type_; }
+  const std::string& description() const { return doc_; }
+  int since_version() const { return since_; }
+  int latest_version() const;  // highest `since` of the op and its arguments
+  const std::vector<ArgDecl>& args() const { return args_; }
+  const std::vector<const ArgDecl*>& inputs() const;  // the tensor inputs, in order
+  const std::vector<const ArgDecl*>& attrs() const;   // the attributes, in order
+  const std::vector<OutputDecl>& outputs() const { return outputs_; }
+  const std::vector<TypeVarDecl>& type_vars() const { return type_vars_; }
+  const TypeVarDecl* type_var(std::string_view name) const;
+  int64_t input_index(std::string_view name) const;  // -1 when unknown
+  int64_t attr_index(std::string_view name) const;
+  ValidateFn validate_fn() const { return validate_; }
+
+  // Empty when the declaration is consistent, else what is wrong with it ("op group_norm:
+  // attribute eps: ..."): a misdeclared op fails registration with this message.
+  const std::string& error() const;
+
+ private:
+  ArgDecl& last(const char* what);
+  ArgDecl& add(ArgDecl a);
+  void finish() const;
+
+  std::string name_, onnx_type_, doc_;
+  int since_ = 1;
+  std::vector<ArgDecl> args_;
+  std::vector<TypeVarDecl> type_vars_;
+  std::vector<OutputDecl> outputs_;
+  ValidateFn validate_ = nullptr;
+  std::vector<std::string> build_errors_;
+  // Derived from the above by finish(); pointers into args_, so a copy starts afresh.
+  struct Derived {
+    std::vector<const ArgDecl*> inputs, attrs;
+    std::string error;
+    bool finished = false;
+    Derived() = default;
+    Derived(const Derived&) {}
+    Derived& operator=(const Derived&) {
+      *this = Derived();
+      return *this;
+    }
+  };
+  mutable Derived derived_;
+  friend class OpCall;
+};
+
+// Generic checks from the declaration (required inputs present, element types allowed and
+// consistent per type variable, ranks, string choices), then the op's own validation.
+// The message of an error is the part after the op label ("x must have rank >= 2 ...").
+Status check_call(const OpCall& call);
+
+// The output shapes a call produces, -1 where unknown (valid after check_call succeeded).
+std::vector<int64_t> output_shape(const OpCall& call, size_t output);
+// The element type of output `output`: that of the inputs bound to its type variable.
+ElemType output_type(const OpCall& call, size_t output);
+
+// The op version a call needs: the op's first version, raised by every argument of a later
+// version whose value differs from its default (or that is present, for an optional input).
+int required_version(const OpCall& call);
+
+// Every op of a library, in registration order, with a JSON description for Python
+// (OpbridgeDescribeOps). Libraries register their ops through their adapters (ORT, torch).
+std::string describe_ops_json(const std::vector<const OpDecl*>& ops, const std::string& domain, int domain_version);
+
+}  // namespace opbridge

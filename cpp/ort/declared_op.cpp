@@ -1,0 +1,437 @@
+// opbridge ORT adapter layer: declared ops (OPBRIDGE_ORT_OP). Everything ORT needs of an op —
+// element types, optional and host-memory inputs, typed attributes with defaults, shape
+// inference — comes from its declaration (opbridge/op_decl.h); the op supplies only compute.
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ort_op.h"
+
+namespace opbridge::ort {
+
+void OrtOpContext::check(const Status& status) const { ort::check(status, label); }
+
+namespace {
+
+ONNXTensorElementDataType onnx_elem(ElemType t) { return static_cast<ONNXTensorElementDataType>(t); }
+
+// ---------------------------------------------------------------- attributes at kernel creation
+
+bool failed(OrtStatus* st) {
+  if (st == nullptr) return false;
+  api().ReleaseStatus(st);
+  return true;
+}
+
+// The type an attribute is set with, probing each getter (ORT reports "missing" and "wrong type"
+// alike); nullptr when the node does not set it.
+const char* attr_type_set(const OrtKernelInfo* info, const char* name) {
+  int64_t i = 0;
+  float f = 0;
+  size_t size = 0;
+  if (!failed(api().KernelInfoGetAttribute_int64(info, name, &i))) return "an int";
+  if (!failed(api().KernelInfoGetAttribute_float(info, name, &f))) return "a float";
+  if (!failed(api().KernelInfoGetAttribute_string(info, name, nullptr, &size))) return "a string";
+  size = 0;
+  if (!failed(api().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size))) return "a list of ints";
+  size = 0;
+  if (!failed(api().KernelInfoGetAttributeArray_float(info, name, nullptr, &size))) return "a list of floats";
+  return nullptr;
+}
+
+// Reads attribute `a` of the node; false when it is not set. Throws for another type.
+bool read_kernel_attr(const OrtKernelInfo* info, const ArgDecl& a, AttrValue* out) {
+  const char* name = a.onnx_name.c_str();
+  const char* got = attr_type_set(info, name);
+  if (got == nullptr) return false;
+  AttrValue v;
+  v.type = a.attr_type;
+  bool ok = false;
+  switch (a.attr_type) {
+    case AttrType::kInt:
+    case AttrType::kBool:
+      ok = !failed(api().KernelInfoGetAttribute_int64(info, name, &v.i));
+      break;
+    case AttrType::kFloat: {
+      float f = 0;
+      ok = !failed(api().KernelInfoGetAttribute_float(info, name, &f));
+      v.f = f;
+      break;
+    }
+    case AttrType::kString: {
+      size_t size = 0;
+      if (!failed(api().KernelInfoGetAttribute_string(info, name, nullptr, &size))) {
+        std::string s(size, '\0');
+        ok = !failed(api().KernelInfoGetAttribute_string(info, name, s.data(), &size));
+        s.resize(std::strlen(s.c_str()));
+        v.s = s;
+      }
+      break;
+    }
+    case AttrType::kInts: {
+      size_t size = 0;
+      if (!failed(api().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size))) {
+        v.ints.resize(size);
+        ok = size == 0 || !failed(api().KernelInfoGetAttributeArray_int64(info, name, v.ints.data(), &size));
+      }
+      break;
+    }
+    case AttrType::kFloats: {
+      size_t size = 0;
+      if (!failed(api().KernelInfoGetAttributeArray_float(info, name, nullptr, &size))) {
+        std::vector<float> f(size);
+        ok = size == 0 || !failed(api().KernelInfoGetAttributeArray_float(info, name, f.data(), &size));
+        v.floats.assign(f.begin(), f.end());
+      }
+      break;
+    }
+  }
+  if (!ok) {
+    fail(ORT_INVALID_ARGUMENT, "attribute '" + a.onnx_name + "' must be " +
+                                   (a.attr_type == AttrType::kBool ? std::string("an int (0 or 1)")
+                                                                   : std::string(attr_type_name(a.attr_type))) +
+                                   ", got " + got);
+  }
+  *out = std::move(v);
+  return true;
+}
+
+// ---------------------------------------------------------------- the generic kernel
+
+struct DeclaredKernel {
+  const OpSpec* spec;
+  std::string label;
+  std::vector<AttrValue> attrs;  // declaration order, defaults applied
+};
+
+void* create_declared(const OpSpec& spec, const OrtKernelInfo* info) {
+  const OpDecl& d = *spec.decl;
+  auto k = std::make_unique<DeclaredKernel>();
+  k->spec = &spec;
+  k->label = node_label(info, d.onnx_type().c_str());
+  try {
+    for (const ArgDecl* a : d.attrs()) {
+      AttrValue v = a->default_value;
+      if (!read_kernel_attr(info, *a, &v) && a->required) {
+        fail(ORT_INVALID_ARGUMENT, "required attribute '" + a->onnx_name + "' (" + attr_type_name(a->attr_type) +
+                                       ") is missing");
+      }
+      k->attrs.push_back(std::move(v));
+    }
+  } catch (const Error& e) {
+    fail(ORT_INVALID_ARGUMENT, k->label + ": " + e.what());
+  }
+  return k.release();
+}
+
+void compute_declared(void* kernel, OrtKernelContext* raw) {
+  auto* k = static_cast<DeclaredKernel*>(kernel);
+  const OpDecl& d = *k->spec->decl;
+  const KernelIO io(raw);
+  OpCall call(d);
+  std::vector<Input> inputs(d.inputs().size());
+  const size_t n = io.input_count();
+  const bool on_cpu = k->spec->provider == nullptr;
+  for (size_t i = 0; i < inputs.size() && i < n; ++i) {
+    inputs[i] = io.input(i);
+    TensorArg& t = call.input(i);
+    t.present = inputs[i].present;
+    if (!t.present) continue;
+    t.type = static_cast<ElemType>(inputs[i].type);
+    t.shape = inputs[i].shape;
+    // Host data only where it is on the host: every input on the CPU provider, host_memory
+    // inputs (declared CPU inputs) elsewhere. Validation reads it for host_memory inputs only.
+    if (on_cpu || d.inputs()[i]->host_memory) t.data = inputs[i].data;
+  }
+  for (size_t i = 0; i < k->attrs.size(); ++i) call.attr(i) = k->attrs[i];
+  check(check_call(call), k->label);
+  const OrtOpContext ctx{io, call, k->label, inputs};
+  k->spec->declared_compute(ctx);
+}
+
+void destroy_declared(void* kernel) { delete static_cast<DeclaredKernel*>(kernel); }
+
+// ---------------------------------------------------------------- shape inference
+
+void infer_declared(const OpSpec& spec, const InferIO& io) {
+  const OpDecl& d = *spec.decl;
+  const std::string label = std::string(domain()) + "::" + d.onnx_type();
+  OpCall call(d);
+  const size_t n = io.input_count();
+  for (size_t i = 0; i < d.inputs().size() && i < n; ++i) {
+    const InferInput in = io.input(i);
+    TensorArg& t = call.input(i);
+    t.present = in.present;
+    t.type = static_cast<ElemType>(in.type);
+    t.shape = in.shape;
+    // ORT reports an input of unknown rank as rank 0 (see InferInput::shape).
+    if (in.present && in.shape.empty() && d.inputs()[i]->rank != 0) t.rank_known = false;
+  }
+  try {
+    for (size_t i = 0; i < d.attrs().size(); ++i) io.read_attr(*d.attrs()[i], &call.attr(i));
+  } catch (const Error& e) {
+    fail(ORT_INVALID_ARGUMENT, label + ": " + e.what());
+  }
+  check(check_call(call), label);
+  for (size_t o = 0; o < d.outputs().size(); ++o) {
+    const OutputDecl& out = d.outputs()[o];
+    if (out.like_input >= 0 && d.inputs()[static_cast<size_t>(out.like_input)]->type_var == out.type_var) {
+      io.set_output_like_input(o, static_cast<size_t>(out.like_input));
+      continue;
+    }
+    const ElemType type = output_type(call, o);
+    if (type == ElemType::kUndefined) continue;
+    std::vector<int64_t> dims = output_shape(call, o);
+    std::vector<std::string> symbols(dims.size());
+    if (out.like_input >= 0) {
+      if (!call.input(static_cast<size_t>(out.like_input)).rank_known) continue;
+      symbols = io.input_symbols(static_cast<size_t>(out.like_input));
+    } else {
+      // A dimension copied from one input dimension keeps its symbol.
+      for (size_t k = 0; k < out.dims.size(); ++k) {
+        const auto& product = out.dims[k];
+        if (product.size() == 1 && product[0].input >= 0) {
+          const TensorArg& src = call.input(static_cast<size_t>(product[0].input));
+          if (!src.rank_known) continue;
+          const auto names = io.input_symbols(static_cast<size_t>(product[0].input));
+          int64_t axis = product[0].dim < 0 ? product[0].dim + src.rank() : product[0].dim;
+          if (axis >= 0 && axis < static_cast<int64_t>(names.size())) symbols[k] = names[static_cast<size_t>(axis)];
+        }
+      }
+    }
+    io.set_output(o, onnx_elem(type), dims, symbols);
+  }
+}
+
+}  // namespace
+
+std::vector<OpSpec> declared_op_specs(const OpDecl& decl, const char* provider, OrtComputeFn compute) {
+  // Every combination of the type variables' element types.
+  std::vector<std::vector<ElemType>> combos{{}};
+  for (const TypeVarDecl& tv : decl.type_vars()) {
+    std::vector<std::vector<ElemType>> next;
+    for (const auto& c : combos) {
+      for (ElemType e : tv.types) {
+        next.push_back(c);
+        next.back().push_back(e);
+      }
+    }
+    combos = std::move(next);
+  }
+  const auto bound = [&](const std::vector<ElemType>& combo, const std::string& var) {
+    for (size_t i = 0; i < decl.type_vars().size(); ++i) {
+      if (decl.type_vars()[i].name == var) return onnx_elem(combo[i]);
+    }
+    return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  };
+  std::vector<OpSpec> specs;
+  for (const auto& combo : combos) {
+    OpSpec s;
+    s.name = decl.onnx_type().c_str();
+    s.provider = provider;
+    s.decl = &decl;
+    s.declared_compute = compute;
+    bool any_host = false;
+    for (const ArgDecl* in : decl.inputs()) {
+      s.inputs.push_back(bound(combo, in->type_var));
+      s.optional_inputs.push_back(in->optional);
+      any_host = any_host || in->host_memory;
+    }
+    if (provider != nullptr && any_host) {
+      for (const ArgDecl* in : decl.inputs()) s.input_mem.push_back(in->host_memory ? OrtMemTypeCPUInput : OrtMemTypeDefault);
+    }
+    for (const OutputDecl& o : decl.outputs()) s.outputs.push_back(bound(combo, o.type_var));
+    s.create = create_declared;
+    s.compute = compute_declared;
+    s.destroy = destroy_declared;
+    s.infer_shape = infer_declared;
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+// ---------------------------------------------------------------- InferIO additions
+
+namespace {
+const OrtOpAttr* node_attr(OrtShapeInferContext* ctx, const char* name) {
+  const OrtOpAttr* attr = nullptr;
+  if (failed(api().ShapeInferContext_GetAttribute(ctx, name, &attr))) return nullptr;
+  return attr;
+}
+
+// ReadOpAttr of a list or string: first the size, then the data.
+template <class E>
+bool read_list(const OrtOpAttr* attr, OrtOpAttrType type, std::vector<E>* out) {
+  size_t bytes = 0;
+  OrtStatus* st = api().ReadOpAttr(attr, type, nullptr, 0, &bytes);
+  if (st != nullptr) api().ReleaseStatus(st);  // "size too small" is expected here
+  if (bytes == 0) {
+    out->clear();
+    // An empty list and a wrong type both report 0 bytes: tell them apart by a read into an
+    // empty buffer, which succeeds only for the right type.
+    return !failed(api().ReadOpAttr(attr, type, nullptr, 0, &bytes));
+  }
+  out->resize((bytes + sizeof(E) - 1) / sizeof(E));
+  return !failed(api().ReadOpAttr(attr, type, out->data(), out->size() * sizeof(E), &bytes));
+}
+}  // namespace
+
+bool InferIO::read_attr(const ArgDecl& a, AttrValue* out) const {
+  const OrtOpAttr* attr = node_attr(ctx_, a.onnx_name.c_str());
+  if (attr == nullptr) return false;
+  AttrValue v;
+  v.type = a.attr_type;
+  size_t written = 0;
+  bool ok = false;
+  switch (a.attr_type) {
+    case AttrType::kInt:
+    case AttrType::kBool:
+      ok = !failed(api().ReadOpAttr(attr, ORT_OP_ATTR_INT, &v.i, sizeof(v.i), &written));
+      break;
+    case AttrType::kFloat: {
+      float f = 0;
+      ok = !failed(api().ReadOpAttr(attr, ORT_OP_ATTR_FLOAT, &f, sizeof(f), &written));
+      v.f = f;
+      break;
+    }
+    case AttrType::kString: {
+      std::vector<char> chars;
+      ok = read_list(attr, ORT_OP_ATTR_STRING, &chars);
+      v.s.assign(chars.begin(), chars.end());
+      v.s.resize(std::strlen(v.s.c_str()));
+      break;
+    }
+    case AttrType::kInts:
+      ok = read_list(attr, ORT_OP_ATTR_INTS, &v.ints);
+      break;
+    case AttrType::kFloats: {
+      std::vector<float> f;
+      ok = read_list(attr, ORT_OP_ATTR_FLOATS, &f);
+      v.floats.assign(f.begin(), f.end());
+      break;
+    }
+  }
+  if (!ok) fail(ORT_INVALID_ARGUMENT, "attribute '" + a.onnx_name + "' must be " + attr_type_name(a.attr_type));
+  *out = std::move(v);
+  return true;
+}
+
+std::vector<std::string> InferIO::input_symbols(size_t index) const {
+  OrtTensorTypeAndShapeInfo* info = nullptr;  // context-owned
+  if (failed(api().ShapeInferContext_GetInputTypeShape(ctx_, index, &info))) return {};
+  size_t rank = 0;
+  check(api().GetDimensionsCount(info, &rank));
+  std::vector<const char*> names(rank, nullptr);
+  check(api().GetSymbolicDimensions(info, names.data(), rank));
+  std::vector<std::string> out(rank);
+  for (size_t i = 0; i < rank; ++i) out[i] = names[i] != nullptr ? names[i] : "";
+  return out;
+}
+
+void InferIO::set_output(size_t out, ONNXTensorElementDataType type, const std::vector<int64_t>& dims,
+                         const std::vector<std::string>& symbols) const {
+  const size_t rank = dims.size();
+  std::vector<std::string> names(rank);
+  std::vector<const char*> ptrs(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    if (i < symbols.size() && !symbols[i].empty() && dims[i] < 0) {
+      names[i] = symbols[i];
+    } else if (dims[i] < 0) {
+      // Unknown and unnamed: a fresh symbol (see set_output_like_input for why never -1).
+      static std::atomic<uint64_t> counter{0};
+      names[i] = "opbridge_out_" + std::to_string(counter.fetch_add(1));
+    }
+    ptrs[i] = names[i].c_str();
+  }
+  OrtTensorTypeAndShapeInfo* shape = nullptr;
+  check(api().CreateTensorTypeAndShapeInfo(&shape));
+  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> holder(
+      shape, [](OrtTensorTypeAndShapeInfo* p) { api().ReleaseTensorTypeAndShapeInfo(p); });
+  check(api().SetTensorElementType(shape, type));
+  check(api().SetDimensions(shape, dims.data(), rank));
+  check(api().SetSymbolicDimensions(shape, ptrs.data(), rank));
+  check(api().ShapeInferContext_SetOutputTypeShape(ctx_, out, shape));
+}
+
+// ---------------------------------------------------------------- C entry points for Python
+
+namespace {
+// Declared ops of op_registry(), once each (several specs share a declaration).
+std::vector<const OpDecl*> declared_ops() {
+  std::vector<const OpDecl*> ops;
+  for (const OpSpec& s : op_registry()) {
+    if (s.decl == nullptr) continue;
+    bool seen = false;
+    for (const OpDecl* d : ops) seen = seen || d == s.decl || d->name() == s.decl->name();
+    if (!seen) ops.push_back(s.decl);
+  }
+  return ops;
+}
+}  // namespace
+
+int declared_domain_version() {
+  int v = 1;
+  for (const OpDecl* d : declared_ops()) v = std::max(v, d->latest_version());
+  return v;
+}
+
+const char* describe_ops(const char* domain_name) noexcept {
+  try {
+    static const std::string json = describe_ops_json(declared_ops(), domain_name, declared_domain_version());
+    return json.c_str();
+  } catch (...) {
+    return "{\"error\":\"opbridge: could not describe the ops\"}";
+  }
+}
+
+int32_t check_call_c(const char* name, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
+                     int64_t n_attrs, char* message, int64_t size) noexcept {
+  const auto reply = [&](StatusCode code, const std::string& text) {
+    if (message != nullptr && size > 0) {
+      const size_t len = std::min<size_t>(text.size(), static_cast<size_t>(size - 1));
+      std::memcpy(message, text.data(), len);
+      message[len] = '\0';
+    }
+    return static_cast<int32_t>(code);
+  };
+  try {
+    const OpDecl* decl = nullptr;
+    for (const OpDecl* d : declared_ops()) {
+      if (d->name() == name) decl = d;
+    }
+    if (decl == nullptr) return reply(StatusCode::kInvalidArgument, std::string("unknown op ") + name);
+    OpCall call(*decl);
+    if (n_inputs != static_cast<int64_t>(call.input_count()) || n_attrs != static_cast<int64_t>(call.attr_count())) {
+      return reply(StatusCode::kInvalidArgument, "OpbridgeCheckCall: op " + decl->name() + " has " +
+                                                     std::to_string(call.input_count()) + " inputs and " +
+                                                     std::to_string(call.attr_count()) + " attributes");
+    }
+    for (int64_t i = 0; i < n_inputs; ++i) {
+      TensorArg& t = call.input(static_cast<size_t>(i));
+      t.present = inputs[i].present != 0;
+      t.type = static_cast<ElemType>(inputs[i].type);
+      t.rank_known = inputs[i].rank >= 0;
+      if (t.rank_known) t.shape.assign(inputs[i].dims, inputs[i].dims + inputs[i].rank);
+      t.data = inputs[i].data;
+    }
+    for (int64_t i = 0; i < n_attrs; ++i) {
+      if (attrs[i].present == 0) continue;
+      AttrValue& v = call.attr(static_cast<size_t>(i));
+      v.i = attrs[i].i;
+      v.f = attrs[i].f;
+      v.s = attrs[i].s != nullptr ? attrs[i].s : "";
+      if (attrs[i].ints != nullptr) v.ints.assign(attrs[i].ints, attrs[i].ints + attrs[i].n);
+      if (attrs[i].floats != nullptr) v.floats.assign(attrs[i].floats, attrs[i].floats + attrs[i].n);
+    }
+    const Status st = check_call(call);
+    return reply(st.code(), st.message());
+  } catch (const std::exception& e) {
+    return reply(StatusCode::kRuntimeError, e.what());
+  } catch (...) {
+    return reply(StatusCode::kRuntimeError, "opbridge: unknown error");
+  }
+}
+
+}  // namespace opbridge::ort

@@ -1,0 +1,402 @@
+"""Op declarations, read from the ONNX Runtime custom-op libraries that implement them.
+
+Every op is declared once, in C++ (``opbridge/op_decl.h``; ours are in
+``cpp/ops/<op>/<op>_decl.cpp``). The ORT library exports the declarations as JSON
+(``OpbridgeDescribeOps``) and their checks (``OpbridgeCheckCall``); this module reads both with
+ctypes, so it needs neither torch nor onnxruntime nor onnx. From an :class:`OpDecl`, opbridge
+derives the torch fake kernels, the onnx OpSchemas, both exporters' rules and ``opbridge check``'s
+knowledge of the op.
+
+Libraries: :func:`opbridge_library` (ours, domain ``ai.opbridge``, torch namespace ``opbridge``)
+and those registered with :func:`register_library` (users' own ops), plus those installed
+packages announce through the ``opbridge.libraries`` entry point (see :func:`discover`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = [
+    "AttrDecl",
+    "CheckError",
+    "InputDecl",
+    "OpDecl",
+    "OpLibrary",
+    "OutputDecl",
+    "discover",
+    "find_op",
+    "libraries",
+    "opbridge_library",
+    "register_library",
+]
+
+# ONNX element type numbers (TensorProto.DataType) <-> names used in messages.
+ELEM_NAMES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+              10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 14: "complex64", 15: "complex128",
+              16: "bfloat16"}
+ONNX_TYPE_STRINGS = {1: "tensor(float)", 2: "tensor(uint8)", 3: "tensor(int8)", 4: "tensor(uint16)",
+                     5: "tensor(int16)", 6: "tensor(int32)", 7: "tensor(int64)", 9: "tensor(bool)",
+                     10: "tensor(float16)", 11: "tensor(double)", 12: "tensor(uint32)", 13: "tensor(uint64)",
+                     14: "tensor(complex64)", 15: "tensor(complex128)", 16: "tensor(bfloat16)"}
+
+# opbridge::StatusCode -> the exception torch raises for it (and so do the fake kernels).
+STATUS_EXCEPTIONS = {1: ValueError, 2: TypeError, 3: NotImplementedError, 4: RuntimeError}
+
+_NO_DEFAULT = object()
+
+
+class CheckError(Exception):
+    """A declaration's checks rejected a call: ``code`` (StatusCode) and ``message``."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def exception(self, prefix: str) -> Exception:
+        """The exception torch raises for this verdict, with torch's prefix ("opbridge::op: ")."""
+        return STATUS_EXCEPTIONS.get(self.code, RuntimeError)(f"{prefix}: {self.message}")
+
+
+@dataclass(frozen=True)
+class InputDecl:
+    name: str
+    onnx_name: str
+    doc: str
+    since: int
+    type_var: str
+    optional: bool
+    rank: int
+    min_rank: int
+    shape: str
+    host_memory: bool
+    index: int  # position among the inputs
+
+
+@dataclass(frozen=True)
+class AttrDecl:
+    name: str
+    onnx_name: str
+    doc: str
+    since: int
+    type: str  # "int", "float", "str", "bool", "int[]", "float[]"
+    required: bool
+    default: Any
+    choices: tuple
+    index: int  # position among the attributes
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not _NO_DEFAULT
+
+    def normalize(self, value: Any) -> Any:
+        """``value`` as this attribute's Python type (bool for "bool", int for "int", ...)."""
+        if self.type == "bool":
+            return bool(value)
+        if self.type == "int":
+            return int(value)
+        if self.type == "float":
+            return float(value)
+        if self.type == "str":
+            return str(value)
+        if self.type == "int[]":
+            return [int(v) for v in value]
+        if self.type == "float[]":
+            return [float(v) for v in value]
+        return value
+
+    def is_default(self, value: Any) -> bool:
+        return self.has_default and self.normalize(value) == self.normalize(self.default)
+
+
+@dataclass(frozen=True)
+class OutputDecl:
+    name: str
+    type_var: str
+    rule: str
+    doc: str
+    keeps_memory_format: bool
+    like: int  # input index whose shape the output has, or -1
+    dims: tuple  # ((input, dim) or (-1, constant), ...) per dimension, when like == -1
+
+
+@dataclass
+class OpDecl:
+    """One op's declaration, as its library describes it."""
+
+    name: str
+    onnx_type: str
+    since: int
+    doc: str
+    args: list  # InputDecl | AttrDecl in torch order
+    types: dict  # type variable -> [ONNX element type numbers]
+    outputs: list
+    library: "OpLibrary" = field(repr=False)
+
+    @property
+    def inputs(self) -> list[InputDecl]:
+        return [a for a in self.args if isinstance(a, InputDecl)]
+
+    @property
+    def attrs(self) -> list[AttrDecl]:
+        return [a for a in self.args if isinstance(a, AttrDecl)]
+
+    @property
+    def domain(self) -> str:
+        return self.library.domain
+
+    @property
+    def qualname(self) -> str:
+        """The torch op name, ``namespace::name``; also the op's ``lowering`` key."""
+        return f"{self.library.namespace}::{self.name}"
+
+    @property
+    def versions(self) -> list[int]:
+        """Every op version with a different set of arguments, oldest first."""
+        return sorted({self.since} | {a.since for a in self.args})
+
+    @property
+    def latest(self) -> int:
+        return self.versions[-1]
+
+    def signature(self) -> "inspect.Signature":
+        """The Python signature of the torch op (names and defaults from the declaration)."""
+        import inspect
+
+        params = []
+        for a in self.args:
+            if isinstance(a, InputDecl):
+                default = None if a.optional else inspect.Parameter.empty
+            else:
+                default = a.default if a.has_default else inspect.Parameter.empty
+            params.append(inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default))
+        return inspect.Signature(params)
+
+    def arg(self, name: str) -> InputDecl | AttrDecl:
+        for a in self.args:
+            if a.name == name:
+                return a
+        raise KeyError(f"op {self.name} has no argument {name!r}")
+
+    def attr_by_onnx_name(self, onnx_name: str) -> AttrDecl | None:
+        return next((a for a in self.attrs if a.onnx_name == onnx_name), None)
+
+    def required_version(self, present_inputs: Iterable[str] = (), attrs: Mapping[str, Any] | None = None) -> int:
+        """The op version a node needs: its first version, raised by each later argument that is
+        used (an optional input present; an attribute set to a value other than its default).
+        Names are ONNX names."""
+        v = self.since
+        present = set(present_inputs)
+        for i in self.inputs:
+            if i.onnx_name in present:
+                v = max(v, i.since)
+        for name, value in (attrs or {}).items():
+            a = self.attr_by_onnx_name(name)
+            if a is not None and not a.is_default(value):
+                v = max(v, a.since)
+        return v
+
+    def check(self, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> None:
+        """Runs the declaration's checks (the C++ ones the kernels run) on a call.
+
+        inputs: per declared input, None (absent) or ``(elem_type, dims)`` with dims a sequence of
+            ints (-1 where unknown) or None (rank unknown), optionally a third item: the host data
+            (a C-contiguous int64 numpy array) of a host_memory input.
+        attrs: torch name -> value (absent: the default).
+        Raises CheckError when the call is rejected."""
+        self.library.check_call(self, inputs, attrs)
+
+    @property
+    def type_strings(self) -> dict[str, list[str]]:
+        return {k: [ONNX_TYPE_STRINGS[t] for t in v] for k, v in self.types.items()}
+
+
+class _Tensor(ctypes.Structure):
+    _fields_ = [("present", ctypes.c_int32), ("type", ctypes.c_int32), ("rank", ctypes.c_int64),
+                ("dims", ctypes.POINTER(ctypes.c_int64)), ("data", ctypes.c_void_p)]
+
+
+class _Attr(ctypes.Structure):
+    _fields_ = [("present", ctypes.c_int32), ("i", ctypes.c_int64), ("f", ctypes.c_double),
+                ("s", ctypes.c_char_p), ("n", ctypes.c_int64), ("ints", ctypes.POINTER(ctypes.c_int64)),
+                ("floats", ctypes.POINTER(ctypes.c_double))]
+
+
+class OpLibrary:
+    """An ORT custom-op library built on opbridge, with the declarations of its ops.
+
+    ort_path: the library (``lib<name>_ort.so``). namespace: the torch namespace of its ops
+    (``TORCH_LIBRARY`` name) where it has a torch extension. torch_path: that extension, loaded by
+    :meth:`load_torch` (``torch.ops.load_library``)."""
+
+    def __init__(self, ort_path: str | os.PathLike, namespace: str | None = None,
+                 torch_path: str | os.PathLike | None = None) -> None:
+        self.path = os.fspath(ort_path)
+        try:
+            self._lib = ctypes.CDLL(self.path)
+        except OSError as e:
+            raise OSError(f"opbridge: cannot load the custom-op library {self.path}: {e}") from e
+        try:
+            describe = self._lib.OpbridgeDescribeOps
+            self._check = self._lib.OpbridgeCheckCall
+        except AttributeError as e:
+            raise ValueError(f"{self.path} is not an ORT custom-op library built on opbridge "
+                             "(it has no OpbridgeDescribeOps entry point)") from e
+        describe.restype = ctypes.c_char_p
+        self._check.restype = ctypes.c_int32
+        self._check.argtypes = [ctypes.c_char_p, ctypes.POINTER(_Tensor), ctypes.c_int64, ctypes.POINTER(_Attr),
+                                ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
+        info = json.loads(describe().decode())
+        self.domain: str = info["domain"]
+        self.domain_version: int = int(info["domain_version"])
+        self.namespace = namespace
+        self.torch_path = os.fspath(torch_path) if torch_path is not None else None
+        self.ops: dict[str, OpDecl] = {}
+        for o in info["ops"]:
+            if o.get("error"):
+                raise ValueError(f"{self.path}: misdeclared op: {o['error']}")
+            args: list = []
+            n_in = n_attr = 0
+            for a in o["args"]:
+                if a["kind"] == "input":
+                    args.append(InputDecl(a["name"], a["onnx_name"], a["doc"], a["since"], a["type_var"],
+                                          a["optional"], a["rank"], a["min_rank"], a["shape"], a["host_memory"], n_in))
+                    n_in += 1
+                else:
+                    args.append(AttrDecl(a["name"], a["onnx_name"], a["doc"], a["since"], a["type"], a["required"],
+                                         a.get("default", _NO_DEFAULT), tuple(a["choices"]), n_attr))
+                    n_attr += 1
+            outputs = [OutputDecl(x["name"], x["type_var"], x["rule"], x["doc"], x["keeps_memory_format"], x["like"],
+                                  tuple(tuple(tuple(f) for f in d) for d in x["dims"])) for x in o["outputs"]]
+            self.ops[o["name"]] = OpDecl(o["name"], o["onnx_type"], o["since"], o["doc"], args,
+                                         {k: list(v) for k, v in o["types"].items()}, outputs, self)
+
+    def __repr__(self) -> str:
+        return f"OpLibrary({self.path!r}, domain={self.domain!r}, ops={sorted(self.ops)})"
+
+    def by_onnx_type(self, onnx_type: str) -> OpDecl | None:
+        return next((op for op in self.ops.values() if op.onnx_type == onnx_type), None)
+
+    def check_call(self, op: OpDecl, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> None:
+        keep: list = []  # buffers ctypes points into, alive until the call returns
+        tensors = (_Tensor * max(1, len(op.inputs)))()
+        for k, decl in enumerate(op.inputs):
+            desc = inputs[k] if k < len(inputs) else None
+            if desc is None:
+                continue
+            elem, dims = desc[0], desc[1]
+            t = tensors[k]
+            t.present = 1
+            t.type = int(elem)
+            if dims is None:
+                t.rank = -1
+            else:
+                arr = (ctypes.c_int64 * max(1, len(dims)))(*[int(d) for d in dims])
+                keep.append(arr)
+                t.rank = len(dims)
+                t.dims = ctypes.cast(arr, ctypes.POINTER(ctypes.c_int64))
+            if len(desc) > 2 and desc[2] is not None and decl.host_memory:
+                data = desc[2]
+                keep.append(data)
+                t.data = data.ctypes.data
+        attr_structs = (_Attr * max(1, len(op.attrs)))()
+        for k, decl in enumerate(op.attrs):
+            if decl.name not in attrs or attrs[decl.name] is None:
+                continue
+            value = decl.normalize(attrs[decl.name])
+            a = attr_structs[k]
+            a.present = 1
+            if decl.type in ("int", "bool"):
+                a.i = int(value)
+            elif decl.type == "float":
+                a.f = float(value)
+            elif decl.type == "str":
+                b = value.encode()
+                keep.append(b)
+                a.s = b
+            elif decl.type == "int[]":
+                arr = (ctypes.c_int64 * max(1, len(value)))(*value)
+                keep.append(arr)
+                a.n, a.ints = len(value), ctypes.cast(arr, ctypes.POINTER(ctypes.c_int64))
+            elif decl.type == "float[]":
+                arr = (ctypes.c_double * max(1, len(value)))(*value)
+                keep.append(arr)
+                a.n, a.floats = len(value), ctypes.cast(arr, ctypes.POINTER(ctypes.c_double))
+        buf = ctypes.create_string_buffer(2048)
+        code = self._check(op.name.encode(), tensors, len(op.inputs), attr_structs, len(op.attrs), buf, len(buf))
+        if code != 0:
+            raise CheckError(int(code), buf.value.decode(errors="replace"))
+
+    def load_torch(self) -> None:
+        """Loads the library's torch extension (its ops appear under torch.ops.<namespace>)."""
+        if self.torch_path is None:
+            raise ValueError(f"{self!r} has no torch extension (pass torch_path=)")
+        import torch
+
+        torch.ops.load_library(self.torch_path)
+
+
+# ---------------------------------------------------------------- the known libraries
+
+_registered: dict[str, OpLibrary] = {}
+
+
+@functools.lru_cache(maxsize=None)
+def opbridge_library() -> OpLibrary:
+    """opbridge's own ops (domain ai.opbridge, torch namespace opbridge)."""
+    from ._library import get_library_path
+
+    return OpLibrary(get_library_path(), namespace="opbridge")
+
+
+def register_library(ort_path: str | os.PathLike, namespace: str | None = None,
+                     torch_path: str | os.PathLike | None = None) -> OpLibrary:
+    """Makes a library of your own ops known to opbridge (exports, fake kernels, ``check``,
+    ``opbridge.testing``); returns it. Registering the same path again returns the same object."""
+    key = os.path.realpath(os.fspath(ort_path))
+    lib = _registered.get(key)
+    if lib is None:
+        lib = OpLibrary(ort_path, namespace=namespace, torch_path=torch_path)
+        for other in libraries():
+            if other.domain == lib.domain and os.path.realpath(other.path) != key:
+                raise ValueError(f"{lib.path} registers domain {lib.domain!r}, which {other.path} already uses")
+        _registered[key] = lib
+    else:
+        if namespace is not None and lib.namespace is None:
+            lib.namespace = namespace
+        if torch_path is not None and lib.torch_path is None:
+            lib.torch_path = os.fspath(torch_path)
+    return lib
+
+
+def libraries() -> list[OpLibrary]:
+    """opbridge's library first, then the registered ones, in registration order."""
+    return [opbridge_library(), *_registered.values()]
+
+
+def discover() -> list[OpLibrary]:
+    """Registers the libraries installed packages announce: entry points of group
+    ``opbridge.libraries`` naming a callable that returns ``{"ort": path, "namespace": ns,
+    "torch": path or None}`` (the packages ``opbridge new-op`` makes do). Imports no torch."""
+    from importlib.metadata import entry_points
+
+    found = []
+    for ep in entry_points(group="opbridge.libraries"):
+        spec = ep.load()()
+        found.append(register_library(spec["ort"], namespace=spec.get("namespace"), torch_path=spec.get("torch")))
+    return found
+
+
+def find_op(domain: str, onnx_type: str) -> OpDecl | None:
+    """The declaration of the ONNX op ``domain::onnx_type`` among the known libraries."""
+    for lib in libraries():
+        if lib.domain == domain:
+            op = lib.by_onnx_type(onnx_type)
+            if op is not None:
+                return op
+    return None

@@ -1,0 +1,316 @@
+"""ONNX for declared ops (opbridge/_decl.py), derived from each declaration:
+
+* OpSchemas, one per op version, with shape inference (the declaration's C++ checks, then its
+  output rule), so that onnx.checker and onnx.shape_inference understand our nodes;
+* the dynamo translation and the TorchScript symbolic of the custom lowering (one node);
+* the op version a node needs, so that an export imports the lowest version that expresses the
+  model (an older library then refuses a newer model instead of ignoring an attribute);
+* the check for unknown attribute names, which ORT cannot do (it offers no way to list a node's
+  attributes): opbridge.InferenceSession, `opbridge check` and onnx.checker (through the OpSchema)
+  run it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Iterable
+
+import onnx
+
+from .._decl import CheckError, OpDecl, find_op, libraries
+
+__all__ = ["attribute_problems", "node_version", "schemas", "stamp_versions", "symbolic", "translation"]
+
+_ATTR_TYPES = {
+    "int": onnx.defs.OpSchema.AttrType.INT,
+    "bool": onnx.defs.OpSchema.AttrType.INT,
+    "float": onnx.defs.OpSchema.AttrType.FLOAT,
+    "str": onnx.defs.OpSchema.AttrType.STRING,
+    "int[]": onnx.defs.OpSchema.AttrType.INTS,
+    "float[]": onnx.defs.OpSchema.AttrType.FLOATS,
+}
+
+
+def _onnx_value(a: Any, value: Any) -> Any:
+    v = a.normalize(value)
+    return int(v) if a.type == "bool" else v
+
+
+# ---------------------------------------------------------------- schemas and shape inference
+
+
+def _infer(op: OpDecl) -> Callable[[Any], None]:
+    def infer(ctx: Any) -> None:
+        from onnx.shape_inference import InferenceError
+
+        inputs: list = []
+        types: list = []
+        for k, decl in enumerate(op.inputs):
+            t = ctx.get_input_type(k) if k < ctx.get_num_inputs() and ctx.has_input(k) else None
+            if t is None or not t.HasField("tensor_type"):
+                inputs.append(None)
+                types.append(None)
+                continue
+            tt = t.tensor_type
+            dims = None
+            if tt.HasField("shape"):
+                dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+            inputs.append((tt.elem_type, dims))
+            types.append(t)
+        attrs = {}
+        for a in op.attrs:
+            proto = ctx.get_attribute(a.onnx_name)
+            if proto is not None:
+                attrs[a.name] = onnx.helper.get_attribute_value(proto)
+                if isinstance(attrs[a.name], bytes):
+                    attrs[a.name] = attrs[a.name].decode()
+        try:
+            op.check(inputs, attrs)
+        except CheckError as e:
+            raise InferenceError(f"{op.domain}::{op.onnx_type} ({ctx.get_display_name()}): {e.message}") from None
+        for k, out in enumerate(op.outputs):
+            source = next((t for i, t in zip(op.inputs, types) if t is not None and i.type_var == out.type_var), None)
+            if source is None:
+                continue
+            result = onnx.TypeProto()
+            result.tensor_type.elem_type = source.tensor_type.elem_type
+            if out.like >= 0:
+                like = types[out.like]
+                if like is not None and like.tensor_type.HasField("shape"):
+                    result.tensor_type.shape.CopyFrom(like.tensor_type.shape)
+            else:
+                shape = result.tensor_type.shape
+                for product in out.dims:
+                    dim = shape.dim.add()
+                    _product_dim(dim, product, types)
+            ctx.set_output_type(k, result)
+
+    return infer
+
+
+def _product_dim(dim: Any, product: tuple, types: list) -> None:
+    """Sets `dim` to the product of the rule's factors: a value when all are known, the symbol of
+    the only factor when it is symbolic, else nothing (unknown)."""
+    value, symbols = 1, []
+    for index, axis in product:
+        if index < 0:
+            value *= axis
+            continue
+        t = types[index]
+        if t is None or not t.tensor_type.HasField("shape"):
+            return
+        dims = t.tensor_type.shape.dim
+        if not -len(dims) <= axis < len(dims):
+            return
+        d = dims[axis]
+        if d.HasField("dim_value"):
+            value *= d.dim_value
+        elif d.HasField("dim_param"):
+            symbols.append(d.dim_param)
+        else:
+            return
+    if not symbols:
+        dim.dim_value = value
+    elif len(symbols) == 1 and value == 1:
+        dim.dim_param = symbols[0]
+
+
+def schemas(op: OpDecl) -> list[onnx.defs.OpSchema]:
+    """One OpSchema per version of the op (arguments as of that version)."""
+    S = onnx.defs.OpSchema
+    out = []
+    for version in op.versions:
+        inputs = [
+            S.FormalParameter(i.onnx_name, i.type_var, f"{i.doc} {i.shape}".strip(),
+                              param_option=S.FormalParameterOption.Optional if i.optional else S.FormalParameterOption.Single)
+            for i in op.inputs if i.since <= version
+        ]
+        attrs = []
+        for a in op.attrs:
+            if a.since > version:
+                continue
+            if a.has_default:
+                attrs.append(S.Attribute(a.onnx_name, onnx.helper.make_attribute(a.onnx_name, _onnx_value(a, a.default)),
+                                         a.doc))
+            else:
+                attrs.append(S.Attribute(a.onnx_name, _ATTR_TYPES[a.type], a.doc, required=True))
+        outputs = [S.FormalParameter(o.name, o.type_var, o.doc) for o in op.outputs]
+        constraints = [(tv, types, f"element types of {tv}") for tv, types in op.type_strings.items()]
+        schema = S(op.onnx_type, op.domain, version, doc=op.doc, inputs=inputs, outputs=outputs,
+                   type_constraints=constraints, attributes=attrs)
+        if hasattr(schema, "set_type_and_shape_inference_function"):
+            schema.set_type_and_shape_inference_function(_infer(op))
+        out.append(schema)
+    return out
+
+
+def infer_function(op: OpDecl) -> Callable[[Any], None]:
+    return _infer(op)
+
+
+def register_schemas(ops: Iterable[OpDecl]) -> None:
+    for op in ops:
+        for schema in schemas(op):
+            if not onnx.defs.has(schema.name, schema.since_version, schema.domain):
+                onnx.defs.register_schema(schema)
+
+
+# ---------------------------------------------------------------- versions and attributes
+
+
+def node_version(op: OpDecl, node: onnx.NodeProto) -> int:
+    """The op version `node` needs."""
+    present = [op.inputs[k].onnx_name for k, name in enumerate(node.input) if name and k < len(op.inputs)]
+    attrs = {}
+    for a in node.attribute:
+        value = onnx.helper.get_attribute_value(a)
+        attrs[a.name] = value.decode() if isinstance(value, bytes) else value
+    return op.required_version(present, attrs)
+
+
+def stamp_versions(proto: onnx.ModelProto, requested: dict[str, int], nodes: Iterable[onnx.NodeProto]) -> None:
+    """Imports each declared domain the model uses at the lowest version that expresses its
+    nodes, or at the version the caller requested (an error where that is too old)."""
+    need: dict[str, tuple[int, str]] = {}
+    for node in nodes:
+        op = find_op(node.domain, node.op_type)
+        if op is None:
+            continue
+        v = node_version(op, node)
+        if v > need.get(node.domain, (0, ""))[0]:
+            need[node.domain] = (v, f"{node.op_type} node {node.name!r}")
+    for imp in proto.opset_import:
+        if imp.domain not in need:
+            continue
+        version, why = need[imp.domain]
+        want = requested.get(imp.domain)
+        if want is not None and int(want) < version:
+            raise ValueError(f"custom_opsets asks for {imp.domain} version {want}, but the {why} needs version "
+                             f"{version} (an argument that version {want} does not have)")
+        imp.version = int(want) if want is not None else version
+
+
+def attribute_problems(model: onnx.ModelProto) -> list[str]:
+    """Nodes of declared ops with attributes their op does not have (e.g. a misspelled
+    ``epsilion``), or that need a newer op version than the model imports. ORT cannot see these:
+    it reads attributes by name and ignores the rest."""
+    imports = {i.domain: i.version for i in model.opset_import}
+    problems = []
+    known = {lib.domain for lib in libraries()}
+
+    def walk(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
+        for n in graph.node:
+            yield n
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    yield from walk(a.g)
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for g in a.graphs:
+                        yield from walk(g)
+
+    nodes = list(walk(model.graph)) + [n for f in model.functions for n in f.node]
+    for node in nodes:
+        if node.domain not in known:
+            continue
+        op = find_op(node.domain, node.op_type)
+        label = f"{node.domain}::{node.op_type} (node {node.name!r})"
+        if op is None:
+            problems.append(f"{label}: the library of domain {node.domain!r} has no op {node.op_type!r}")
+            continue
+        names = {a.onnx_name for a in op.attrs}
+        for a in node.attribute:
+            if a.name not in names:
+                problems.append(f"{label}: unknown attribute {a.name!r}; {op.onnx_type} has "
+                                f"{', '.join(sorted(names)) or 'no attributes'}")
+        version = imports.get(node.domain)
+        need = node_version(op, node)
+        if version is not None and need > version:
+            problems.append(f"{label}: needs {node.domain} version {need} (it sets an argument added then), "
+                            f"but the model imports version {version}")
+        if version is not None and version > op.library.domain_version:
+            problems.append(f"{label}: the model imports {node.domain} version {version}, newer than this "
+                            f"library's {op.library.domain_version}: upgrade the library")
+    return problems
+
+
+# ---------------------------------------------------------------- the custom lowering
+
+
+def _split(op: OpDecl, bound: inspect.BoundArguments) -> tuple[list, dict]:
+    inputs, attrs = [], {}
+    for a in op.args:
+        value = bound.arguments[a.name]
+        if hasattr(a, "optional"):
+            inputs.append(value)
+        elif value is not None and (a.since == op.since or not a.is_default(value)):
+            # Arguments of the op's first version are always written; later ones only when they
+            # differ from their default, so the node stays valid at the oldest version it can.
+            attrs[a.onnx_name] = _onnx_value(a, value)
+    return inputs, attrs
+
+
+def translation(op: OpDecl) -> Callable:
+    """The dynamo exporter's translation of the torch op into one ``domain::OnnxType`` node."""
+    import onnxscript
+
+    sig = op.signature()
+    schema = schemas(op)[-1]
+    node = onnxscript.values.Op(onnxscript.values.Opset(op.domain, op.latest), op.onnx_type, schema)
+
+    def translate(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        inputs, attrs = _split(op, bound)
+        while inputs and inputs[-1] is None:  # trailing omitted inputs are simply absent
+            inputs.pop()
+        return node(*inputs, **attrs)
+
+    translate.__name__ = translate.__qualname__ = op.qualname.replace("::", "_")
+    translate.__signature__ = sig  # type: ignore[attr-defined]
+    return translate
+
+
+_TS_DESC = {"int": "i", "bool": "b", "float": "f", "str": "s", "int[]": "is", "float[]": "fs"}
+_TS_SUFFIX = {"int": "i", "bool": "i", "float": "f", "str": "s", "int[]": "i", "float[]": "f"}
+
+
+def symbolic(op: OpDecl) -> Callable:
+    """The TorchScript exporter's symbolic: one ``domain::OnnxType`` node."""
+    from torch.onnx import symbolic_helper as sh
+
+    sig = op.signature()
+
+    def sym(g: Any, *args: Any) -> Any:
+        bound = sig.bind(*args)
+        bound.apply_defaults()
+        inputs, attrs = [], {}
+        for a in op.args:
+            value = bound.arguments.get(a.name)
+            if hasattr(a, "optional"):
+                inputs.append(sh._optional_input_placeholder_tensor(g) if value is None or sh._is_none(value)
+                              else value)
+            elif value is not None and not (hasattr(value, "node") and sh._is_none(value)):
+                v = sh._get_const(value, _TS_DESC[a.type], a.name) if hasattr(value, "node") else value
+                if a.since == op.since or not a.is_default(v):
+                    attrs[f"{a.onnx_name}_{_TS_SUFFIX[a.type]}"] = _onnx_value(a, v)
+        outs = g.op(f"{op.domain}::{op.onnx_type}", *inputs, outputs=len(op.outputs), **attrs)
+        outs_t = outs if len(op.outputs) > 1 else (outs,)
+        for o, out in zip(outs_t, op.outputs):
+            if out.like >= 0:
+                o.setType(inputs[out.like].type())
+            else:
+                source = next(v for d, v in zip(op.inputs, inputs) if d.type_var == out.type_var)
+                sizes = []
+                for product in out.dims:
+                    size = 1
+                    for index, axis in product:
+                        d = axis if index < 0 else sh._get_tensor_dim_size(inputs[index], axis)
+                        size = None if d is None or size is None else size * d
+                    sizes.append(size)
+                try:
+                    o.setType(source.type().with_sizes(sizes))
+                except RuntimeError:
+                    pass
+        return outs
+
+    return sym

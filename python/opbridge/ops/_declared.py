@@ -1,0 +1,176 @@
+"""What torch needs of a declared op beyond its C++ kernels, derived from the declaration:
+
+* the fake (meta) kernel: the declaration's own checks (the C++ routine the kernels run, called
+  through the ORT library) on every size that is known, and the output rule evaluated on the
+  input sizes, so that symbolic sizes stay symbolic under torch.export / torch.compile;
+* autograd safety: :func:`register_autograd` registers a backward formula and, unless the
+  formula is itself differentiable, makes second-order gradients a clear error instead of
+  silently treating the first-order gradient as a constant; a declared op with no formula at
+  all raises a clear error on backward.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import torch
+
+from .._decl import CheckError, OpDecl, OpLibrary
+
+__all__ = ["register_autograd", "register_library_ops", "signature"]
+
+_TORCH_ELEM = {
+    torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6, torch.int64: 7,
+    torch.bool: 9, torch.float16: 10, torch.float64: 11, torch.complex64: 14, torch.complex128: 15,
+    torch.bfloat16: 16,
+}
+
+_done: set[str] = set()
+_autograd: set[str] = set()
+
+
+def signature(op: OpDecl) -> inspect.Signature:
+    return op.signature()
+
+
+def _dims(t: torch.Tensor) -> list[int]:
+    # A symbolic size is "unknown" to the checks (they run again on real sizes in the kernel).
+    return [d if isinstance(d, int) else -1 for d in t.shape]
+
+
+def _check(op: OpDecl, bound: inspect.BoundArguments) -> None:
+    qual = op.qualname
+    inputs = []
+    first = None
+    for decl in op.inputs:
+        t = bound.arguments[decl.name]
+        if t is None:
+            inputs.append(None)
+            continue
+        if not decl.host_memory:
+            if first is None:
+                first = (decl, t)
+            elif t.device != first[1].device:
+                raise ValueError(f"{qual}: {decl.name} must be on {first[0].name}'s device ({first[1].device}), "
+                                 f"got {t.device}")
+        inputs.append((_TORCH_ELEM.get(t.dtype, 0), _dims(t)))
+    attrs = {a.name: bound.arguments[a.name] for a in op.attrs}
+    try:
+        op.check(inputs, attrs)
+    except CheckError as e:
+        raise e.exception(qual) from None
+
+
+def _output(op: OpDecl, k: int, bound: inspect.BoundArguments) -> torch.Tensor:
+    out = op.outputs[k]
+    tensors = [bound.arguments[i.name] for i in op.inputs]
+    dtype = next(t.dtype for i, t in zip(op.inputs, tensors) if t is not None and i.type_var == out.type_var)
+    if out.like >= 0:
+        like = tensors[out.like]
+        fmt = torch.contiguous_format
+        if out.keeps_memory_format and like.dim() in (4, 5):
+            cl = torch.channels_last if like.dim() == 4 else torch.channels_last_3d
+            if like.is_contiguous(memory_format=cl) and not like.is_contiguous():
+                fmt = cl
+        return torch.empty_like(like, dtype=dtype, memory_format=fmt)
+    shape = []
+    for product in out.dims:
+        v = 1
+        for index, dim in product:
+            v = v * (dim if index < 0 else tensors[index].shape[dim])
+        shape.append(v)
+    anchor = next(t for t in tensors if t is not None)
+    return anchor.new_empty(shape, dtype=dtype)
+
+
+def _make_fake(op: OpDecl) -> Callable:
+    sig = signature(op)
+
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        _check(op, bound)
+        outs = tuple(_output(op, k, bound) for k in range(len(op.outputs)))
+        return outs[0] if len(outs) == 1 else outs
+
+    fake.__name__ = f"{op.name}_fake"
+    return fake
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """Identity on the first-order gradients; raises if anything differentiates through them."""
+
+    @staticmethod
+    def forward(ctx: Any, name: str, anchor: torch.Tensor, *grads: torch.Tensor) -> Any:
+        ctx.name = name
+        return tuple(g.view_as(g) for g in grads)
+
+    @staticmethod
+    def backward(ctx: Any, *unused: Any) -> Any:
+        raise NotImplementedError(
+            f"second-order gradients of {ctx.name} are not implemented (its backward is not differentiable); "
+            "first-order gradients are"
+        )
+
+
+def register_autograd(qualname: str, backward: Callable, *, setup_context: Callable,
+                      double_backward: bool = False) -> None:
+    """``torch.library.register_autograd`` for an op of ours or yours, never silently wrong at
+    second order: with ``double_backward=False`` (a backward computed by a kernel that has no
+    gradient of its own) differentiating the gradients raises NotImplementedError naming the op;
+    pass True only when ``backward`` is made of differentiable torch ops."""
+    if double_backward:
+        torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+    else:
+
+        def guarded(ctx: Any, *grads: Any) -> Any:
+            result = backward(ctx, *grads)
+            if not torch.is_grad_enabled():
+                return result
+            # Something that requires grad makes the guard part of the graph even where the
+            # kernel's gradients do not require grad (they would be silent constants otherwise).
+            anchors = [g for g in grads if isinstance(g, torch.Tensor) and g.requires_grad]
+            anchors += [t for t in getattr(ctx, "saved_tensors", ()) if t is not None and t.requires_grad]
+            if not anchors:
+                return result
+            single = not isinstance(result, tuple)
+            items = (result,) if single else result
+            idx = [i for i, g in enumerate(items) if isinstance(g, torch.Tensor)]
+            wrapped = list(items)
+            for i, g in zip(idx, _NoDoubleBackward.apply(qualname, anchors[0], *[items[i] for i in idx])):
+                wrapped[i] = g
+            return wrapped[0] if single else tuple(wrapped)
+
+        torch.library.register_autograd(qualname, guarded, setup_context=setup_context)
+    _autograd.add(qualname)
+
+
+def _no_gradient(qualname: str) -> None:
+    def setup(ctx: Any, inputs: Any, output: Any) -> None:
+        pass
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise NotImplementedError(f"{qualname} has no gradient formula (it is not differentiable in opbridge)")
+
+    torch.library.register_autograd(qualname, backward, setup_context=setup)
+
+
+def register_library_ops(lib: OpLibrary, *, modules: dict[str, Any] | None = None) -> None:
+    """Registers, for every declared op of ``lib`` whose torch op exists, the fake kernel from
+    its declaration and — where nothing registered a gradient formula — a backward that raises.
+    Idempotent. ``modules``: op name -> the Python module that registered its formula (ours)."""
+    if lib.namespace is None:
+        return
+    for op in lib.ops.values():
+        qual = op.qualname
+        if qual in _done:
+            continue
+        try:
+            getattr(getattr(torch.ops, lib.namespace), op.name).default
+        except (AttributeError, RuntimeError):
+            continue  # no torch op of that name (a library without a torch extension)
+        torch.library.register_fake(qual, _make_fake(op))
+        if qual not in _autograd:
+            _no_gradient(qual)
+        _done.add(qual)
