@@ -118,7 +118,7 @@ def test_torch_compile(rng):
         ("weight_length", ValueError, r"weight must have C = 6 elements .*got 5"),
         ("bias_length", ValueError, r"bias must have C = 6 elements .*got 7"),
         ("rank1", ValueError, r"x must have rank >= 2 .*got rank 1"),
-        ("int_dtype", TypeError, r"x must be a floating tensor .*got Int"),
+        ("int_dtype", TypeError, r"x must be a float32, float64, float16 or bfloat16 tensor, got int32"),
         ("weight_dtype", TypeError, r"weight must have the dtype of x"),
         ("negative_eps", ValueError, r"eps must be finite and >= 0"),
     ],

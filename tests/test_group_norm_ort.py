@@ -66,7 +66,7 @@ def test_output_shape_is_inferred_by_ort(rng):
     [
         ("not_divisible", r"num_groups must divide .*C = x.shape\[1\] = 6, got num_groups = 4"),
         ("zero_groups", r"num_groups must be > 0, got 0"),
-        ("scale_length", r"scale must have C = 6 elements .*got 5"),
+        ("scale_length", r"weight must have C = 6 elements .*got 5"),
         ("bias_length", r"bias must have C = 6 elements .*got 4"),
         ("rank1", r"rank >= 2 .*got rank 1"),
         ("negative_eps", r"eps must be finite and >= 0"),

@@ -108,7 +108,7 @@ def test_failing_runs_do_not_leak(rng):
         sess = opbridge.InferenceSession(model.SerializeToString())
 
         def fail_once():
-            with pytest.raises(Exception, match="scale must have C = 16 elements"):
+            with pytest.raises(Exception, match="weight must have C = 16 elements"):
                 sess.run(None, feeds)
 
         before, after = _measure(fail_once, warmup=100, cycles=2000)

@@ -87,10 +87,10 @@ def test_onnx_shape_inference_uses_the_schema_function():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"x_shape": ["N", 6, 4], "num_groups": 4}, "num_groups must divide the number of channels C = X.shape\\[1\\] = 6"),
+    ({"x_shape": ["N", 6, 4], "num_groups": 4}, "num_groups must divide the number of channels C = x.shape\\[1\\] = 6"),
     ({"x_shape": ["N", 6, 4], "num_groups": 0}, "num_groups must be > 0"),
-    ({"x_shape": ["N"], "num_groups": 1}, "X must have rank >= 2"),
-    ({"x_shape": ["N", 6, 4], "num_groups": 3, "scale_shape": [3]}, "scale must have C = 6 elements"),
+    ({"x_shape": ["N"], "num_groups": 1}, "x must have rank >= 2"),
+    ({"x_shape": ["N", 6, 4], "num_groups": 3, "scale_shape": [3]}, "weight must have C = 6 elements"),
     ({"x_shape": ["N", 6, 4], "num_groups": 3, "bias_shape": [7]}, "bias must have C = 6 elements"),
 ])
 def test_shape_inference_rejects_invalid_nodes(kwargs, message):

@@ -562,11 +562,6 @@ Status check_call(const OpCall& call) {
   }
   for (const ArgDecl* a : d.attrs()) {
     const AttrValue& v = call.attr(static_cast<size_t>(a->attr_index));
-    if (a->attr_type == AttrType::kFloat && !std::isfinite(v.f) && a->has_default) {
-      // Non-finite float attributes are never meaningful for opbridge's ops; ops that want them
-      // can declare the attribute required and check themselves.
-      return Status::InvalidArgument(a->name + " must be finite, got " + std::to_string(v.f));
-    }
     if (!a->choices.empty()) {
       bool ok = false;
       std::string list;

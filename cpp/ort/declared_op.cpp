@@ -115,8 +115,9 @@ void* create_declared(const OpSpec& spec, const OrtKernelInfo* info) {
     for (const ArgDecl* a : d.attrs()) {
       AttrValue v = a->default_value;
       if (!read_kernel_attr(info, *a, &v) && a->required) {
-        fail(ORT_INVALID_ARGUMENT, "required attribute '" + a->onnx_name + "' (" + attr_type_name(a->attr_type) +
-                                       ") is missing");
+        static const char* const kKind[] = {"int", "float", "string", "bool", "ints", "floats"};
+        fail(ORT_INVALID_ARGUMENT, std::string("required ") + kKind[static_cast<int>(a->attr_type)] + " attribute '" +
+                                       a->onnx_name + "' is missing");
       }
       k->attrs.push_back(std::move(v));
     }

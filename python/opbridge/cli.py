@@ -36,11 +36,12 @@ def _cmd_info(args: argparse.Namespace) -> int:
     else:
         print("  torch                  not installed (torch ops unavailable)")
     print(f"  ONNX domain            {opbridge.DOMAIN}")
-    if importlib.util.find_spec("onnx") is not None:
-        from .onnx._registry import op_modules
+    from ._decl import opbridge_library
 
-        types = sorted(getattr(m, "OP_TYPE") for m in op_modules() if hasattr(m, "OP_TYPE"))
-        print(f"  ONNX ops               {', '.join(opbridge.DOMAIN + '::' + t for t in types)}")
+    lib = opbridge_library()
+    ops = ", ".join(f"{lib.domain}::{op.onnx_type} (v{'-v'.join(map(str, sorted({op.since, op.latest})))})"
+                    for op in sorted(lib.ops.values(), key=lambda o: o.onnx_type))
+    print(f"  ONNX ops               {ops} (domain version {lib.domain_version})")
     return 0
 
 

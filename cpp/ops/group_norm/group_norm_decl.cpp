@@ -63,7 +63,7 @@ const OpDecl& group_norm_decl() {
           .doc("Group normalization with per-channel scale and bias (semantics of "
                "torch.nn.functional.group_norm and ONNX GroupNormalization-21), optionally followed by an "
                "activation.")
-          .input("x", "T", "input").shape("(N, C, *)").min_rank(2)
+          .input("x", "T", "input").onnx_name("X").shape("(N, C, *)").min_rank(2)
           .attr_int("num_groups", "number of groups; divides C").required()
           .input("weight", "T", "per-channel scale (1 when absent)").shape("(C,)").optional().onnx_name("scale")
           .input("bias", "T", "per-channel shift (0 when absent)").shape("(C,)").optional()
@@ -71,7 +71,7 @@ const OpDecl& group_norm_decl() {
           .attr_string("activation", "none", "applied after the affine: none or silu (x * sigmoid(x))")
           .choices({"none", "silu"}).since(2)
           .types("T", kFloatTypes)
-          .output("y", "T", "x", "shape and memory format of x").keeps_memory_format()
+          .output("Y", "T", "x", "shape and memory format of x").keeps_memory_format()
           .check(validate);
   return decl;
 }

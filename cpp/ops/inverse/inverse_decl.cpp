@@ -33,13 +33,13 @@ const OpDecl& inverse_decl() {
   static const OpDecl decl =
       OpDecl("inverse", kInverseOpType, 1)
           .doc("Inverse of each square matrix of X (semantics of torch.linalg.inv).")
-          .input("x", "T", "a batch of square matrices").shape("(a batch of square matrices, shape (*, n, n))")
+          .input("x", "T", "a batch of square matrices").onnx_name("X").shape("(a batch of square matrices, shape (*, n, n))")
           .min_rank(2)
           .attr_string("on_singular", "raise",
                        "a singular matrix is an error (raise) or gives a NaN matrix, the others being computed (nan)")
           .choices({"raise", "nan"}).since(2)
           .types("T", kFloat32And64)
-          .output("y", "T", "x", "the inverses, shape of x")
+          .output("Y", "T", "x", "the inverses, shape of x")
           .check(validate);
   return decl;
 }

@@ -254,16 +254,21 @@ def translation(op: OpDecl) -> Callable:
     import onnxscript
 
     sig = op.signature()
-    schema = schemas(op)[-1]
-    node = onnxscript.values.Op(onnxscript.values.Opset(op.domain, op.latest), op.onnx_type, schema)
+    # One onnxscript op per version: onnxscript writes every attribute its schema has a default
+    # for, so a node must be made with the schema of the version it needs.
+    nodes = {schema.since_version: onnxscript.values.Op(onnxscript.values.Opset(op.domain, schema.since_version),
+                                                        op.onnx_type, schema)
+             for schema in schemas(op)}
 
     def translate(*args: Any, **kwargs: Any) -> Any:
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
         inputs, attrs = _split(op, bound)
+        present = [d.onnx_name for d, v in zip(op.inputs, inputs) if v is not None]
+        version = op.required_version(present, attrs)
         while inputs and inputs[-1] is None:  # trailing omitted inputs are simply absent
             inputs.pop()
-        return node(*inputs, **attrs)
+        return nodes[max(v for v in nodes if v <= version)](*inputs, **attrs)
 
     translate.__name__ = translate.__qualname__ = op.qualname.replace("::", "_")
     translate.__signature__ = sig  # type: ignore[attr-defined]

@@ -63,9 +63,9 @@ def _rule_patterns(kind: str, weight_name: str) -> dict:
         "groups_missing": r"required int attribute 'num_groups' is missing",
         "groups_type": r"attribute 'num_groups' must be an int, got (a float|a string|a list of ints|a list of floats)",
         "eps_type": r"attribute 'epsilon' must be a float, got (an int|a string|a list of ints|a list of floats)",
-        "x_dtype": r"x must be a floating tensor \(float32, float64, float16 or bfloat16\), got \S+",
-        "weight_dtype": r"weight must have the dtype of x \(\S+\), got \S+",
-        "bias_dtype": r"bias must have the dtype of x \(\S+\), got \S+",
+        "x_dtype": r"x must be a float32, float64, float16 or bfloat16 tensor, got \S+",
+        "weight_dtype": r"weight must (have the dtype of x \(\S+\)|be a float32, float64, float16 or bfloat16 tensor), got \S+",
+        "bias_dtype": r"bias must (have the dtype of x \(\S+\)|be a float32, float64, float16 or bfloat16 tensor), got \S+",
         "weight_device": r"weight must be on x's device \(\S+\), got \S+",
         "bias_device": r"bias must be on x's device \(\S+\), got \S+",
         "weight_dim": r"weight must be 1-D \(one value per channel\), got shape \[.*\]",
@@ -81,7 +81,7 @@ _TORCH_TYPES = {"x_dtype": "TypeError", "weight_dtype": "TypeError", "bias_dtype
 def _errors(kind: str, rules, extra_ort=()) -> oracle.Error:
     """Error expectation: any of the violated rules' messages, prefixed with the op label, or
     any of the listed ORT-side refusals."""
-    pats = _rule_patterns(kind, "scale" if kind == "ort" else "weight")
+    pats = _rule_patterns(kind, "weight")
     label = _label_re(kind)
     patterns = [label + pats[r] for r in rules] + [oracle.ORT_CLEAR[k] for k in extra_ort]
     types = ()
@@ -456,6 +456,9 @@ def ort_cases(draw):
         rules.append("eps_type")
     if not rules:
         rules = _check_rules(rank, c_eff, num_groups, len_of(params, "scale"), len_of(params, "bias"), eps)
+        # A 2-D scale or bias is rejected, as in torch (one declaration, one verdict).
+        rules += [f"{'weight' if n == 'scale' else 'bias'}_dim" for n, m in (("scale", scale_mode), ("bias", bias_mode))
+                  if m == "2d" and rank >= 2 and params]
     desc = (f"x{list(shape)} {x_type} G={num_groups}({groups_attr}) eps={eps_value}({eps_kind}) "
             f"scale={scale_mode} bias={bias_mode} params={param_type} {structure} feeds={feed_mode} "
             f"declared={declared} threads={threads} {note} seed={seed}")
