@@ -253,8 +253,11 @@ OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* bas
     if (s.domain == nullptr) {
       // Built aside and committed at the end, so that a failure leaves the state as it was.
       std::vector<std::unique_ptr<CustomOp>> ops;
-      // Declared ops serve their versions up to the newest any of the library's ops has: a model
-      // that needs a newer version (an attribute this library does not know) is refused at load.
+      // Declared ops serve their versions up to the newest any of the library's ops has. ORT
+      // (1.31) makes one schema per custom-op name, since the first registration's start version,
+      // and never compares a model's import of the domain with a kernel's end version, so this
+      // does not by itself refuse a model of a newer version: opbridge.InferenceSession and
+      // `opbridge check` do (opbridge/onnx/_declared.py, attribute_problems).
       const int newest = declared_domain_version();
       for (const OpSpec& spec : op_registry()) {
         if (spec.decl != nullptr && !spec.decl->error().empty()) {

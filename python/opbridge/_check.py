@@ -83,14 +83,11 @@ def _nodes(graph: Any) -> Iterator[Any]:
                     yield from _nodes(g)
 
 
-def _opbridge_ops() -> set[str]:
-    """Op types opbridge provides in ai.opbridge (from the registered schemas)."""
-    import onnx
+def _declared_ops(stock: bool) -> dict[str, Any]:
+    """domain -> OpLibrary for every custom-op library a run here registers (none with stock)."""
+    from ._decl import libraries
 
-    from .onnx import register_schemas  # registers the schemas; needs onnx, not torch
-
-    register_schemas()
-    return {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == DOMAIN}
+    return {} if stock else {lib.domain: lib for lib in libraries()}
 
 
 def _ort_kernels(providers: Sequence[str]) -> set[tuple[str, str]]:
@@ -101,8 +98,9 @@ def _ort_kernels(providers: Sequence[str]) -> set[tuple[str, str]]:
             if k.provider in wanted}
 
 
-def classify(model: Any, providers: Sequence[str]) -> list[OpUse]:
-    """Every op the model uses, with who provides it."""
+def classify(model: Any, providers: Sequence[str], stock: bool = False) -> list[OpUse]:
+    """Every op the model uses, with who provides it (``stock``: as stock ONNX Runtime would run
+    it, with no custom-op library)."""
     import onnx
 
     uses: dict[tuple[str, str], OpUse] = {}
@@ -116,15 +114,26 @@ def classify(model: Any, providers: Sequence[str]) -> list[OpUse]:
     local = {(f.domain, f.name) for f in model.functions}
     kernels = _ort_kernels(providers)
     opsets = {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
-    ours = _opbridge_ops()
+    libs = _declared_ops(stock)
     for (domain, op), use in uses.items():
         if (domain, op) in local:
             use.provider = "model-local function"
-        elif domain == DOMAIN:
-            if op in ours:
-                use.provider = "opbridge"
+        elif domain in libs:
+            lib = libs[domain]
+            decl = lib.by_onnx_type(op)
+            who = "opbridge" if domain == DOMAIN else f"library {os.path.basename(lib.path)}"
+            if decl is None:
+                names = ", ".join(sorted(d.onnx_type for d in lib.ops.values())) or "no ops"
+                use.note = f"the {who} provides {names} in {domain}"
+            elif opsets.get(domain, 1) > lib.domain_version:
+                use.note = (f"the model imports {domain} version {opsets[domain]}; the {who} implements up to "
+                            f"version {lib.domain_version}: upgrade it")
+            elif opsets.get(domain, 1) < decl.since:
+                use.note = f"{op} exists since {domain} version {decl.since}; the model imports {opsets.get(domain, 1)}"
             else:
-                use.note = f"this opbridge provides {', '.join(sorted(ours)) or 'no ops'} in {DOMAIN}"
+                use.provider = who
+        elif domain == DOMAIN and stock:
+            use.note = "an opbridge op: stock ONNX Runtime needs opbridge's library (or export with lowering='standard')"
         elif (domain, op) in kernels or (domain in _STANDARD_DOMAINS and op in _NO_KERNEL_NEEDED):
             use.provider = "stock onnxruntime"
         elif domain in _STANDARD_DOMAINS:
@@ -171,13 +180,27 @@ def random_inputs(session: Any, dims: Mapping[str, int] | None = None, seed: int
 
 
 def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, dims: Mapping[str, int] | None = None,
-          run: bool = True, out: TextIO | None = None) -> Report:
-    """Checks the model at ``path`` and prints a report to ``out`` (stdout)."""
+          run: bool = True, out: TextIO | None = None, libraries: Sequence[str] = (), discover: bool = True,
+          stock: bool = False) -> Report:
+    """Checks the model at ``path`` and prints a report to ``out`` (stdout).
+
+    libraries: custom-op libraries of your own ops to register (built on opbridge).
+    discover: also register the libraries installed packages announce (entry point group
+        ``opbridge.libraries``).
+    stock: how the model fares on stock ONNX Runtime: no custom-op library at all."""
     import onnx
     import onnxruntime as ort
 
     from . import __version__
+    from ._decl import discover as discover_libraries
+    from ._decl import register_library
     from ._session import InferenceSession
+
+    if not stock:
+        for lib in libraries:
+            register_library(lib)
+        if discover:
+            discover_libraries()
 
     out = out or sys.stdout
     providers = list(providers or ["CPUExecutionProvider"])
@@ -185,13 +208,15 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
         model = onnx.load(os.fspath(path), load_external_data=False)
     except Exception as e:  # protobuf's DecodeError and friends
         raise UnreadableModel(f"cannot read {os.fspath(path)} as an ONNX model: {e}") from e
-    report = Report(ops=classify(model, providers))
+    report = Report(ops=classify(model, providers, stock=stock))
     report.missing = [u for u in report.ops if not u.provider]
+    problems = [] if stock else _attribute_problems(model)
 
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
     print(f"model        {os.fspath(path)}", file=out)
     print(f"             IR version {model.ir_version}; opsets: {opsets}", file=out)
-    print(f"runtime      onnxruntime {ort.__version__} ({', '.join(providers)}); opbridge {__version__}", file=out)
+    print(f"runtime      onnxruntime {ort.__version__} ({', '.join(providers)}); opbridge {__version__}"
+          + ("; stock: no custom-op library" if stock else ""), file=out)
     print("\nops used:", file=out)
     width = max((len(u.name) for u in report.ops), default=10)
     for u in report.ops:
@@ -210,13 +235,22 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
             print("  The model needs a newer opbridge, or was exported by a different one.", file=out)
         print("  The model was not run.", file=out)
         return report
+    if problems:
+        report.error = "; ".join(problems)
+        print("\nFAILED: attributes ONNX Runtime would silently ignore:", file=out)
+        for p in problems:
+            print(f"  {p}", file=out)
+        return report
     if not run:
         report.ran = True
         print("\nOK: every op is provided (not run).", file=out)
         return report
 
     try:
-        session = InferenceSession(os.fspath(path), providers=providers)
+        if stock:
+            session = ort.InferenceSession(os.fspath(path), providers=providers)
+        else:
+            session = InferenceSession(os.fspath(path), providers=providers)
     except Exception as e:  # ORT raises its own exception types
         report.error = f"onnxruntime {ort.__version__} could not load the model: {e}"
         print(f"\nFAILED: {report.error}", file=out)
@@ -243,7 +277,14 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
     return report
 
 
-def main(path: str, providers: Sequence[str] | None = None, dims: Sequence[str] = (), run: bool = True) -> int:
+def _attribute_problems(model: Any) -> list[str]:
+    from .onnx._declared import attribute_problems
+
+    return attribute_problems(model)
+
+
+def main(path: str, providers: Sequence[str] | None = None, dims: Sequence[str] = (), run: bool = True,
+         libraries: Sequence[str] = (), discover: bool = True, stock: bool = False) -> int:
     parsed = {}
     for item in dims:
         name, sep, value = item.partition("=")
@@ -255,11 +296,12 @@ def main(path: str, providers: Sequence[str] | None = None, dims: Sequence[str] 
         print(f"opbridge check: {path}: no such file", file=sys.stderr)
         return 2
     try:
-        report = check(path, providers=providers, dims=parsed, run=run)
+        report = check(path, providers=providers, dims=parsed, run=run, libraries=libraries, discover=discover,
+                       stock=stock)
     except ImportError as e:
         print(f"opbridge check needs onnx and onnxruntime: {e}", file=sys.stderr)
         return 2
-    except UnreadableModel as e:
+    except (UnreadableModel, OSError, ValueError) as e:
         print(f"opbridge check: {e}", file=sys.stderr)
         return 2
     return 0 if report.ok else 1

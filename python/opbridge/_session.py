@@ -9,13 +9,41 @@ from ._library import get_library_path
 
 
 def session_options(so: Any = None) -> Any:
-    """Returns ``so`` (or a new ``onnxruntime.SessionOptions``) with opbridge's ops registered."""
+    """Returns ``so`` (or a new ``onnxruntime.SessionOptions``) with opbridge's ops registered,
+    and those of the libraries registered with opbridge (``register_library``, or announced by
+    installed packages and found by ``discover``)."""
     import onnxruntime as ort
+
+    from ._decl import _registered
 
     if so is None:
         so = ort.SessionOptions()
     so.register_custom_ops_library(get_library_path())
+    for lib in _registered.values():
+        so.register_custom_ops_library(lib.path)
     return so
+
+
+def _check_attributes(model: Any) -> None:
+    """Unknown attribute names (ORT ignores them silently) and attributes newer than the op
+    version the model imports, in nodes of declared ops: a ValueError naming them. Needs onnx;
+    without it the check is skipped."""
+    try:
+        import onnx
+    except ImportError:
+        return
+    from .onnx._declared import attribute_problems
+
+    try:
+        if isinstance(model, (bytes, bytearray)):
+            proto = onnx.load_from_string(bytes(model))
+        else:
+            proto = onnx.load(model, load_external_data=False)
+    except Exception:  # unreadable: ONNX Runtime reports that in its own words
+        return
+    problems = attribute_problems(proto)
+    if problems:
+        raise ValueError("opbridge: the model has attributes ONNX Runtime would ignore:\n  " + "\n  ".join(problems))
 
 
 def InferenceSession(
@@ -35,6 +63,7 @@ def InferenceSession(
         model = model.SerializeToString()
     elif isinstance(model, os.PathLike):
         model = os.fspath(model)
+    _check_attributes(model)
     return ort.InferenceSession(
         model,
         sess_options=session_options(sess_options),

@@ -54,7 +54,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_check(args: argparse.Namespace) -> int:
     from ._check import main as check_main
 
-    return check_main(args.model, providers=args.provider, dims=args.dim, run=not args.no_run)
+    return check_main(args.model, providers=args.provider, dims=args.dim, run=not args.no_run,
+                      libraries=args.library, discover=not args.no_discover, stock=args.stock)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                    help="size of a symbolic input dimension (repeatable; others get 2)")
     c.add_argument("--no-run", action="store_true", help="only list the ops and their providers")
+    c.add_argument("--library", action="append", default=[], metavar="PATH",
+                   help="a custom-op library of your own ops built on opbridge (repeatable)")
+    c.add_argument("--no-discover", action="store_true",
+                   help="do not register the libraries installed packages announce (entry points "
+                        "'opbridge.libraries')")
+    c.add_argument("--stock", action="store_true",
+                   help="how the model fares on stock ONNX Runtime: no custom-op library registered")
     args = p.parse_args(argv)
     if args.cmake_dir:
         from ._cmake import cmake_dir
