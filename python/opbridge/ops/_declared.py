@@ -68,12 +68,12 @@ def _output(op: OpDecl, k: int, bound: inspect.BoundArguments) -> torch.Tensor:
     dtype = next(t.dtype for i, t in zip(op.inputs, tensors) if t is not None and i.type_var == out.type_var)
     if out.like >= 0:
         like = tensors[out.like]
-        fmt = torch.contiguous_format
-        if out.keeps_memory_format and like.dim() in (4, 5):
-            cl = torch.channels_last if like.dim() == 4 else torch.channels_last_3d
-            if like.is_contiguous(memory_format=cl) and not like.is_contiguous():
-                fmt = cl
-        return torch.empty_like(like, dtype=dtype, memory_format=fmt)
+        if out.keeps_memory_format and channels_last(like):
+            # (N, *spatial, C) memory, the rule the kernels follow (any rank >= 3).
+            order = (0, *range(2, like.dim()), 1)
+            inverse = sorted(range(like.dim()), key=order.__getitem__)
+            return like.new_empty([like.shape[i] for i in order], dtype=dtype).permute(inverse)
+        return torch.empty(like.shape, dtype=dtype, device=like.device)
     shape = []
     for product in out.dims:
         v = 1
@@ -82,6 +82,13 @@ def _output(op: OpDecl, k: int, bound: inspect.BoundArguments) -> torch.Tensor:
         shape.append(v)
     anchor = next(t for t in tensors if t is not None)
     return anchor.new_empty(shape, dtype=dtype)
+
+
+def channels_last(x: torch.Tensor) -> bool:
+    """Whether x's memory is channels-last, (N, *spatial, C), and not also contiguous (where both
+    hold, e.g. C = 1, the layouts coincide): then ops whose output keeps_memory_format() give a
+    channels-last result (torch_common.h's keeps_channels_last is the C++ side of this rule)."""
+    return x.dim() >= 3 and not x.is_contiguous() and x.permute(0, *range(2, x.dim()), 1).is_contiguous()
 
 
 def _make_fake(op: OpDecl) -> Callable:
