@@ -1,4 +1,5 @@
-// ORT CPU op ai.opbridge::Inverse (input X (*, n, n), output Y of the same shape; f32/f64).
+// ORT CPU op ai.opbridge::Inverse (input X (*, n, n), output Y of the same shape; f32/f64;
+// string attribute on_singular: "raise" (default) or "nan").
 #include <string>
 #include <vector>
 
@@ -11,7 +12,16 @@ namespace {
 template <class T>
 class InverseKernel {
  public:
-  explicit InverseKernel(const OrtKernelInfo* info) : label_(node_label(info, kInverseOpType)) {}
+  explicit InverseKernel(const OrtKernelInfo* info) : label_(node_label(info, kInverseOpType)) {
+    // Read and checked once, at session creation: a bad value fails there, naming the node.
+    std::string on_singular;
+    try {
+      on_singular = attr_string(info, kInverseOnSingularAttr, kInverseOnSingularDefault);
+    } catch (const Error& e) {
+      fail(ORT_INVALID_ARGUMENT, label_ + ": " + e.what());
+    }
+    check(inverse_parse_on_singular(on_singular.c_str(), &nan_on_singular_), label_);
+  }
 
   void Compute(KernelIO& io) {
     const Input x = io.input(0);
@@ -21,11 +31,12 @@ class InverseKernel {
     // An empty x has no matrices; only then could n * n overflow (x = [0, 2^32, 2^32] made it 0).
     const int64_t batch = x.numel == 0 ? 0 : x.numel / (n * n);
     T* y = io.output_as<T>(0, x.shape);
-    check(inverse_cpu<T>(x.as<T>(), y, batch, n, io.parallel()), label_);
+    check(inverse_cpu<T>(x.as<T>(), y, batch, n, io.parallel(), CpuIsa::kAuto, nan_on_singular_), label_);
   }
 
  private:
   std::string label_;
+  bool nan_on_singular_ = false;
 };
 
 template <class T>

@@ -312,7 +312,24 @@ def _finalize(proto: onnx.ModelProto) -> None:
             needed = max(needed, 9)
         proto.ir_version = min(proto.ir_version, needed)
 
+    _stamp_required_versions(proto)
     _ensure_custom_output_types(proto)
+
+
+def _stamp_required_versions(proto: onnx.ModelProto) -> None:
+    """Each custom domain is imported at least at the version its nodes need: a node that uses an
+    attribute a later version of its op added (Inverse's on_singular) needs that version. Op
+    modules say so through ``required_version(node)``."""
+    rules = {(DOMAIN, mod.OP_TYPE): mod.required_version for mod in op_modules()
+             if hasattr(mod, "required_version") and hasattr(mod, "OP_TYPE")}
+    need: dict[str, int] = {}
+    for node in _all_nodes(proto.graph):
+        rule = rules.get((node.domain, node.op_type))
+        if rule is not None:
+            need[node.domain] = max(need.get(node.domain, 0), int(rule(node)))
+    for imp in proto.opset_import:
+        if imp.domain in need and imp.version < need[imp.domain]:
+            imp.version = need[imp.domain]
 
 
 def _max_elem_type(graph: onnx.GraphProto) -> int:

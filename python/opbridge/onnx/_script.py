@@ -37,7 +37,11 @@ def register_schemas() -> None:
     infer = _infer_functions()
     for mod in op_modules():
         for schema in getattr(mod, "schemas", lambda: [])():
-            if onnx.defs.has(schema.name, schema.since_version, schema.domain):
+            # has() is true for any version <= since_version: compare the exact version, so that
+            # an op's later versions are registered after its first.
+            if (onnx.defs.has(schema.name, schema.since_version, schema.domain)
+                    and onnx.defs.get_schema(schema.name, schema.since_version, schema.domain).since_version
+                    == schema.since_version):
                 continue
             fn = infer.get((schema.domain, schema.name))
             if fn is not None and python_inference_supported():
