@@ -12,9 +12,13 @@
 # code is not instrumented anyway.
 # The sanitized package is installed with `pip install --target build/sanitize/site` (its own
 # build dir build/sanitize/<tag>, so the normal build is untouched) and put first on PYTHONPATH.
-# Python itself is not instrumented, so libasan is preloaded; leak detection is off for the
-# interpreter's own (intentional) leaks at exit. Any ASan or UBSan report aborts the process,
-# which fails the run. Needs the environment the normal tests need (requirements/test.txt).
+# Python itself is not instrumented, so libasan is preloaded. Any ASan or UBSan report aborts the
+# process, which fails the run. LeakSanitizer is on, limited to opbridge's leaks: the interpreter,
+# numpy and ORT leave memory behind on purpose, so instead of LSan's at-exit check the pytest
+# process (at the end of the session) and the fuzz workers (when closed) ask for a report and keep
+# the leaks whose allocation stack passes through opbridge's native code (tests/lsan.py); any such
+# leak fails the run. Processes that tests start with subprocess.run are not leak-checked.
+# Needs the environment the normal tests need (requirements/test.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,12 +62,18 @@ done
 # libstdc++ is preloaded too: python does not link it, and ASan's __cxa_throw interceptor must
 # find the real one when it starts ("CHECK failed: real___cxa_throw != 0" on the first throw).
 export LD_PRELOAD="$libasan $libstdcxx"
-# detect_leaks=0: CPython does not free everything at exit (not our leaks; test_leaks.py measures
-# ours). alloc_dealloc_mismatch=0: libraries built without ASan (torch) allocate with one
-# operator and free with another legitimately through their own wrappers.
-export ASAN_OPTIONS="detect_leaks=0:alloc_dealloc_mismatch=0:abort_on_error=1:print_summary=1:strict_string_checks=1"
+# detect_leaks=1:leak_check_at_exit=0: LSan's bookkeeping on, its fatal at-exit check off (see
+# above; tests/lsan.py runs the check). alloc_dealloc_mismatch=0: libraries built without ASan
+# (torch) allocate with one operator and free with another legitimately through their own wrappers.
+export ASAN_OPTIONS="detect_leaks=1:leak_check_at_exit=0:alloc_dealloc_mismatch=0:abort_on_error=1:print_summary=1:strict_string_checks=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
-export PYTHONPATH="$PWD/$site${PYTHONPATH:+:$PYTHONPATH}"
+# Every Python object from malloc: LSan scans malloc'd memory for pointers, but not pymalloc's mmap'd
+# arenas, so live memory referenced only from Python objects would look leaked.
+export PYTHONMALLOC=malloc
+export OPBRIDGE_LSAN_DIR="$PWD/build/sanitize/lsan"
+rm -rf "$OPBRIDGE_LSAN_DIR"
+# tests/ on the path for the LSan plugin (-p lsan below).
+export PYTHONPATH="$PWD/$site:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 
 # The tests must see the sanitized build, not the normally installed one.
 "$PYTHON" - <<'PY'
@@ -77,9 +87,11 @@ PY
 
 if [ "$ort_only" = 1 ]; then
   # -m "not torch": torch may be installed, but this build has no torch extension.
+  # Every instruction-set variant of the kernels runs through _core (test_group_norm_isa.py,
+  # test_inverse.py's and test_ort_inverse.py's isa parameters).
   tests=(-m "not torch" tests/test_group_norm_ort.py tests/test_ort_*.py tests/test_check.py tests/test_core.py
          tests/test_fuzz_ort.py tests/test_concurrency.py tests/test_leaks.py tests/test_group_norm_edge_cases.py
-         tests/test_inverse_edge_cases.py)
+         tests/test_inverse.py tests/test_inverse_edge_cases.py tests/test_group_norm_isa.py)
   kinds=ort
 else
   # test_cuda.py runs nvcc, which crashes with libasan preloaded (and this build has no CUDA).
@@ -87,7 +99,7 @@ else
   kinds=all
 fi
 # The fuzz subset's worker processes inherit LD_PRELOAD and the options.
-"$PYTHON" -m pytest -q -p no:cacheprovider "${tests[@]}" ${pytest_args[@]+"${pytest_args[@]}"}
+"$PYTHON" -m pytest -q -p no:cacheprovider -p lsan "${tests[@]}" ${pytest_args[@]+"${pytest_args[@]}"}
 if [ "$fuzz" -gt 0 ]; then
   "$PYTHON" -m tests.fuzz.run --cases "$fuzz" --kind "$kinds" --out build/sanitize/fuzz-failures
 fi

@@ -238,6 +238,20 @@ float attr_float(const OrtKernelInfo* info, const char* name, float fallback) {
   return v;
 }
 
+std::string attr_string(const OrtKernelInfo* info, const char* name, const std::string& fallback) {
+  size_t size = 0;
+  OrtStatus* st = api().KernelInfoGetAttribute_string(info, name, nullptr, &size);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    if (const char* got = other_attr_type(info, name)) fail_attr_type(name, "a string", got);
+    return fallback;
+  }
+  std::string v(size, '\0');  // size counts the terminating NUL
+  check(api().KernelInfoGetAttribute_string(info, name, v.data(), &size));
+  v.resize(std::strlen(v.c_str()));
+  return v;
+}
+
 std::string node_label(const OrtKernelInfo* info, const char* op_type) {
   std::string label = std::string(domain()) + "::" + op_type;
   size_t size = 0;

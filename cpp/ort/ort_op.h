@@ -168,6 +168,7 @@ class KernelIO {
 int64_t attr_int(const OrtKernelInfo* info, const char* name);  // required
 int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback);
 float attr_float(const OrtKernelInfo* info, const char* name, float fallback);
+std::string attr_string(const OrtKernelInfo* info, const char* name, const std::string& fallback);
 // "Op 'name'" prefix for messages, with the node name where ORT provides it.
 std::string node_label(const OrtKernelInfo* info, const char* op_type);
 

@@ -197,6 +197,17 @@ def _init(p):
 HANDLERS = {"init": _init, "ort": run_ort, "torch": run_torch, "selftest": _selftest}
 
 
+def _leak_check():
+    """Under scripts/sanitize.sh: LeakSanitizer's report of opbridge's leaks, taken when the parent
+    closes the worker (tests/lsan.py; the pytest process collects it)."""
+    if not os.environ.get("OPBRIDGE_LSAN_DIR"):
+        return
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import lsan
+
+    lsan.check("fuzz worker")
+
+
 def main():
     # The protocol owns the original stdout; anything a library prints goes to stderr.
     proto = os.fdopen(os.dup(1), "wb")
@@ -212,6 +223,7 @@ def main():
     while True:
         head = _read_exact(stdin, _HEADER.size)
         if head is None:
+            _leak_check()
             return
         payload = pickle.loads(_read_exact(stdin, _HEADER.unpack(head)[0]))
         try:

@@ -44,12 +44,19 @@ InverseDims inverse_dims(const std::vector<int64_t>& shape);
 //   isa:   the instruction-set variant to run (kAuto: the process-wide level, see cpu_isa.h);
 //          asking for one the CPU lacks returns a NotImplemented status. kAvx512 runs the AVX2
 //          kernels below n = 128 and an AVX-512 one from there on
-// T is float or double. Returns a RuntimeError naming the first singular matrix, e.g.
-// "matrix 3 of the batch is singular (U[2,2] == 0)", where 3 counts matrices in row-major
-// order of the batch dimensions; `out` is then unspecified. Arguments must already have passed
-// the declaration's checks (check_call). The variants may differ in the last bits (AVX2 fuses multiply-adds).
+//   nan_on_singular: what a singular matrix does. false (ONNX attribute on_singular = "raise"):
+//          the call fails with a RuntimeError naming the first singular matrix, e.g.
+//          "matrix 3 of the batch is singular (U[2,2] == 0)", where 3 counts matrices in
+//          row-major order of the batch dimensions; `out` is then unspecified. true
+//          (on_singular = "nan"): that matrix's output is all NaN, every other matrix is
+//          inverted as usual and the call succeeds -- what com.microsoft::Inverse gives in
+//          effect, and what a batch of independent problems (one Kalman update per track) needs,
+//          where one degenerate item must not fail the others.
+// T is float or double. Arguments must already have passed the
+// declaration's checks (check_call). The variants may
+// differ in the last bits (AVX2 fuses multiply-adds).
 template <class T>
 Status inverse_cpu(const T* a, T* out, int64_t batch, int64_t n, const ParallelFor& pf,
-                   CpuIsa isa = CpuIsa::kAuto);
+                   CpuIsa isa = CpuIsa::kAuto, bool nan_on_singular = false);
 
 }  // namespace opbridge

@@ -200,7 +200,8 @@ constexpr int64_t kAvx512MinN = 128;
 }  // namespace
 
 template <class T>
-Status inverse_cpu(const T* a, T* out, int64_t batch, int64_t n, const ParallelFor& pf, CpuIsa isa) {
+Status inverse_cpu(const T* a, T* out, int64_t batch, int64_t n, const ParallelFor& pf, CpuIsa isa,
+                   bool nan_on_singular) {
   using inverse_impl::Failure;
   if (!cpu_isa_supported(isa)) {
     return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
@@ -229,11 +230,22 @@ Status inverse_cpu(const T* a, T* out, int64_t batch, int64_t n, const ParallelF
   // + 16: the per-matrix overhead that dominates tiny sizes, in the same units.
   const int64_t work = n * n * n + 16;
   const int64_t grain = std::max<int64_t>(1, kMinTaskWork / work);
+  const int64_t size = n * n;
   pf(batch, grain, [&](int64_t begin, int64_t end) {
-    const Failure f = run(a, out, begin, end, n);
-    if (f.index >= 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (f.index < first.index) first = f;
+    // Every kernel stops at the first singular matrix of its range and reports it; with
+    // nan_on_singular that matrix becomes NaN and the kernel goes on after it, so one code path
+    // serves every size and instruction set. (Its output may hold partial work, in place too:
+    // it is overwritten whole.)
+    while (begin < end) {
+      const Failure f = run(a, out, begin, end, n);
+      if (f.index < 0) return;
+      if (!nan_on_singular) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (f.index < first.index) first = f;
+        return;
+      }
+      std::fill(out + f.index * size, out + (f.index + 1) * size, std::numeric_limits<T>::quiet_NaN());
+      begin = f.index + 1;
     }
   });
   if (first.step >= 0) {
@@ -243,7 +255,7 @@ Status inverse_cpu(const T* a, T* out, int64_t batch, int64_t n, const ParallelF
   return Status::Ok();
 }
 
-template Status inverse_cpu<float>(const float*, float*, int64_t, int64_t, const ParallelFor&, CpuIsa);
-template Status inverse_cpu<double>(const double*, double*, int64_t, int64_t, const ParallelFor&, CpuIsa);
+template Status inverse_cpu<float>(const float*, float*, int64_t, int64_t, const ParallelFor&, CpuIsa, bool);
+template Status inverse_cpu<double>(const double*, double*, int64_t, int64_t, const ParallelFor&, CpuIsa, bool);
 
 }  // namespace opbridge

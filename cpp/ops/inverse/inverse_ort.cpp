@@ -8,16 +8,15 @@ namespace {
 
 void inverse_compute(const OrtOpContext& ctx) {
   const Input& x = ctx.inputs[0];
-  if (ctx.call.attr_string("on_singular") != "raise") {
-    ctx.check(Status::NotImplemented("on_singular '" + ctx.call.attr_string("on_singular") +
-                                     "' is not implemented by this build"));
-  }
+  const bool nan_on_singular = ctx.call.attr_string("on_singular") == "nan";
   void* y = ctx.output(0);
   const InverseDims v = inverse_dims(x.shape);
   if (x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-    ctx.check(inverse_cpu<float>(x.as<float>(), static_cast<float*>(y), v.batch, v.n, ctx.io.parallel()));
+    ctx.check(inverse_cpu<float>(x.as<float>(), static_cast<float*>(y), v.batch, v.n, ctx.io.parallel(),
+                                 CpuIsa::kAuto, nan_on_singular));
   } else {
-    ctx.check(inverse_cpu<double>(x.as<double>(), static_cast<double*>(y), v.batch, v.n, ctx.io.parallel()));
+    ctx.check(inverse_cpu<double>(x.as<double>(), static_cast<double*>(y), v.batch, v.n, ctx.io.parallel(),
+                                  CpuIsa::kAuto, nan_on_singular));
   }
 }
 

@@ -5,6 +5,9 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <string>
+#include <string_view>
+
 #include "opbridge/inverse.h"
 #include "torch_common.h"
 
@@ -15,15 +18,16 @@ constexpr const char* kOp = "opbridge::inverse";
 
 at::Tensor inverse_cpu_impl(const at::Tensor& x, c10::string_view on_singular) {
   check_call(inverse_decl(), kOp, {x, on_singular});
-  TORCH_CHECK_NOT_IMPLEMENTED(on_singular == "raise", kOp, ": on_singular '", on_singular,
-                              "' is not implemented by this build");
+  const bool nan_on_singular = on_singular == "nan";
   const InverseDims d = inverse_dims({x.sizes().begin(), x.sizes().end()});
   const at::Tensor xc = x.contiguous();
   at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
   const Status status =
       x.scalar_type() == at::kFloat
-          ? inverse_cpu<float>(ptr<float>(xc), mutable_ptr<float>(y), d.batch, d.n, torch_parallel())
-          : inverse_cpu<double>(ptr<double>(xc), mutable_ptr<double>(y), d.batch, d.n, torch_parallel());
+          ? inverse_cpu<float>(ptr<float>(xc), mutable_ptr<float>(y), d.batch, d.n, torch_parallel(),
+                                 CpuIsa::kAuto, nan_on_singular)
+          : inverse_cpu<double>(ptr<double>(xc), mutable_ptr<double>(y), d.batch, d.n, torch_parallel(),
+                                  CpuIsa::kAuto, nan_on_singular);
   // A singular matrix raises torch.linalg.LinAlgError, as torch.linalg.inv does; other
   // failures raise as usual.
   TORCH_CHECK_LINALG(status.code() != StatusCode::kRuntimeError, kOp, ": ", status.message());

@@ -26,7 +26,7 @@ import onnx
 
 from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig, Lowering, default_opset
 from ._custom import CustomOp, declare_op
-from ._registry import op_names, rule_sets, standard_lowering
+from ._registry import new_export, op_names, rule_sets, standard_lowering
 from ._script import infer_shapes, register_schemas
 
 __all__ = [
@@ -260,6 +260,7 @@ def export(
 
     opset = int(opset_version) if opset_version is not None else default_opset(dynamo)
     cfg = _config(lowering, custom_opsets, opset)
+    new_export()
     args = _tensor_args(args)
     tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     user_dynamic = "dynamic_shapes" in kwargs or "dynamic_axes" in kwargs

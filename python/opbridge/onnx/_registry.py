@@ -25,6 +25,22 @@ from ._config import ExportConfig
 
 __all__ = ["op_names", "rule_sets", "standard_lowering"]
 
+# Keys of the warnings given during the current export (see once_per_export).
+_said: set[str] = set()
+
+
+def once_per_export(key: str, say: Callable[[], None]) -> None:
+    """Calls ``say`` (e.g. a warnings.warn) the first time ``key`` comes up in an export; every
+    export starts afresh (opbridge.onnx.export calls new_export)."""
+    if key not in _said:
+        _said.add(key)
+        say()
+
+
+def new_export() -> None:
+    _said.clear()
+
+
 # qualname -> (function(builder, *torch args), lowest default-domain opset it works at)
 _standard: dict[str, tuple[Callable, int]] = {}
 

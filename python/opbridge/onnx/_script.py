@@ -40,7 +40,11 @@ def register_schemas() -> None:
     call again after a library was registered. Where onnx supports it, each schema carries its
     op's shape-inference function; infer_shapes() covers older onnx."""
     for schema, fn in _sources():
-        if onnx.defs.has(schema.name, schema.since_version, schema.domain):
+        # has() is true for any version <= since_version: compare the exact version, so that an
+        # op's later versions are registered after its first.
+        if (onnx.defs.has(schema.name, schema.since_version, schema.domain)
+                and onnx.defs.get_schema(schema.name, schema.since_version, schema.domain).since_version
+                == schema.since_version):
             continue
         if fn is not None and python_inference_supported():
             schema.set_type_and_shape_inference_function(fn)

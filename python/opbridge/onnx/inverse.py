@@ -6,11 +6,13 @@ Two lowerings, one node each, input X (*, n, n) -> output Y:
   custom:   ``ai.opbridge::Inverse``, run by opbridge's ORT library (singular matrices raise an
             error naming the batch index, or give NaN with on_singular="nan").
   standard: ``com.microsoft::Inverse``, a contrib op every ONNX Runtime build runs, no opbridge
-            library needed (singular matrices silently give inf/NaN there).
+            library needed. It has no error path: a singular matrix silently gives inf/NaN there,
+            i.e. it can only express on_singular="nan"; exporting "raise" to it warns (once per
+            export).
 Per-op lowering keys: "inverse" (opbridge.ops.inverse; default custom) and "torch_inverse"
 (torch.inverse / torch.linalg.inv; default standard, so that such models keep running on stock
 ONNX Runtime). ``custom_opsets={"com.microsoft": N}`` picks the com.microsoft version
-(default 1, the only one ONNX Runtime registers its contrib ops under, up to 1.31 at least).
+(default 1, the only one ONNX Runtime registers its contrib ops under, up to 1.32 at least).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import onnx
 
 from .._decl import opbridge_library
 from ._config import DOMAIN, ExportConfig
-from ._registry import standard_lowering
+from ._registry import once_per_export, standard_lowering
 
 OP_TYPE = "Inverse"  # the declaration's onnx_type
 MS_DOMAIN = "com.microsoft"
@@ -54,21 +56,17 @@ def _ms_version(cfg: ExportConfig) -> int:
     return version
 
 
-_warned_raise = False
-
-
 @standard_lowering("opbridge::inverse")
 def standard(b, x, on_singular: str = "raise"):
     """com.microsoft::Inverse: stock ONNX Runtime runs it; a singular matrix gives inf/NaN there,
-    so on_singular="raise" cannot be expressed (warned once)."""
-    global _warned_raise
-    if on_singular == "raise" and not _warned_raise:
-        _warned_raise = True
-        warnings.warn(
-            "opbridge::inverse exported with the standard lowering (com.microsoft::Inverse): a singular matrix "
-            "gives inf/NaN there instead of the error on_singular='raise' asks for",
-            stacklevel=4,
-        )
+    so on_singular="raise" cannot be expressed (warned once per export)."""
+    if on_singular == "raise":
+        once_per_export("inverse_standard_raise", lambda: warnings.warn(
+            "opbridge::inverse exported with the standard lowering (com.microsoft::Inverse), which cannot raise: "
+            "a singular matrix gives inf/NaN there, as with on_singular='nan'; keep lowering 'custom' for "
+            "on_singular='raise'",
+            stacklevel=6,
+        ))
     return b.custom(MS_DOMAIN, MS_DOMAIN_VERSION, OP_TYPE, _ms_schema(MS_DOMAIN_VERSION), x)
 
 
