@@ -518,6 +518,22 @@ bool same_value(const AttrValue& a, const AttrValue& b) {
 
 }  // namespace
 
+Status check_attributes(const OpCall& call) {
+  const OpDecl& d = call.decl();
+  for (const ArgDecl* a : d.attrs()) {
+    const AttrValue& v = call.attr(static_cast<size_t>(a->attr_index));
+    if (a->choices.empty()) continue;
+    bool ok = false;
+    std::string list;
+    for (size_t i = 0; i < a->choices.size(); ++i) {
+      ok = ok || a->choices[i] == v.s;
+      list += (i == 0 ? "'" : i + 1 == a->choices.size() ? " or '" : ", '") + a->choices[i] + "'";
+    }
+    if (!ok) return Status::InvalidArgument(a->name + " must be " + list + ", got '" + v.s + "'");
+  }
+  return Status::Ok();
+}
+
 Status check_call(const OpCall& call) {
   const OpDecl& d = call.decl();
   if (!d.error().empty()) return Status::InvalidArgument(d.error());
@@ -560,18 +576,7 @@ Status check_call(const OpCall& call) {
                                      shape_suffix(*a) + ", got rank " + std::to_string(t.rank()));
     }
   }
-  for (const ArgDecl* a : d.attrs()) {
-    const AttrValue& v = call.attr(static_cast<size_t>(a->attr_index));
-    if (!a->choices.empty()) {
-      bool ok = false;
-      std::string list;
-      for (const std::string& c : a->choices) {
-        ok = ok || c == v.s;
-        list += (list.empty() ? "'" : ", '") + c + "'";
-      }
-      if (!ok) return Status::InvalidArgument(a->name + " must be one of " + list + ", got '" + v.s + "'");
-    }
-  }
+  OPBRIDGE_RETURN_IF_ERROR(check_attributes(call));
   if (d.validate_fn() != nullptr) return d.validate_fn()(call);
   return Status::Ok();
 }

@@ -124,6 +124,9 @@ void* create_declared(const OpSpec& spec, const OrtKernelInfo* info) {
   } catch (const Error& e) {
     fail(ORT_INVALID_ARGUMENT, k->label + ": " + e.what());
   }
+  OpCall call(d);
+  for (size_t i = 0; i < k->attrs.size(); ++i) call.attr(i) = k->attrs[i];
+  check(check_attributes(call), k->label);
   return k.release();
 }
 

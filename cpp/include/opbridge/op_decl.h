@@ -269,6 +269,9 @@ class OpDecl {
 // consistent per type variable, ranks, string choices), then the op's own validation.
 // The message of an error is the part after the op label ("x must have rank >= 2 ...").
 Status check_call(const OpCall& call);
+// The checks of check_call that need only attribute values (string choices): ORT runs them when
+// it creates a kernel, so a bad value fails session creation, naming the node.
+Status check_attributes(const OpCall& call);
 
 // The output shapes a call produces, -1 where unknown (valid after check_call succeeded).
 std::vector<int64_t> output_shape(const OpCall& call, size_t output);
