@@ -2,7 +2,7 @@
 # Runs opbridge's torch-free tests against several onnxruntime versions with ONE built wheel:
 # the library is built once (against the API-29 headers) and must work on every ORT >= 1.17.
 #
-#   scripts/ort_matrix.sh [ORT_VERSION ...]      default: 1.17.3 1.24.4 1.31.1
+#   scripts/ort_matrix.sh [ORT_VERSION ...]      default: 1.17.3 1.24.4 1.32.0
 #
 # 1. builds the wheel with the current (dev) Python: pip wheel --no-build-isolation (reuses build/);
 # 2. exports a few models with torch from that environment and the wheel's opbridge
@@ -18,7 +18,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 py=${PYTHON:-python}
 cache=${OPBRIDGE_MATRIX_DIR:-$root/.ort-matrix}
-if [ $# -gt 0 ]; then versions=("$@"); else versions=(1.17.3 1.24.4 1.31.1); fi
+if [ $# -gt 0 ]; then versions=("$@"); else versions=(1.17.3 1.24.4 1.32.0); fi
 tests=(tests/test_ort_*.py tests/test_check.py)
 mkdir -p "$cache"
 t_start=$SECONDS

@@ -44,7 +44,7 @@ start=$(date +%s)
 echo "::: building the ASan + UBSan package into $site (torch extension: $with_torch)"
 "$PYTHON" -m pip install --no-build-isolation --no-deps --upgrade -q --target "$site" \
   -C build-dir="build/sanitize/{wheel_tag}" \
-  -C cmake.define.OPBRIDGE_SANITIZE=ON \
+  -C cmake.define.OPBRIDGE_SANITIZE=ON -C install.strip=false \
   -C cmake.define.OPBRIDGE_WITH_TORCH="$with_torch" \
   -C cmake.define.OPBRIDGE_WITH_CUDA=OFF \
   .

@@ -41,6 +41,87 @@ def _model():
     return model
 
 
+# Inverse: a batched Kalman update with opbridge.ops.inverse(on_singular="nan") (ai.opbridge::Inverse
+# version 2), and the ONNX Runtime note's torch.inverse(x) + x (com.microsoft::Inverse, stock ORT).
+INVERSE_CASES = [("dynamo", 17), ("torchscript", 17), ("dynamo", 20)]
+
+
+def _kalman_model(n=4, m=2):
+    import torch
+
+    import opbridge.ops
+
+    class KalmanUpdate(torch.nn.Module):
+        """One Kalman measurement update per track; a track whose innovation covariance S is
+        singular gets NaN instead of failing the batch."""
+
+        def __init__(self, h):
+            super().__init__()
+            self.register_buffer("h", h)
+
+        def forward(self, x, p, z, r):
+            ht = self.h.transpose(0, 1)
+            pht = p @ ht
+            k = pht @ opbridge.ops.inverse(self.h @ pht + r, on_singular="nan")
+            return x + (k @ (z - x @ ht).unsqueeze(-1)).squeeze(-1), p - k @ self.h @ p
+
+    h = torch.from_numpy(np.random.default_rng(1).standard_normal((m, n)).astype(np.float32))
+    return KalmanUpdate(h).eval()
+
+
+def _kalman_inputs(rng, tracks, n=4, m=2, degenerate=()):
+    a = rng.standard_normal((tracks, n, n))
+    p = a @ a.transpose(0, 2, 1) + 0.1 * np.eye(n)
+    r = np.stack([np.diag(rng.uniform(0.05, 0.5, m)) for _ in range(tracks)])
+    for i in degenerate:  # S = H 0 H^T + 0 is singular
+        p[i] = 0.0
+        r[i] = 0.0
+    return tuple(v.astype(np.float32) for v in (rng.standard_normal((tracks, n)), p, rng.standard_normal((tracks, m)), r))
+
+
+def _save(path: Path, inputs, expected, atol=None) -> None:
+    """NAME.npz: input_<k> in the model's input order, expected_<k> per output, optional atol."""
+    arrays = {f"input_{k}": v for k, v in enumerate(inputs)}
+    arrays.update({f"expected_{k}": v for k, v in enumerate(expected)})
+    if atol is not None:
+        arrays["atol"] = np.float64(atol)
+    np.savez(path, **arrays)
+
+
+def export_inverse(out: Path) -> list[Path]:
+    import torch
+
+    import opbridge.onnx
+
+    written = []
+    rng = np.random.default_rng(2)
+    kalman = _kalman_model()
+    feeds = _kalman_inputs(rng, 7, degenerate=(2, 5))
+    with torch.no_grad():
+        expected = [t.numpy() for t in kalman(*map(torch.from_numpy, feeds))]
+    for exporter, opset in INVERSE_CASES:
+        name = f"kalman_{exporter}_opset{opset}"
+        example = tuple(map(torch.from_numpy, _kalman_inputs(rng, 3)))
+        opbridge.onnx.export(kalman, example, out / f"{name}.onnx", dynamo=exporter == "dynamo", opset_version=opset)
+        _save(out / f"{name}.npz", feeds, expected, atol=1e-4 * max(np.nanmax(np.abs(e)) for e in expected))
+        written.append(out / f"{name}.onnx")
+
+    class OrtNoteExample(torch.nn.Module):
+        def forward(self, x):
+            return torch.inverse(x) + x
+
+    x = rng.standard_normal((5, 3, 3)).astype(np.float32) + 3 * np.eye(3, dtype=np.float32)
+    with torch.no_grad():
+        expected = [OrtNoteExample()(torch.from_numpy(x)).numpy()]
+    for exporter in ("dynamo", "torchscript"):
+        name = f"torch_inverse_{exporter}_opset17_standard"
+        opbridge.onnx.export(OrtNoteExample().eval(), (torch.randn(2, 3, 3),), out / f"{name}.onnx",
+                             dynamo=exporter == "dynamo", opset_version=17)
+        _save(out / f"{name}.npz", [x], expected)
+        written.append(out / f"{name}.onnx")
+    return written
+
+
 def export_all(out_dir: str | Path) -> list[Path]:
     import torch
 
@@ -57,9 +138,9 @@ def export_all(out_dir: str | Path) -> list[Path]:
         name = f"{exporter}_opset{opset}_{lowering}"
         opbridge.onnx.export(model, (torch.randn(2, 3, 6, 7),), out / f"{name}.onnx", dynamo=exporter == "dynamo",
                              opset_version=opset, lowering=lowering)
-        np.savez(out / f"{name}.npz", x=x, expected=expected)
+        _save(out / f"{name}.npz", [x], [expected])
         written.append(out / f"{name}.onnx")
-    return written
+    return written + export_inverse(out)
 
 
 if __name__ == "__main__":

@@ -51,6 +51,23 @@ def ours(report: str) -> list[str]:
     return ["\n".join(r) for r in records if any(_OURS.search(frame) for frame in r[1:])]
 
 
+_pinned = []
+
+
+def pin_library() -> None:
+    """Keeps opbridge's ORT library mapped for the rest of the process. ORT unloads a custom-op
+    library when the last session options that registered it go away, and LSan can then no longer
+    tell which module an allocation's return addresses were in ("<unknown module>"), so the leak
+    would not be attributed to us. RTLD_NODELETE makes every later dlclose a no-op; the library
+    then stays at one address. (So under LSan the library is loaded once per process instead of
+    once per session.)"""
+    if not enabled() or _pinned:
+        return
+    import opbridge
+
+    _pinned.append(ctypes.CDLL(opbridge.get_library_path(), mode=os.RTLD_NOW | os.RTLD_NODELETE))
+
+
 def check(where: str) -> list[str]:
     """Runs LSan's leak check now; writes opbridge's leaks (if any) to $OPBRIDGE_LSAN_DIR and
     returns them."""
@@ -78,6 +95,10 @@ def check(where: str) -> list[str]:
 
 
 # ---- pytest plugin ------------------------------------------------------------------------------
+
+
+def pytest_sessionstart(session):
+    pin_library()
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -47,6 +47,9 @@ def _ort_init():
 
         import opbridge
 
+        if _lsan() is not None:
+            _lsan().pin_library()
+
         # ORT logs every failed node at ERROR level; the parent judges the status instead.
         onnxruntime.set_default_logger_severity(4)
         _ort, _lib = onnxruntime, opbridge.get_library_path()
@@ -197,15 +200,22 @@ def _init(p):
 HANDLERS = {"init": _init, "ort": run_ort, "torch": run_torch, "selftest": _selftest}
 
 
-def _leak_check():
-    """Under scripts/sanitize.sh: LeakSanitizer's report of opbridge's leaks, taken when the parent
-    closes the worker (tests/lsan.py; the pytest process collects it)."""
+def _lsan():
+    """tests/lsan.py under scripts/sanitize.sh (LeakSanitizer on), else None."""
     if not os.environ.get("OPBRIDGE_LSAN_DIR"):
-        return
+        return None
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     import lsan
 
-    lsan.check("fuzz worker")
+    return lsan
+
+
+def _leak_check():
+    """LeakSanitizer's report of opbridge's leaks, taken when the parent closes the worker (the
+    pytest process collects it)."""
+    lsan = _lsan()
+    if lsan is not None:
+        lsan.check("fuzz worker")
 
 
 def main():

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import onnx
 
+from . import _dynamic
 from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig, Lowering, default_opset
 from ._custom import CustomOp, declare_op
 from ._registry import new_export, op_names, rule_sets, standard_lowering
@@ -248,8 +249,13 @@ def export(
         torch.linalg.inv).
     custom_opsets: opset version per custom domain, e.g. {"com.microsoft": 1}; the model imports
         each domain it uses at that version (default 1).
-    dynamic_batch: make dim 0 of every tensor input dynamic unless the caller passes
-        ``dynamic_shapes`` (dynamo) or ``dynamic_axes`` (either exporter) itself.
+    dynamic_batch: make the batch dynamic unless the caller passes ``dynamic_shapes`` (dynamo) or
+        ``dynamic_axes`` itself: dim 0 of the first tensor input and of every tensor input whose
+        dim 0 has that same example size becomes one dynamic dim named "batch"; other inputs (a
+        weight of another length) stay static, and so, with a warning, does a parameter-like input
+        (nn.Parameter, requires_grad, or named weight/bias/scale/...) whose length merely equals
+        the batch. The caller's own dynamic shapes are checked against the example inputs first
+        (opbridge/onnx/_dynamic.py).
     kwargs: passed to ``torch.onnx.export`` (input_names, output_names, dynamic_shapes, ...).
 
     The model is self-describing and as portable as its opset allows: every ``ai.opbridge`` node
@@ -262,19 +268,15 @@ def export(
     cfg = _config(lowering, custom_opsets, opset)
     new_export()
     args = _tensor_args(args)
-    tensor_positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    user_dynamic = "dynamic_shapes" in kwargs or "dynamic_axes" in kwargs
 
     if dynamo:
         table = dict(translation_table(cfg.lowering, cfg.custom_opsets, cfg.opset_version))
         table.update(kwargs.pop("custom_translation_table", None) or {})
-        if dynamic_batch and not user_dynamic:
-            batch = torch.export.Dim("batch")
-            kwargs["dynamic_shapes"] = tuple(
-                {0: batch} if i in tensor_positions and args[i].dim() > 0 else None for i in range(len(args))
-            )
+        dyn = _dynamic.plan(args, _input_names(model, args), kwargs, dynamo=True, dynamic_batch=dynamic_batch)
+        kwargs.update(dyn.kwargs)
+        dyn.warn()
         kwargs.setdefault("verbose", False)
-        with _quiet_exporter():
+        with _quiet_exporter(), dyn.quiet():
             program = torch.onnx.export(
                 model, args, dynamo=True, opset_version=max(opset, _DYNAMO_MIN_OPSET), custom_translation_table=table,
                 **kwargs,
@@ -289,8 +291,9 @@ def export(
             proto = _convert_opset(proto, opset)
     else:
         names = kwargs.pop("input_names", None) or _input_names(model, args)
-        if dynamic_batch and not user_dynamic:
-            kwargs["dynamic_axes"] = {names[i]: {0: "batch"} for i in tensor_positions if args[i].dim() > 0}
+        dyn = _dynamic.plan(args, names, kwargs, dynamo=False, dynamic_batch=dynamic_batch)
+        kwargs.update(dyn.kwargs)
+        dyn.warn()
         # Domains not listed are imported at version 1 (= DOMAIN_VERSION), and only if used.
         opsets = dict(cfg.custom_opsets)
         opsets.update(kwargs.pop("custom_opsets", None) or {})
