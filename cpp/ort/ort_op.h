@@ -154,6 +154,7 @@ class KernelIO {
 int64_t attr_int(const OrtKernelInfo* info, const char* name);  // required
 int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback);
 float attr_float(const OrtKernelInfo* info, const char* name, float fallback);
+std::string attr_string(const OrtKernelInfo* info, const char* name, const std::string& fallback);
 // "Op 'name'" prefix for messages, with the node name where ORT provides it.
 std::string node_label(const OrtKernelInfo* info, const char* op_type);
 
@@ -179,6 +180,7 @@ class InferIO {
   int64_t attr_int(const char* name) const;  // required
   int64_t attr_int(const char* name, int64_t fallback) const;
   float attr_float(const char* name, float fallback) const;
+  std::string attr_string(const char* name, const std::string& fallback) const;
   // Output `out` gets input `in`'s element type and shape, symbolic dimensions included.
   // Does nothing when input `in` has rank 0 (unknown rank, see InferInput::shape): declaring a
   // scalar there would make ORT's downstream shape inference reject valid models.

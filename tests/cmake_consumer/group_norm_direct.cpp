@@ -28,14 +28,14 @@ int main(int argc, char** argv) {
     const int64_t C = rank >= 2 ? x.shape[1] : 0;
     opbridge::Status st = opbridge::group_norm_check(rank, C, groups, w.numel(), b.numel(), eps);
     if (!st.ok()) throw std::runtime_error(st.message());
-    const int64_t N = x.shape[0];
-    const int64_t S = N * C == 0 ? 0 : x.numel() / (N * C);
+    const opbridge::GroupNormDims d =
+        opbridge::group_norm_dims(x.shape.data(), x.shape.size(), groups, /*channels_last=*/false);
     std::vector<float> y(static_cast<size_t>(x.numel()));
     // Serial ParallelFor: this program has no thread pool to offer.
     st = opbridge::group_norm_cpu<float>(reinterpret_cast<const float*>(x.data.data()),
                                          reinterpret_cast<const float*>(w.data.data()),
-                                         reinterpret_cast<const float*>(b.data.data()), y.data(), N, C, S, groups,
-                                         eps, nullptr, nullptr, opbridge::ParallelFor());
+                                         reinterpret_cast<const float*>(b.data.data()), y.data(), d, eps,
+                                         opbridge::Activation::kNone, nullptr, nullptr, opbridge::ParallelFor());
     if (!st.ok()) throw std::runtime_error(st.message());
     npy::write(argv[6], "<f4", x.shape, y.data(), y.size() * sizeof(float));
   } catch (const std::exception& e) {

@@ -1,4 +1,5 @@
-// ORT CPU op ai.opbridge::GroupNorm (inputs X, scale?, bias?; attrs num_groups, epsilon).
+// ORT CPU op ai.opbridge::GroupNorm (inputs X, scale?, bias?; attrs num_groups, epsilon,
+// activation). ONNX tensors are NCHW: the kernel runs on the [N, C, S] view.
 #include <string>
 #include <vector>
 
@@ -8,14 +9,23 @@
 namespace opbridge::ort {
 namespace {
 
+// The `activation` attribute ("none" when absent); an unknown value is an error naming it.
+Activation read_activation(const std::string& name) {
+  Activation act = Activation::kNone;
+  const Status st = parse_activation(name, &act);
+  if (!st.ok()) fail(ORT_INVALID_ARGUMENT, "attribute '" + std::string("activation") + "': " + st.message());
+  return act;
+}
+
 template <class T>
 class GroupNormKernel {
  public:
   explicit GroupNormKernel(const OrtKernelInfo* info)
-      : label_(node_label(info, kGroupNormOpType)), num_groups_(0), epsilon_(0.f) {
+      : label_(node_label(info, kGroupNormOpType)), num_groups_(0), epsilon_(0.f), act_(Activation::kNone) {
     try {
       num_groups_ = attr_int(info, "num_groups");
       epsilon_ = attr_float(info, "epsilon", 1e-5f);
+      act_ = read_activation(attr_string(info, "activation", "none"));
     } catch (const Error& e) {
       fail(ORT_INVALID_ARGUMENT, label_ + ": " + e.what());
     }
@@ -30,13 +40,10 @@ class GroupNormKernel {
                            "scale"),
           label_);
     T* y = io.output_as<T>(0, x.shape);
-    // Nothing to compute for an empty x; only then could N * C overflow (x = [2^62, 4, 0]).
-    if (x.numel == 0) return;
-    const int64_t N = x.shape[0], C = x.shape[1];
-    const int64_t S = x.numel / (N * C);
+    const GroupNormDims d = group_norm_dims(x.shape.data(), x.shape.size(), num_groups_, false);
     check(group_norm_cpu<T>(x.as<T>(), scale.present ? scale.as<T>() : nullptr,
-                            bias.present ? bias.as<T>() : nullptr, y, N, C, S, num_groups_, epsilon_,
-                            nullptr, nullptr, io.parallel()),
+                            bias.present ? bias.as<T>() : nullptr, y, d, epsilon_, act_, nullptr, nullptr,
+                            io.parallel()),
           label_);
   }
 
@@ -44,6 +51,7 @@ class GroupNormKernel {
   std::string label_;
   int64_t num_groups_;
   float epsilon_;
+  Activation act_;
 };
 
 // Output type and shape at model load: Y has X's. What is known statically is validated with the
@@ -53,6 +61,7 @@ void group_norm_infer(const InferIO& io) {
   int64_t num_groups = 0;
   try {
     num_groups = io.attr_int("num_groups");
+    read_activation(io.attr_string("activation", "none"));
   } catch (const Error& e) {
     fail(ORT_INVALID_ARGUMENT, label + ": " + e.what());
   }

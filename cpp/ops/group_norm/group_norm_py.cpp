@@ -1,6 +1,10 @@
 // opbridge._core.group_norm: the GroupNorm CPU kernel on numpy arrays (serial); bfloat16 as
 // ml_dtypes.bfloat16 arrays (or any bfloat16 DLPack producer, e.g. a torch tensor).
 #include <optional>
+#include <string>
+#include <vector>
+
+#include <nanobind/stl/string.h>
 
 #include "core_module.h"
 #include "opbridge/group_norm.h"
@@ -9,8 +13,10 @@ namespace opbridge::py {
 namespace {
 
 nb::object group_norm_py(nb::handle x_obj, int64_t num_groups, nb::handle weight_obj, nb::handle bias_obj,
-                         double eps) {
+                         double eps, const std::string& activation, bool channels_last) {
   constexpr const char* op = "group_norm";
+  Activation act = Activation::kNone;
+  check(parse_activation(activation, &act), op);
   const ArrayArg x = array_arg(x_obj, op, "x");
   const DType dt = x.dtype;
   const auto shape = shape_of(x.array);
@@ -21,13 +27,17 @@ nb::object group_norm_py(nb::handle x_obj, int64_t num_groups, nb::handle weight
     if (p->has_value() && (*p)->dtype != dt)
       throw nb::type_error("group_norm: weight and bias must have the dtype of x");
   }
-  check(group_norm_check(static_cast<int64_t>(shape.size()), shape.size() >= 2 ? shape[1] : 0, num_groups,
+  // The logical (N, C, *spatial) shape: a channels-last array is (N, *spatial, C).
+  std::vector<int64_t> logical = shape;
+  if (channels_last && shape.size() >= 2) {
+    logical = {shape.front(), shape.back()};
+    logical.insert(logical.end(), shape.begin() + 1, shape.end() - 1);
+  }
+  check(group_norm_check(static_cast<int64_t>(logical.size()), logical.size() >= 2 ? logical[1] : 0, num_groups,
                          weight ? static_cast<int64_t>(weight->array.size()) : -1,
                          bias ? static_cast<int64_t>(bias->array.size()) : -1, eps),
         op);
-  const int64_t N = shape[0], C = shape[1];
-  // S = 0 for an empty x (the kernel then does nothing); only then could N * C overflow.
-  const int64_t S = x.array.size() == 0 ? 0 : static_cast<int64_t>(x.array.size()) / (N * C);
+  const GroupNormDims d = group_norm_dims(logical.data(), logical.size(), num_groups, channels_last);
   void* out = nullptr;
   OutArray y = new_array(dt, shape, &out);
   Status st;
@@ -38,8 +48,8 @@ nb::object group_norm_py(nb::handle x_obj, int64_t num_groups, nb::handle weight
       using T = decltype(tag);
       st = group_norm_cpu<T>(static_cast<const T*>(x.array.data()),
                              weight ? static_cast<const T*>(weight->array.data()) : nullptr,
-                             bias ? static_cast<const T*>(bias->array.data()) : nullptr, static_cast<T*>(out), N, C,
-                             S, num_groups, eps, nullptr, nullptr, ParallelFor());
+                             bias ? static_cast<const T*>(bias->array.data()) : nullptr, static_cast<T*>(out), d, eps,
+                             act, nullptr, nullptr, ParallelFor());
     });
   }
   check(st, op);
@@ -48,8 +58,10 @@ nb::object group_norm_py(nb::handle x_obj, int64_t num_groups, nb::handle weight
 
 void bind(nb::module_& m) {
   m.def("group_norm", &group_norm_py, nb::arg("x"), nb::arg("num_groups"), nb::arg("weight") = nb::none(),
-        nb::arg("bias") = nb::none(), nb::arg("eps") = 1e-5,
-        "GroupNorm of x (N, C, *) with per-channel weight/bias, computed by opbridge's CPU kernel.");
+        nb::arg("bias") = nb::none(), nb::arg("eps") = 1e-5, nb::arg("activation") = "none",
+        nb::arg("channels_last") = false,
+        "GroupNorm of x (N, C, *) with per-channel weight/bias and activation ('none' or 'silu'), computed by "
+        "opbridge's CPU kernel. channels_last=True: x is (N, *spatial, C) (NHWC) and so is the result.");
 }
 
 }  // namespace

@@ -19,6 +19,12 @@ class GroupNormCudaKernel {
         epsilon_(attr_float(info, "epsilon", 1e-5f)) {
     try {
       num_groups_ = attr_int(info, "num_groups");
+      Activation act = Activation::kNone;
+      const Status st = parse_activation(attr_string(info, "activation", "none"), &act);
+      if (!st.ok()) fail(ORT_INVALID_ARGUMENT, "attribute 'activation': " + st.message());
+      if (act != Activation::kNone) {
+        fail(ORT_NOT_IMPLEMENTED, "attribute 'activation': 'silu' is not implemented on CUDA yet");
+      }
     } catch (const Error& e) {
       fail(ORT_INVALID_ARGUMENT, label_ + ": " + e.what());
     }
@@ -33,16 +39,16 @@ class GroupNormCudaKernel {
                            "scale"),
           label_);
     T* y = io.output_as<T>(0, x.shape);
-    // Nothing to compute for an empty x; only then could N * C overflow (x = [2^62, 4, 0]).
-    if (x.numel == 0) return;
-    const int64_t N = x.shape[0], C = x.shape[1];
-    const int64_t S = x.numel / (N * C);
+    // S = 0 for an empty x: nothing to compute; only then could N * C overflow (x = [2^62, 4, 0]).
+    const GroupNormDims d = group_norm_dims(x.shape.data(), x.shape.size(), num_groups_, false);
+    if (d.S == 0) return;
+    const int64_t N = d.N, C = d.C, S = d.S;
     // Scratch in x's (device) memory, from the CUDA EP's allocator.
-    const size_t ws_bytes = cuda::group_norm_workspace_bytes<T>(N, C, S, num_groups_);
+    const size_t ws_bytes = cuda::group_norm_workspace_bytes<T>(N, C, S, d.G);
     const Scratch workspace = io.scratch(ws_bytes, 0);
     const cudaError_t err = cuda::launch_group_norm<T>(
         static_cast<cudaStream_t>(io.gpu_stream()), x.as<T>(), scale.present ? scale.as<T>() : nullptr,
-        bias.present ? bias.as<T>() : nullptr, y, N, C, S, num_groups_, epsilon_, workspace.get(), ws_bytes);
+        bias.present ? bias.as<T>() : nullptr, y, N, C, S, d.G, epsilon_, workspace.get(), ws_bytes);
     if (err != cudaSuccess) {
       fail(ORT_RUNTIME_EXCEPTION,
            label_ + ": CUDA launch failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");

@@ -1,7 +1,8 @@
 """ONNX export of opbridge::group_norm.
 
 custom lowering: one ``ai.opbridge::GroupNorm`` node (inputs X, scale?, bias?; attributes
-num_groups, epsilon), run by opbridge's ORT library.
+num_groups, epsilon, activation), run by opbridge's ORT library. ``activation`` is written only
+when it is not "none", so a plain GroupNorm node stays valid for every version of the op.
 
 standard lowering (stock ONNX Runtime, no library):
   * export opset >= 21: ``GroupNormalization``-21 (per-channel scale and bias, like torch).
@@ -11,6 +12,7 @@ standard lowering (stock ONNX Runtime, no library):
     InstanceNormalization has no float64 kernel and float32 would lose the precision asked for.
   GroupNormalization-18 is never emitted: its scale and bias are per group, not per channel, and
   opset 21 deprecates it.
+  activation="silu" appends Sigmoid -> Mul (y * sigmoid(y)), as the exporters write F.silu.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ._config import DOMAIN, DOMAIN_VERSION, ExportConfig
 
 OPS = ("group_norm",)
 OP_TYPE = "GroupNorm"  # must match opbridge::kGroupNormOpType in the ORT library
+ACTIVATIONS = ("none", "silu")  # the attribute's values (opbridge::parse_activation)
 
 _FLOAT_TYPES = ("tensor(float)", "tensor(double)", "tensor(float16)", "tensor(bfloat16)")
 
@@ -39,6 +42,10 @@ def _infer(ctx: Any) -> None:
     attr = ctx.get_attribute("num_groups")
     num_groups = attr.i if attr is not None else None
     where = f"{DOMAIN}::{OP_TYPE} ({ctx.get_display_name()})"
+    act = ctx.get_attribute("activation")
+    if act is not None and act.s.decode() not in ACTIVATIONS:
+        raise InferenceError(f"{where}: attribute 'activation': activation must be 'none' or 'silu', "
+                             f"got '{act.s.decode()}'")
     if num_groups is None:
         raise InferenceError(f"{where}: required int attribute 'num_groups' is missing")
     if num_groups <= 0:
@@ -77,7 +84,8 @@ def schemas() -> list[onnx.defs.OpSchema]:
         DOMAIN,
         DOMAIN_VERSION,
         doc="Group normalization with per-channel scale and bias (semantics of "
-        "torch.nn.functional.group_norm and ONNX GroupNormalization-21).",
+        "torch.nn.functional.group_norm and ONNX GroupNormalization-21), followed by an optional "
+        "activation (activation='silu': Y = Z * sigmoid(Z)).",
         inputs=[
             S.FormalParameter("X", "T", "Input (N, C, *)"),
             S.FormalParameter("scale", "T", "Per-channel scale (C)", param_option=S.FormalParameterOption.Optional),
@@ -88,6 +96,8 @@ def schemas() -> list[onnx.defs.OpSchema]:
         attributes=[
             S.Attribute("num_groups", S.AttrType.INT, "Number of groups; must divide C", required=True),
             S.Attribute("epsilon", onnx.helper.make_attribute("epsilon", 1e-5), "Added to the variance"),
+            S.Attribute("activation", onnx.helper.make_attribute("activation", "none"),
+                        "Applied after the affine: 'none' or 'silu'"),
         ],
     )
     return [schema]
@@ -98,8 +108,21 @@ def infer_functions() -> dict:
     return {OP_TYPE: _infer}
 
 
-def _standard(b: Any, x: Any, num_groups: int, weight: Any, bias: Any, eps: float) -> Any:
+def _check_activation(activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"opbridge::group_norm: activation must be 'none' or 'silu', got '{activation}'")
+
+
+def _standard(b: Any, x: Any, num_groups: int, weight: Any, bias: Any, eps: float, activation: str = "none") -> Any:
     """The standard-ONNX lowering, for either exporter (``b`` is an opbridge.onnx._build.Builder)."""
+    _check_activation(activation)
+    y = _standard_norm(b, x, num_groups, weight, bias, eps)
+    if activation == "silu":
+        y = b.op("Mul", y, b.op("Sigmoid", y))
+    return y
+
+
+def _standard_norm(b: Any, x: Any, num_groups: int, weight: Any, bias: Any, eps: float) -> Any:
     elem = b.elem_type(x)
     if b.target_opset >= 21:
         # GroupNormalization-21 requires scale and bias: ones / zeros of length C = X.shape[1]
@@ -167,15 +190,18 @@ def translations(cfg: ExportConfig) -> dict:
     if cfg.lowering_for("group_norm") == "standard":
         builder = DynamoBuilder(cfg.resolved_opset(dynamo=True))
 
-        def group_norm_standard(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
-            return _standard(builder, x, int(num_groups), weight, bias, float(eps))
+        def group_norm_standard(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5,
+                                activation: str = "none"):
+            return _standard(builder, x, int(num_groups), weight, bias, float(eps), str(activation))
 
         return {torch.ops.opbridge.group_norm.default: group_norm_standard}
 
     opset = custom_opset(DOMAIN, cfg.domain_version(DOMAIN, DOMAIN_VERSION))
 
-    def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5):
-        return opset.GroupNorm(x, weight, bias, num_groups=int(num_groups), epsilon=float(eps))
+    def group_norm(x, num_groups: int, weight=None, bias=None, eps: float = 1e-5, activation: str = "none"):
+        _check_activation(activation)
+        attrs = {} if activation == "none" else {"activation": str(activation)}
+        return opset.GroupNorm(x, weight, bias, num_groups=int(num_groups), epsilon=float(eps), **attrs)
 
     return {torch.ops.opbridge.group_norm.default: group_norm}
 
@@ -187,14 +213,16 @@ def symbolics(cfg: ExportConfig) -> dict:
 
     standard = cfg.lowering_for("group_norm") == "standard"
 
-    @sh.parse_args("v", "i", "v", "v", "f")
-    def group_norm(g, x, num_groups, weight, bias, eps):
+    @sh.parse_args("v", "i", "v", "v", "f", "s")
+    def group_norm(g, x, num_groups, weight, bias, eps, activation="none"):
+        _check_activation(activation)
         if standard:
-            y = _standard(TorchScriptBuilder(g), x, num_groups, weight, bias, eps)
+            y = _standard(TorchScriptBuilder(g), x, num_groups, weight, bias, eps, activation)
         else:
             scale = weight if not sh._is_none(weight) else sh._optional_input_placeholder_tensor(g)
             shift = bias if not sh._is_none(bias) else sh._optional_input_placeholder_tensor(g)
-            y = g.op(f"{DOMAIN}::{OP_TYPE}", x, scale, shift, num_groups_i=num_groups, epsilon_f=eps)
+            attrs = {} if activation == "none" else {"activation_s": activation}
+            y = g.op(f"{DOMAIN}::{OP_TYPE}", x, scale, shift, num_groups_i=num_groups, epsilon_f=eps, **attrs)
         y.setType(x.type())
         return y
 
