@@ -7,6 +7,8 @@
 //   mul, div, min, max       min/max(a, b) return b where either is NaN (as minps/maxps do)
 //   round(v)                 to the nearest integer (ties to even), as float
 //   pow2(n)                  2^n for integral n in [-126, 127] (built from the exponent bits)
+//   scalef(p, n)             p * 2^n for integral n in [-250, 250], overflowing to inf and
+//                            underflowing to 0 (or a subnormal) as the exact product would
 //   hsum(v)                  the lanes' sum, added in double
 //   load / store(T*)         W elements of T (float, Half, BFloat16) <-> float lanes
 //   load_n / store_n(T*, n)  the first n < W elements (other lanes read as 0, never touched)
@@ -50,6 +52,7 @@ struct SimdAvx512 {
   static V min(V a, V b) { return _mm512_min_ps(a, b); }
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
   static V round(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V scalef(V p, V n) { return _mm512_scalef_ps(p, n); }
   static V pow2(V n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
   }

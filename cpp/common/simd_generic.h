@@ -47,6 +47,11 @@ struct SimdGeneric {
     return {_mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n.lo), bias), 23)),
             _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n.hi), bias), 23))};
   }
+  // p * 2^n as p * 2^(n - n / 2) * 2^(n / 2): each factor within pow2's range.
+  static V scalef(V p, V n) {
+    const V h = round(mul(n, set1(0.5f)));
+    return mul(mul(p, pow2(h)), pow2(sub(n, h)));
+  }
   static V sub_n(V a, V b, int n) {
     const __m128i nn = _mm_set1_epi32(n);
     const __m128 klo = _mm_castsi128_ps(_mm_cmpgt_epi32(nn, _mm_setr_epi32(0, 1, 2, 3)));
@@ -163,6 +168,11 @@ struct SimdGeneric {
   static V pow2(V n) {
     for (int l = 0; l < W; ++l) n.v[l] = std::ldexp(1.0f, static_cast<int>(n.v[l]));
     return n;
+  }
+  // p * 2^n as p * 2^(n - n / 2) * 2^(n / 2): each factor within pow2's range.
+  static V scalef(V p, V n) {
+    const V h = round(mul(n, set1(0.5f)));
+    return mul(mul(p, pow2(h)), pow2(sub(n, h)));
   }
   // a - b in the first n lanes, 0 in the others.
   static V sub_n(V a, V b, int n) {

@@ -47,14 +47,14 @@ namespace {
 constexpr int64_t kGnBlock = 4096;
 // Elements per statistics block of [N, S, C] rows (64 KB of float, in L2 for a second pass),
 // and at most 128 rows, so that each per-channel float sum has at most 128 terms (as above).
-constexpr int64_t kGnRowBlockElems = 16384;
+constexpr int64_t kGnRowBlockElems = 65536;
 constexpr int64_t kGnMaxBlockRows = 128;
 // Smallest amount of work (elements) worth a parallel task: ~64 KB of float, a few
 // microseconds, well above the cost of handing a task to a thread.
 constexpr int64_t kGnMinTaskElems = int64_t{1} << 14;
 // Rows of a [N, S, C] tile: about this many bytes, so that a sample splits into enough tiles
 // to balance the threads and the per-tile work (merging G moments) stays negligible.
-constexpr int64_t kGnTileBytes = int64_t{64} << 10;
+constexpr int64_t kGnTileBytes = int64_t{256} << 10;
 // [N, S, C] samples that fit the cache budget are one task each from this many samples on: with
 // fewer, whole-sample tasks would leave threads idle (or unevenly loaded) on common pools.
 constexpr int64_t kGnMinSampleTasks = 8;
@@ -62,34 +62,26 @@ constexpr int64_t kGnMinSampleTasks = 8;
 inline int64_t gn_min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t gn_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
-// exp(u) for u in [-87, 88] (Cephes' expf: Cody-Waite reduction by ln 2, degree-6 polynomial,
-// about 1 ulp): the caller clamps, so 2^n stays a normal float.
-template <class I>
-typename I::V gn_exp(typename I::V u) {
-  using V = typename I::V;
-  const V n = I::round(I::mul(u, I::set1(1.44269504088896341f)));
-  V r = I::fmadd(n, I::set1(-0.693359375f), u);
-  r = I::fmadd(n, I::set1(2.12194440e-4f), r);
-  V p = I::set1(1.9875691500e-4f);
-  p = I::fmadd(p, r, I::set1(1.3981999507e-3f));
-  p = I::fmadd(p, r, I::set1(8.3334519073e-3f));
-  p = I::fmadd(p, r, I::set1(4.1665795894e-2f));
-  p = I::fmadd(p, r, I::set1(1.6666665459e-1f));
-  p = I::fmadd(p, r, I::set1(5.0000001201e-1f));
-  p = I::fmadd(I::mul(p, r), r, I::add(r, I::set1(1.0f)));
-  return I::mul(p, I::pow2(n));
-}
-
-// silu(z) = z / (1 + exp(-z)). exp(-z) is formed as exp(-z / 2)^2 so that it overflows to inf
-// like the real thing (silu(z) = -0 for z < -88 and silu(-inf) = NaN, as torch gives) while the
-// 2^n of gn_exp stays in range. NaN z gives NaN through the numerator.
+// silu(z) = z / (1 + exp(-z)), with exp(-z) = 2^t, t = -z * log2(e) = n + f, n an integer and
+// |f| <= 1/2: 2^f from Cephes' exp2f polynomial (relative error ~2e-7), scaled by 2^n with
+// overflow to inf and underflow to 0, so that silu(z) = -0 for z < -110 and silu(-inf) = NaN as
+// torch gives them (z / inf). t is clamped to +-160 (beyond which 2^t is inf or 0 in float
+// anyway); NaN z gives NaN through the numerator.
 template <class I>
 typename I::V gn_silu(typename I::V z) {
   using V = typename I::V;
-  V h = I::mul(z, I::set1(-0.5f));
-  h = I::max(I::min(h, I::set1(88.0f)), I::set1(-87.0f));
-  V e = gn_exp<I>(h);
-  e = I::mul(e, e);
+  V t = I::mul(z, I::set1(-1.44269504088896341f));
+  t = I::max(I::min(t, I::set1(160.0f)), I::set1(-160.0f));
+  const V n = I::round(t);
+  const V f = I::sub(t, n);
+  V p = I::set1(1.535336188319500e-4f);
+  p = I::fmadd(p, f, I::set1(1.339887440266574e-3f));
+  p = I::fmadd(p, f, I::set1(9.618437357674640e-3f));
+  p = I::fmadd(p, f, I::set1(5.550332471162809e-2f));
+  p = I::fmadd(p, f, I::set1(2.402264791363012e-1f));
+  p = I::fmadd(p, f, I::set1(6.931472028550421e-1f));
+  p = I::fmadd(p, f, I::set1(1.0f));
+  const V e = I::scalef(p, n);
   return I::div(z, I::add(I::set1(1.0f), e));
 }
 
@@ -343,43 +335,51 @@ void gn_forward_nchw(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
 // ---- [N, S, C] ---------------------------------------------------------------------------------
 
 // s1[c] += sum over rows of (x[r, c] - sh[c]), s2[c] += ... squared, for `rows` rows of C.
+// Row-major, four rows at a time: four sequential streams that the hardware prefetchers follow
+// (walking down the columns instead stalls on every row), with the per-channel sums in L1.
 template <class I, class T>
 void gn_rows_sums(const T* x, int64_t rows, int64_t C, const float* sh, float* s1, float* s2) {
   using V = typename I::V;
   constexpr int W = I::W;
-  int64_t c = 0;
-  for (; c + W <= C; c += W) {
-    const V s = I::load(sh + c);
-    V a0 = I::load(s1 + c), q0 = I::load(s2 + c), a1 = I::zero(), q1 = I::zero();
-    int64_t r = 0;
-    // Two rows per step: independent accumulators hide the add latency.
-    for (; r + 2 <= rows; r += 2) {
-      const V d0 = I::sub(I::load(x + r * C + c), s);
-      const V d1 = I::sub(I::load(x + (r + 1) * C + c), s);
-      a0 = I::add(a0, d0);
-      q0 = I::fmadd(d0, d0, q0);
-      a1 = I::add(a1, d1);
-      q1 = I::fmadd(d1, d1, q1);
+  const int64_t cv = C / W * W;
+  const int tail = static_cast<int>(C - cv);
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const T* x0 = x + r * C;
+    const T* x1 = x0 + C;
+    const T* x2 = x1 + C;
+    const T* x3 = x2 + C;
+    for (int64_t c = 0; c < cv; c += W) {
+      const V s = I::load(sh + c);
+      const V d0 = I::sub(I::load(x0 + c), s), d1 = I::sub(I::load(x1 + c), s);
+      const V d2 = I::sub(I::load(x2 + c), s), d3 = I::sub(I::load(x3 + c), s);
+      I::store(s1 + c, I::add(I::load(s1 + c), I::add(I::add(d0, d1), I::add(d2, d3))));
+      I::store(s2 + c, I::add(I::load(s2 + c), I::fmadd(d0, d0, I::fmadd(d1, d1, I::fmadd(d2, d2, I::mul(d3, d3))))));
     }
-    if (r < rows) {
-      const V d0 = I::sub(I::load(x + r * C + c), s);
-      a0 = I::add(a0, d0);
-      q0 = I::fmadd(d0, d0, q0);
+    if (tail > 0) {
+      const V s = I::load_n(sh + cv, tail);
+      V a = I::load_n(s1 + cv, tail), q = I::load_n(s2 + cv, tail);
+      for (const T* xr : {x0, x1, x2, x3}) {
+        const V d = I::sub_n(I::load_n(xr + cv, tail), s, tail);
+        a = I::add(a, d);
+        q = I::fmadd(d, d, q);
+      }
+      I::store_n(s1 + cv, a, tail);
+      I::store_n(s2 + cv, q, tail);
     }
-    I::store(s1 + c, I::add(a0, a1));
-    I::store(s2 + c, I::add(q0, q1));
   }
-  if (c < C) {
-    const int n = static_cast<int>(C - c);
-    const V s = I::load_n(sh + c, n);
-    V a0 = I::load_n(s1 + c, n), q0 = I::load_n(s2 + c, n);
-    for (int64_t r = 0; r < rows; ++r) {
-      const V d = I::sub_n(I::load_n(x + r * C + c, n), s, n);
-      a0 = I::add(a0, d);
-      q0 = I::fmadd(d, d, q0);
+  for (; r < rows; ++r) {
+    const T* xr = x + r * C;
+    for (int64_t c = 0; c < cv; c += W) {
+      const V d = I::sub(I::load(xr + c), I::load(sh + c));
+      I::store(s1 + c, I::add(I::load(s1 + c), d));
+      I::store(s2 + c, I::fmadd(d, d, I::load(s2 + c)));
     }
-    I::store_n(s1 + c, a0, n);
-    I::store_n(s2 + c, q0, n);
+    if (tail > 0) {
+      const V d = I::sub_n(I::load_n(xr + cv, tail), I::load_n(sh + cv, tail), tail);
+      I::store_n(s1 + cv, I::add(I::load_n(s1 + cv, tail), d), tail);
+      I::store_n(s2 + cv, I::fmadd(d, d, I::load_n(s2 + cv, tail)), tail);
+    }
   }
 }
 
@@ -473,31 +473,45 @@ void gn_sample_coefficients(const group_norm_isa::Args<T>& a, const GnMoments* m
   }
 }
 
-// Normalizes `rows` rows of C channels with per-channel coefficients.
+// Normalizes `rows` rows of C channels with per-channel coefficients. Stream: non-temporal
+// stores, for rows that all start at the same offset from a vector boundary (C * sizeof(T) a
+// multiple of the vector's bytes); the first `head` channels of each row are stored normally.
+// next: rows to prefetch meanwhile (the next sample, whose statistics come next), or nullptr.
 template <class I, Activation A, bool Stream, class T>
-void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficients& k, Activation act) {
+void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficients& k, Activation act,
+                   const T* next) {
   using V = typename I::V;
   constexpr int W = I::W;
   const float* mh = k.mh.data();
   const float* ka = k.a.data();
   const float* ko = k.off.data();
+  const auto f = [&](const T* xr, int64_t c) {
+    return gn_act<I, A>(I::fmadd(I::sub(I::load(xr + c), I::load(mh + c)), I::load(ka + c), I::load(ko + c)));
+  };
+  const auto f_n = [&](const T* xr, int64_t c, int n) {
+    return gn_act<I, A>(I::fmadd(I::sub(I::load_n(xr + c, n), I::load_n(mh + c, n)), I::load_n(ka + c, n),
+                                 I::load_n(ko + c, n)));
+  };
+  constexpr uintptr_t kAlign = W * sizeof(T);
+  const int64_t head =
+      Stream ? gn_min(C, static_cast<int64_t>((kAlign - reinterpret_cast<uintptr_t>(y) % kAlign) % kAlign / sizeof(T)))
+             : 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * C;
     T* yr = y + r * C;
-    int64_t c = 0;
+    if (next != nullptr) gn_prefetch(next + r * C, C * static_cast<int64_t>(sizeof(T)));
+    if (head > 0) I::store_n(yr, f_n(xr, 0, static_cast<int>(head)), static_cast<int>(head));
+    int64_t c = head;
     for (; c + W <= C; c += W) {
-      const V z = I::fmadd(I::sub(I::load(xr + c), I::load(mh + c)), I::load(ka + c), I::load(ko + c));
       if (Stream) {
-        I::stream(yr + c, gn_act<I, A>(z));
+        I::stream(yr + c, f(xr, c));
       } else {
-        I::store(yr + c, gn_act<I, A>(z));
+        I::store(yr + c, f(xr, c));
       }
     }
     if (c < C) {
       const int n = static_cast<int>(C - c);
-      const V z = I::fmadd(I::sub(I::load_n(xr + c, n), I::load_n(mh + c, n)), I::load_n(ka + c, n),
-                           I::load_n(ko + c, n));
-      I::store_n(yr + c, gn_act<I, A>(z), n);
+      I::store_n(yr + c, f_n(xr, c, n), n);
     }
   }
   for (size_t e = 0; e < k.exact.size(); ++e) {
@@ -511,14 +525,13 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
   const int64_t N = a.d.N, C = a.d.C, G = a.d.G, S = a.d.S;
   const int64_t row_bytes = C * static_cast<int64_t>(sizeof(T));
   const int64_t sample_bytes = S * row_bytes;
-  // Streaming stores need every row to start vector-aligned.
-  const bool stream = N * sample_bytes >= a.stream_bytes && C % I::W == 0 &&
-                      reinterpret_cast<uintptr_t>(a.y) % (I::W * sizeof(T)) == 0;
-  const auto apply = [&](const T* x, T* y, int64_t rows, const GnCoefficients& k) {
+  // Streaming stores need every row at the same offset from a vector boundary (gn_nhwc_apply).
+  const bool stream = N * sample_bytes >= a.stream_bytes && C % I::W == 0;
+  const auto apply = [&](const T* x, T* y, int64_t rows, const GnCoefficients& k, const T* next) {
     if (stream) {
-      gn_nhwc_apply<I, A, true>(x, y, rows, C, k, a.act);
+      gn_nhwc_apply<I, A, true>(x, y, rows, C, k, a.act, next);
     } else {
-      gn_nhwc_apply<I, A, false>(x, y, rows, C, k, a.act);
+      gn_nhwc_apply<I, A, false>(x, y, rows, C, k, a.act, next);
     }
   };
   const auto stats_out = [&](float* p, int64_t n) { return p == nullptr ? nullptr : p + n * G; };
@@ -534,7 +547,8 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
         const T* xs = a.x + n * S * C;
         gn_nhwc_moments<I>(xs, S, C, G, m.data(), &sc);
         gn_sample_coefficients<I>(a, m.data(), stats_out(a.mean, n), stats_out(a.rstd, n), &k);
-        apply(xs, a.y + n * S * C, S, k);
+        // The next sample is read into cache while this one is written (as for [N, C, S] groups).
+        apply(xs, a.y + n * S * C, S, k, n + 1 < N ? xs + S * C : nullptr);
       }
       if (stream) I::fence();
     });
@@ -575,7 +589,7 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
       for (int64_t t = begin; t < end; ++t) {
         int64_t n = 0, r0 = 0, nr = 0;
         tile_range(t, &n, &r0, &nr);
-        apply(a.x + (n * S + r0) * C, a.y + (n * S + r0) * C, nr, coef[n - n0]);
+        apply(a.x + (n * S + r0) * C, a.y + (n * S + r0) * C, nr, coef[n - n0], nullptr);
       }
       if (stream) I::fence();
     });
