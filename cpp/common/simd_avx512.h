@@ -4,6 +4,11 @@
 // Interface shared with simd_generic.h and simd_avx2.h, which kernels are templated on:
 //   W                        lanes per vector; V the vector type
 //   zero, set1, add, sub, fmadd(a, b, c) = a * b + c, sub_n (a - b in the first n lanes, 0 after)
+//   mul, div, min, max       min/max(a, b) return b where either is NaN (as minps/maxps do)
+//   round(v)                 to the nearest integer (ties to even), as float
+//   pow2(n)                  2^n for integral n in [-126, 127] (built from the exponent bits)
+//   scalef(p, n)             p * 2^n for integral n in [-250, 250], overflowing to inf and
+//                            underflowing to 0 (or a subnormal) as the exact product would
 //   hsum(v)                  the lanes' sum, added in double
 //   load / store(T*)         W elements of T (float, Half, BFloat16) <-> float lanes
 //   load_n / store_n(T*, n)  the first n < W elements (other lanes read as 0, never touched)
@@ -42,6 +47,15 @@ struct SimdAvx512 {
   static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V sub_n(V a, V b, int n) { return _mm512_maskz_sub_ps(mask(n), a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V round(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static V scalef(V p, V n) { return _mm512_scalef_ps(p, n); }
+  static V pow2(V n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
   static double hsum(V a) {
     const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(a));
     const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1));

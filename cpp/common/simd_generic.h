@@ -6,6 +6,7 @@
 // dtype.h's exact conversions. Everything has internal linkage: see simd_avx512.h for why.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #if defined(__SSE2__)
@@ -32,6 +33,24 @@ struct SimdGeneric {
   // a * b + c (two roundings: the baseline has no fused multiply-add)
   static V fmadd(V a, V b, V c) {
     return {_mm_add_ps(_mm_mul_ps(a.lo, b.lo), c.lo), _mm_add_ps(_mm_mul_ps(a.hi, b.hi), c.hi)};
+  }
+  static V mul(V a, V b) { return {_mm_mul_ps(a.lo, b.lo), _mm_mul_ps(a.hi, b.hi)}; }
+  static V div(V a, V b) { return {_mm_div_ps(a.lo, b.lo), _mm_div_ps(a.hi, b.hi)}; }
+  static V min(V a, V b) { return {_mm_min_ps(a.lo, b.lo), _mm_min_ps(a.hi, b.hi)}; }
+  static V max(V a, V b) { return {_mm_max_ps(a.lo, b.lo), _mm_max_ps(a.hi, b.hi)}; }
+  // cvtps2dq rounds by MXCSR: to nearest even unless the program changed the rounding mode.
+  static V round(V a) {
+    return {_mm_cvtepi32_ps(_mm_cvtps_epi32(a.lo)), _mm_cvtepi32_ps(_mm_cvtps_epi32(a.hi))};
+  }
+  static V pow2(V n) {
+    const __m128i bias = _mm_set1_epi32(127);
+    return {_mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n.lo), bias), 23)),
+            _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n.hi), bias), 23))};
+  }
+  // p * 2^n as p * 2^(n - n / 2) * 2^(n / 2): each factor within pow2's range.
+  static V scalef(V p, V n) {
+    const V h = round(mul(n, set1(0.5f)));
+    return mul(mul(p, pow2(h)), pow2(sub(n, h)));
   }
   static V sub_n(V a, V b, int n) {
     const __m128i nn = _mm_set1_epi32(n);
@@ -124,6 +143,36 @@ struct SimdGeneric {
   static V fmadd(V a, V b, V c) {
     for (int l = 0; l < W; ++l) a.v[l] = a.v[l] * b.v[l] + c.v[l];
     return a;
+  }
+  static V mul(V a, V b) {
+    for (int l = 0; l < W; ++l) a.v[l] *= b.v[l];
+    return a;
+  }
+  static V div(V a, V b) {
+    for (int l = 0; l < W; ++l) a.v[l] /= b.v[l];
+    return a;
+  }
+  // As minps / maxps: b where either is NaN.
+  static V min(V a, V b) {
+    for (int l = 0; l < W; ++l) a.v[l] = a.v[l] < b.v[l] ? a.v[l] : b.v[l];
+    return a;
+  }
+  static V max(V a, V b) {
+    for (int l = 0; l < W; ++l) a.v[l] = a.v[l] > b.v[l] ? a.v[l] : b.v[l];
+    return a;
+  }
+  static V round(V a) {
+    for (int l = 0; l < W; ++l) a.v[l] = std::nearbyint(a.v[l]);
+    return a;
+  }
+  static V pow2(V n) {
+    for (int l = 0; l < W; ++l) n.v[l] = std::ldexp(1.0f, static_cast<int>(n.v[l]));
+    return n;
+  }
+  // p * 2^n as p * 2^(n - n / 2) * 2^(n / 2): each factor within pow2's range.
+  static V scalef(V p, V n) {
+    const V h = round(mul(n, set1(0.5f)));
+    return mul(mul(p, pow2(h)), pow2(sub(n, h)));
   }
   // a - b in the first n lanes, 0 in the others.
   static V sub_n(V a, V b, int n) {

@@ -246,9 +246,9 @@ std::string attr_string(const OrtKernelInfo* info, const char* name, const std::
     if (const char* got = other_attr_type(info, name)) fail_attr_type(name, "a string", got);
     return fallback;
   }
-  std::string v(size, '\0');  // size counts the terminating NUL
+  std::string v(size, '\0');
   check(api().KernelInfoGetAttribute_string(info, name, v.data(), &size));
-  v.resize(std::strlen(v.c_str()));
+  v.resize(std::strlen(v.c_str()));  // size counts the terminating NUL
   return v;
 }
 
@@ -357,6 +357,24 @@ float InferIO::attr_float(const char* name, float fallback) const {
     api().ReleaseStatus(st);
     fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be a float");
   }
+  return v;
+}
+
+std::string InferIO::attr_string(const char* name, const std::string& fallback) const {
+  const OrtOpAttr* attr = infer_attr(ctx_, name);
+  if (attr == nullptr) return fallback;
+  // A first call with no buffer reports the length (as an error status); strings are not
+  // NUL-terminated here.
+  size_t written = 0;
+  OrtStatus* st = api().ReadOpAttr(attr, ORT_OP_ATTR_STRING, nullptr, 0, &written);
+  if (st != nullptr) api().ReleaseStatus(st);
+  std::string v(written, '\0');
+  st = api().ReadOpAttr(attr, ORT_OP_ATTR_STRING, v.data(), v.size(), &written);
+  if (st != nullptr) {
+    api().ReleaseStatus(st);
+    fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be a string");
+  }
+  v.resize(std::min(written, v.size()));
   return v;
 }
 

@@ -48,6 +48,8 @@ void check_param(const std::optional<at::Tensor>& p, const at::Tensor& x, const 
 
 #include <torch/library.h>
 
+#include <ATen/ops/empty.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -119,6 +121,41 @@ ElemType elem_type(at::ScalarType t) {
 }
 
 }  // namespace
+
+// (0, 2, ..., rank - 1, 1): x.permute(this) is [N, *spatial, C].
+std::vector<int64_t> channels_last_order(int64_t rank) {
+  std::vector<int64_t> p{0};
+  for (int64_t i = 2; i < rank; ++i) p.push_back(i);
+  p.push_back(1);
+  return p;
+}
+
+// Whether x is processed as [N, S, C]: its memory is channels-last and it is not also
+// contiguous (where both hold, e.g. C = 1 or all spatial dims 1, the two views coincide).
+bool uses_channels_last(const at::Tensor& x) {
+  return x.dim() >= 3 && !x.is_contiguous() && x.permute(channels_last_order(x.dim())).is_contiguous();
+}
+
+// A new tensor of x's sizes, channels-last (strides of a contiguous [N, *spatial, C] buffer) or
+// contiguous.
+at::Tensor empty_in_layout(const at::Tensor& x, bool channels_last) {
+  if (!channels_last) return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const auto order = channels_last_order(x.dim());
+  std::vector<int64_t> sizes;
+  for (int64_t i : order) sizes.push_back(x.size(i));
+  std::vector<int64_t> inverse(order.size());
+  for (size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int64_t>(i);
+  return at::empty(sizes, x.options()).permute(inverse);
+}
+
+// t in the given layout (a copy only where t's memory differs).
+at::Tensor in_layout(const at::Tensor& t, bool channels_last) {
+  if (!channels_last) return t.contiguous();
+  if (t.permute(channels_last_order(t.dim())).is_contiguous()) return t;
+  at::Tensor out = empty_in_layout(t, true);
+  out.copy_(t);
+  return out;
+}
 
 std::string torch_schema(const OpDecl& decl) {
   std::string s = decl.name() + "(";

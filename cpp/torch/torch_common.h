@@ -23,6 +23,19 @@ class Library;
 
 namespace opbridge::torch_adapter {
 
+// ---- memory formats (ops whose outputs keep_memory_format(); the fake kernels follow the same
+// rule, opbridge/ops/_declared.py: channels_last) ----
+// (0, 2, ..., rank - 1, 1): x.permute(this) is [N, *spatial, C].
+std::vector<int64_t> channels_last_order(int64_t rank);
+// Whether x is processed as [N, S, C]: its memory is channels-last and it is not also
+// contiguous (where both hold, e.g. C = 1 or all spatial dims 1, the two views coincide).
+bool uses_channels_last(const at::Tensor& x);
+// A new tensor of x's sizes, channels-last (strides of a contiguous [N, *spatial, C] buffer) or
+// contiguous.
+at::Tensor empty_in_layout(const at::Tensor& x, bool channels_last);
+// t in the given layout (a copy only where t's memory differs).
+at::Tensor in_layout(const at::Tensor& t, bool channels_last);
+
 // ---- declared ops (opbridge/op_decl.h) ----
 // The torch schema of a declaration, e.g. "group_norm(Tensor x, int num_groups, Tensor? weight=None, ...) -> Tensor".
 std::string torch_schema(const OpDecl& decl);

@@ -37,14 +37,14 @@ int main(int argc, char** argv) {
     call.set_float("eps", eps);
     opbridge::Status st = opbridge::check_call(call);
     if (!st.ok()) throw std::runtime_error(st.message());
-    const opbridge::GroupNormDims d = opbridge::group_norm_dims(x.shape, groups);
-    const int64_t N = d.N, C = d.C, S = d.S;
+    const opbridge::GroupNormDims d =
+        opbridge::group_norm_dims(x.shape.data(), x.shape.size(), groups, /*channels_last=*/false);
     std::vector<float> y(static_cast<size_t>(x.numel()));
     // Serial ParallelFor: this program has no thread pool to offer.
     st = opbridge::group_norm_cpu<float>(reinterpret_cast<const float*>(x.data.data()),
                                          reinterpret_cast<const float*>(w.data.data()),
-                                         reinterpret_cast<const float*>(b.data.data()), y.data(), N, C, S, groups,
-                                         eps, nullptr, nullptr, opbridge::ParallelFor());
+                                         reinterpret_cast<const float*>(b.data.data()), y.data(), d, eps,
+                                         opbridge::Activation::kNone, nullptr, nullptr, opbridge::ParallelFor());
     if (!st.ok()) throw std::runtime_error(st.message());
     npy::write(argv[6], "<f4", x.shape, y.data(), y.size() * sizeof(float));
   } catch (const std::exception& e) {

@@ -42,21 +42,6 @@ Status validate(const OpCall& call) {
 
 }  // namespace
 
-GroupNormDims group_norm_dims(const std::vector<int64_t>& shape, int64_t num_groups, bool channels_last) {
-  GroupNormDims d;
-  d.N = shape.at(0);
-  d.C = shape.at(1);
-  d.G = num_groups;
-  d.channels_last = channels_last;
-  int64_t numel = 1;
-  for (int64_t s : shape) numel = s == 0 ? 0 : numel;
-  if (numel == 0) return d;  // S = 0
-  int64_t spatial = 1;
-  for (size_t i = 2; i < shape.size(); ++i) spatial *= shape[i];  // < numel: no overflow
-  d.S = spatial;
-  return d;
-}
-
 const OpDecl& group_norm_decl() {
   static const OpDecl decl =
       OpDecl("group_norm", kGroupNormOpType, 1)

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "opbridge/dtype.h"
+#include "opbridge/group_norm.h"
 #include "opbridge/parallel.h"
 
 namespace opbridge::group_norm_isa {
@@ -17,10 +18,16 @@ struct Args {
   const T* weight;  // nullptr: 1
   const T* bias;    // nullptr: 0
   T* y;
-  int64_t N, C, S, G;
+  GroupNormDims d;
   double eps;
+  Activation act;
   float* mean;  // [N, G] or nullptr
   float* rstd;  // [N, G] or nullptr
+  // Bytes of input one thread may keep in its own cache between reading it for the statistics
+  // and reading it again to normalize (half the per-core L2, see cache_budget_bytes()).
+  int64_t cache_budget;
+  // Outputs of at least this many bytes are written with streaming stores.
+  int64_t stream_bytes;
 };
 
 template <class T> void forward_baseline(const Args<T>& a, const ParallelFor& pf);

@@ -1,6 +1,10 @@
 // opbridge._core.group_norm: the GroupNorm CPU kernel on numpy arrays (serial); bfloat16 as
 // ml_dtypes.bfloat16 arrays (or any bfloat16 DLPack producer, e.g. a torch tensor).
 #include <optional>
+#include <string>
+#include <vector>
+
+#include <nanobind/stl/string.h>
 
 #include "core_module.h"
 #include "opbridge/group_norm.h"
@@ -9,7 +13,7 @@ namespace opbridge::py {
 namespace {
 
 nb::object group_norm_py(nb::handle x_obj, int64_t num_groups, nb::handle weight_obj, nb::handle bias_obj,
-                         double eps) {
+                         double eps, const std::string& activation, bool channels_last) {
   constexpr const char* op = "group_norm";
   const ArrayArg x = array_arg(x_obj, op, "x");
   const DType dt = x.dtype;
@@ -17,14 +21,23 @@ nb::object group_norm_py(nb::handle x_obj, int64_t num_groups, nb::handle weight
   std::optional<ArrayArg> weight, bias;
   if (!weight_obj.is_none()) weight = array_arg(weight_obj, op, "weight");
   if (!bias_obj.is_none()) bias = array_arg(bias_obj, op, "bias");
+  // The logical (N, C, *spatial) shape: a channels-last array is (N, *spatial, C).
+  std::vector<int64_t> logical = shape;
+  if (channels_last && shape.size() >= 2) {
+    logical = {shape.front(), shape.back()};
+    logical.insert(logical.end(), shape.begin() + 1, shape.end() - 1);
+  }
   OpCall call(group_norm_decl());
   call.in("x") = tensor_arg(&x);
+  call.in("x").shape = logical;
   call.in("weight") = tensor_arg(weight ? &*weight : nullptr);
   call.in("bias") = tensor_arg(bias ? &*bias : nullptr);
   call.set_int("num_groups", num_groups);
   call.set_float("eps", eps);
+  call.set_string("activation", activation);
   check(check_call(call), op);
-  const GroupNormDims d = group_norm_dims(shape, num_groups);
+  const Activation act = activation_from_name(activation);
+  const GroupNormDims d = group_norm_dims(logical.data(), logical.size(), num_groups, channels_last);
   void* out = nullptr;
   OutArray y = new_array(dt, shape, &out);
   Status st;
@@ -35,8 +48,8 @@ nb::object group_norm_py(nb::handle x_obj, int64_t num_groups, nb::handle weight
       using T = decltype(tag);
       st = group_norm_cpu<T>(static_cast<const T*>(x.array.data()),
                              weight ? static_cast<const T*>(weight->array.data()) : nullptr,
-                             bias ? static_cast<const T*>(bias->array.data()) : nullptr, static_cast<T*>(out), d.N, d.C,
-                             d.S, d.G, eps, nullptr, nullptr, ParallelFor());
+                             bias ? static_cast<const T*>(bias->array.data()) : nullptr, static_cast<T*>(out), d, eps,
+                             act, nullptr, nullptr, ParallelFor());
     });
   }
   check(st, op);
@@ -45,8 +58,10 @@ nb::object group_norm_py(nb::handle x_obj, int64_t num_groups, nb::handle weight
 
 void bind(nb::module_& m) {
   m.def("group_norm", &group_norm_py, nb::arg("x"), nb::arg("num_groups"), nb::arg("weight") = nb::none(),
-        nb::arg("bias") = nb::none(), nb::arg("eps") = 1e-5,
-        "GroupNorm of x (N, C, *) with per-channel weight/bias, computed by opbridge's CPU kernel.");
+        nb::arg("bias") = nb::none(), nb::arg("eps") = 1e-5, nb::arg("activation") = "none",
+        nb::arg("channels_last") = false,
+        "GroupNorm of x (N, C, *) with per-channel weight/bias and activation ('none' or 'silu'), computed by "
+        "opbridge's CPU kernel. channels_last=True: x is (N, *spatial, C) (NHWC) and so is the result.");
 }
 
 }  // namespace

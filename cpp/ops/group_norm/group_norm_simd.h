@@ -1,27 +1,39 @@
 // GroupNorm forward written once over a SIMD wrapper (cpp/common/simd_*.h) and compiled once per
 // instruction set (internal header; linkage as explained in simd_avx512.h).
 //
-// Memory traffic is the cost: per (n, g) group, X is read from memory once, for the statistics,
-// in blocks small enough to stay in L1; the normalization then reads the group again from L2
-// (a group of the common conv shapes is 25-256 KB) and writes Y once.
+// Memory traffic is the cost. The floor is a copy: read x once, write y once. Where the data of
+// one statistics unit (a group in [N, C, S], a sample in [N, S, C]) fits in the per-core cache
+// budget, it is read from memory once, for the statistics, and normalized while it is still in
+// L2; otherwise it is read twice (the statistics must be complete before any output).
 //
-// Statistics: each block of kBlock elements is summed as deviations d = x - shift in float
-// lanes (sum d and sum d^2 in one pass), folded into double, and merged into the group's
-// running (count, mean, M2) with Chan's parallel formula in double. The shift is the group's
-// running mean (the first element for the first block), so a large common offset (mean 1e6,
-// unit variance) never enters the float sums; a block whose own mean lies further from the
-// shift than its spread is summed once more around its mean while it is still in L1, so
-// sum d^2 - (sum d)^2 / n never cancels more than half its digits. A constant group gives
-// d = 0 exactly: mean exact, variance exactly 0.
+// [N, C, S]: one task per (n, g) group: the group's moments in blocks small enough for L1, then
+// the normalization from L2 (the next group is prefetched meanwhile).
+// [N, S, C]: the groups interleave within each row of C channels, so statistics accumulate per
+// channel over rows (vectorized across channels) and fold into per-group moments per block of
+// rows. Samples that fit the cache budget are one task each (statistics, then normalization
+// from L2) when there are enough of them to keep every thread busy; otherwise the samples are
+// cut into tiles of rows, processed in waves of a few samples: statistics of every tile of the
+// wave (one parallel pass), merged per group, then normalization of the same tiles (a second
+// pass, whose tiles the same thread read just before when the pool partitions ranges
+// statically, as torch's OpenMP pool does).
 //
-// Normalization: y = (x - m_hi) * a_c + (b_c - m_lo * a_c), with the mean split into float
-// m_hi + m_lo: x - m_hi is exact near a large mean, where the usual x * a + (b - mean * a)
-// would round the offset to float and lose the output's digits.
+// Statistics: each block is summed as deviations d = x - shift in float lanes (sum d and
+// sum d^2 in one pass), folded into double, and merged into the group's running (count, mean,
+// M2) with Chan's parallel formula in double. The shift is the group's running mean (a first
+// element for the first block), so a large common offset (mean 1e6, unit variance) never enters
+// the float sums; a block whose own mean lies further from the shift than its spread is summed
+// once more around its mean while it is still in cache, so sum d^2 - (sum d)^2 / n never cancels
+// more than half its digits. A constant group gives d = 0 exactly: mean exact, variance 0.
+//
+// Normalization: y = act((x - m_hi) * a_c + (b_c - m_lo * a_c)), with the mean split into float
+// m_hi + m_lo: x - m_hi is exact near a large mean, where the usual x * a + (b - mean * a) would
+// round the offset to float and lose the output's digits.
 #pragma once
 
 #include <cmath>
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "group_norm_isa.h"
 #include "opbridge/parallel.h"
@@ -29,20 +41,61 @@
 namespace opbridge {
 namespace {
 
-// Elements per statistics block: 16 KB of float (8 KB of 16-bit) sits in any L1 for the
-// occasional second pass, and each float lane sums at most kBlock / (4 * W) <= 128 terms, so its
-// rounding error stays far below float epsilon * |sum|.
+// Elements per statistics block of a [N, C, S] group: 16 KB of float (8 KB of 16-bit) sits in
+// any L1 for the occasional second pass, and each float lane sums at most kGnBlock / (4 * W)
+// <= 128 terms, so its rounding error stays far below float epsilon * |sum|.
 constexpr int64_t kGnBlock = 4096;
+// Elements per statistics block of [N, S, C] rows (64 KB of float, in L2 for a second pass),
+// and at most 128 rows, so that each per-channel float sum has at most 128 terms (as above).
+constexpr int64_t kGnRowBlockElems = 65536;
+constexpr int64_t kGnMaxBlockRows = 128;
 // Smallest amount of work (elements) worth a parallel task: ~64 KB of float, a few
 // microseconds, well above the cost of handing a task to a thread.
 constexpr int64_t kGnMinTaskElems = int64_t{1} << 14;
-// Outputs of at least this many bytes are written with streaming (non-temporal) stores: they
-// exceed what the per-core caches hold (L2 is 1-2 MB on current x86), so most of y would be
-// evicted before the next op reads it anyway, and skipping the read-for-ownership of every
-// output line saves a third of the memory traffic (measured: 1.3-1.8x on 8-16 MB tensors).
-constexpr int64_t kGnStreamBytes = int64_t{4} << 20;
+// Rows of a [N, S, C] tile: about this many bytes, so that a sample splits into enough tiles
+// to balance the threads and the per-tile work (merging G moments) stays negligible.
+constexpr int64_t kGnTileBytes = int64_t{256} << 10;
+// [N, S, C] samples that fit the cache budget are one task each from this many samples on: with
+// fewer, whole-sample tasks would leave threads idle (or unevenly loaded) on common pools.
+constexpr int64_t kGnMinSampleTasks = 8;
 
 inline int64_t gn_min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t gn_max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// silu(z) = z / (1 + exp(-z)), with exp(-z) = 2^t, t = -z * log2(e) = n + f, n an integer and
+// |f| <= 1/2: 2^f from Cephes' exp2f polynomial (relative error ~2e-7), scaled by 2^n with
+// overflow to inf and underflow to 0, so that silu(z) = -0 for z < -110 and silu(-inf) = NaN as
+// torch gives them (z / inf). t is clamped to +-160 (beyond which 2^t is inf or 0 in float
+// anyway); NaN z gives NaN through the numerator.
+template <class I>
+typename I::V gn_silu(typename I::V z) {
+  using V = typename I::V;
+  V t = I::mul(z, I::set1(-1.44269504088896341f));
+  t = I::max(I::min(t, I::set1(160.0f)), I::set1(-160.0f));
+  const V n = I::round(t);
+  const V f = I::sub(t, n);
+  V p = I::set1(1.535336188319500e-4f);
+  p = I::fmadd(p, f, I::set1(1.339887440266574e-3f));
+  p = I::fmadd(p, f, I::set1(9.618437357674640e-3f));
+  p = I::fmadd(p, f, I::set1(5.550332471162809e-2f));
+  p = I::fmadd(p, f, I::set1(2.402264791363012e-1f));
+  p = I::fmadd(p, f, I::set1(6.931472028550421e-1f));
+  p = I::fmadd(p, f, I::set1(1.0f));
+  const V e = I::scalef(p, n);
+  return I::div(z, I::add(I::set1(1.0f), e));
+}
+
+template <class I, Activation A>
+typename I::V gn_act(typename I::V z) {
+  if constexpr (A == Activation::kSilu) {
+    return gn_silu<I>(z);
+  } else {
+    return z;
+  }
+}
+
+// The activation in double, for the rare channels normalized in double (see gn_apply callers).
+inline double gn_act_double(Activation act, double z) { return act == Activation::kSilu ? z / (1.0 + std::exp(-z)) : z; }
 
 // sum(x - shift) and sum((x - shift)^2) over p[0..n).
 template <class I, class T>
@@ -83,34 +136,54 @@ void gn_shifted_sums(const T* p, int64_t n, float shift, double* sum, double* su
   *sumsq = I::hsum(q0) + I::hsum(q1) + I::hsum(q2) + I::hsum(q3);
 }
 
-// Mean and biased variance of g[0..n), n > 0 (see the header comment).
+// Running moments of one group: element count, mean, and sum of squared deviations M2.
+struct GnMoments {
+  double count = 0.0, mean = 0.0, m2 = 0.0;
+
+  // Chan et al.: merges a block of nb elements with mean mb and M2 m2b.
+  void merge(double nb, double mb, double m2b) {
+    const double total = count + nb;
+    const double delta = mb - mean;
+    mean += delta * (nb / total);
+    m2 += m2b + delta * delta * (count * nb / total);
+    count = total;
+  }
+  void merge(const GnMoments& o) {
+    if (o.count > 0.0) merge(o.count, o.mean, o.m2);
+  }
+};
+
+// The moments of a block summed around `shift`: sd = sum(x - shift), sq = sum((x - shift)^2).
+inline void gn_merge_block(GnMoments* m, double nb, float shift, double sd, double sq) {
+  const double mb = static_cast<double>(shift) + sd / nb;
+  double m2b = sq - sd * sd / nb;
+  if (m2b < 0.0) m2b = 0.0;  // rounding; written so that NaN stays NaN
+  m->merge(nb, mb, m2b);
+}
+
+// Whether a block summed around `shift` must be summed again around its own mean: its mean lies
+// further from the shift than its spread, so sq - sd^2 / nb would cancel most digits.
+inline bool gn_needs_recentering(double nb, double sd, double sq) { return sd * sd > 0.5 * sq * nb; }
+
+// Mean and biased variance of the contiguous g[0..n), n > 0 (see the header comment).
 template <class I, class T>
 void gn_moments(const T* g, int64_t n, double* mean_out, double* var_out) {
-  double count = 0.0, mean = 0.0, m2 = 0.0;
+  GnMoments m;
   float shift = I::to_f32(g[0]);
   for (int64_t b0 = 0; b0 < n; b0 += kGnBlock) {
     const int64_t len = gn_min(kGnBlock, n - b0);
     const double nb = static_cast<double>(len);
     double sd = 0.0, sq = 0.0;
     gn_shifted_sums<I>(g + b0, len, shift, &sd, &sq);
-    // (block mean - shift)^2 > block variance: re-center on the block's mean.
-    if (sd * sd > 0.5 * sq * nb) {
+    if (gn_needs_recentering(nb, sd, sq)) {
       shift = static_cast<float>(static_cast<double>(shift) + sd / nb);
       gn_shifted_sums<I>(g + b0, len, shift, &sd, &sq);
     }
-    const double mb = static_cast<double>(shift) + sd / nb;
-    double m2b = sq - sd * sd / nb;
-    if (m2b < 0.0) m2b = 0.0;  // rounding; written so that NaN stays NaN
-    // Chan et al.: merge (nb, mb, m2b) into (count, mean, m2).
-    const double total = count + nb;
-    const double delta = mb - mean;
-    mean += delta * (nb / total);
-    m2 += m2b + delta * delta * (count * nb / total);
-    count = total;
-    shift = static_cast<float>(mean);
+    gn_merge_block(&m, nb, shift, sd, sq);
+    shift = static_cast<float>(m.mean);
   }
-  *mean_out = mean;
-  *var_out = m2 / count;
+  *mean_out = m.mean;
+  *var_out = m.m2 / m.count;
 }
 
 // Asks for the cache lines of [p, p + bytes) ahead of use.
@@ -124,15 +197,15 @@ inline void gn_prefetch(const void* p, int64_t bytes) {
 #endif
 }
 
-// y[0..n) = (x - m_hi) * a + off. When `next` is not null, the same number of elements from
-// `next` are prefetched meanwhile (the next group: its memory reads overlap this pass's work).
-// Stream: write y with non-temporal stores (see kGnStreamBytes).
-template <class I, bool Stream, class T>
+// y[0..n) = act((x - m_hi) * a + off). When `next` is not null, the same number of elements
+// from `next` are prefetched meanwhile (the next group: its memory reads overlap this pass's
+// work). Stream: write y with non-temporal stores (see Args::stream_bytes).
+template <class I, Activation A, bool Stream, class T>
 void gn_apply(const T* x, T* y, int64_t n, float m_hi, float a, float off, const T* next) {
   using V = typename I::V;
   constexpr int W = I::W;
   const V vm = I::set1(m_hi), va = I::set1(a), vo = I::set1(off);
-  const auto f = [&](V v) { return I::fmadd(I::sub(v, vm), va, vo); };
+  const auto f = [&](V v) { return gn_act<I, A>(I::fmadd(I::sub(v, vm), va, vo)); };
   int64_t i = 0;
   if (Stream) {
     // Streaming stores need vector-aligned addresses: the elements before the first aligned
@@ -174,70 +247,384 @@ void gn_apply(const T* x, T* y, int64_t n, float m_hi, float a, float off, const
   }
 }
 
+// Per-channel normalization coefficients of one sample: y = act((x - mh[c]) * a[c] + off[c]);
+// `exact` lists the channels whose coefficients are not finite floats (see gn_coefficients).
+struct GnCoefficients {
+  std::vector<float> mh, a, off;
+  std::vector<int64_t> exact;
+  std::vector<double> exact_mean, exact_scale, exact_bias;
+};
+
+// The coefficients of channel c, given its group's mean and rstd. Returns false where
+// rstd * weight is infinite or NaN (an infinite or NaN weight, eps = 0 on a constant group) or
+// overflows float (var + eps < ~1e-77, e.g. a constant group with eps = 1e-300): the channel
+// must then be evaluated as (x - mean) * rstd * weight + bias, in double, so that a zero
+// deviation gives bias (or 0 * inf = NaN) and a nonzero one the right infinity, where the
+// folded offset would be inf - inf. Rare and per channel: no cost otherwise.
 template <class I, class T>
-void gn_forward(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
-  const int64_t G = a.G, Cg = a.C / a.G, S = a.S;
-  const int64_t group_elems = Cg * S;
-  if (a.N == 0 || a.C == 0) return;
-  if (S == 0) {
-    // Empty groups. N * G may be astronomically large here (x = [2^62, 1, 0] is a valid empty
-    // tensor), so only touch the statistics when the caller asked for (and so allocated) them.
-    if (a.mean != nullptr || a.rstd != nullptr) {
-      for (int64_t ng = 0; ng < a.N * G; ++ng) {
-        if (a.mean != nullptr) a.mean[ng] = 0.f;
-        if (a.rstd != nullptr) a.rstd[ng] = 0.f;
-      }
-    }
-    return;
+bool gn_channel_coefficients(const T* weight, const T* bias, int64_t c, double mean, double rstd, float* mh,
+                             float* a, float* off, double* scale_out, double* bias_out) {
+  const float m_hi = static_cast<float>(mean);
+  const double m_lo = mean - static_cast<double>(m_hi);
+  const double w = weight != nullptr ? static_cast<double>(I::to_f32(weight[c])) : 1.0;
+  const double b = bias != nullptr ? static_cast<double>(I::to_f32(bias[c])) : 0.0;
+  const double scale = rstd * w;
+  *mh = m_hi;
+  *a = static_cast<float>(scale);
+  *off = static_cast<float>(b - m_lo * scale);
+  *scale_out = scale;
+  *bias_out = b;
+  return std::isfinite(*a) && (std::isfinite(*off) || !std::isfinite(b));
+}
+
+// One channel of one group in double (the rare case above): y[i * stride] for i < n.
+template <class I, class T>
+void gn_apply_exact(const T* x, T* y, int64_t n, int64_t stride, double mean, double scale, double b, Activation act) {
+  const float m_hi = static_cast<float>(mean);
+  const double m_lo = mean - static_cast<double>(m_hi);
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(I::to_f32(x[i * stride]) - m_hi) - m_lo;
+    y[i * stride] = from_acc<T>(static_cast<float>(gn_act_double(act, d * scale + b)));
   }
-  const int64_t grain = group_elems >= kGnMinTaskElems ? 1 : kGnMinTaskElems / (group_elems > 0 ? group_elems : 1);
-  const bool stream = a.N * a.C * S * static_cast<int64_t>(sizeof(T)) >= kGnStreamBytes;
-  pf(a.N * G, grain, [&](int64_t begin, int64_t end) {
+}
+
+// ---- [N, C, S] ---------------------------------------------------------------------------------
+
+template <class I, Activation A, class T>
+void gn_forward_nchw(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
+  const int64_t G = a.d.G, Cg = a.d.C / a.d.G, S = a.d.S;
+  const int64_t group_elems = Cg * S;
+  const int64_t grain = group_elems >= kGnMinTaskElems ? 1 : kGnMinTaskElems / group_elems;
+  const bool stream = a.d.N * a.d.C * S * static_cast<int64_t>(sizeof(T)) >= a.stream_bytes;
+  pf(a.d.N * G, grain, [&](int64_t begin, int64_t end) {
     for (int64_t ng = begin; ng < end; ++ng) {
       const int64_t g = ng % G;
       const T* xg = a.x + ng * group_elems;
       T* yg = a.y + ng * group_elems;
       double mean = 0.0, var = 0.0;
-      if (group_elems > 0) gn_moments<I>(xg, group_elems, &mean, &var);
+      gn_moments<I>(xg, group_elems, &mean, &var);
       const double rstd = 1.0 / std::sqrt(var + a.eps);
       if (a.mean != nullptr) a.mean[ng] = static_cast<float>(mean);
       if (a.rstd != nullptr) a.rstd[ng] = static_cast<float>(rstd);
       // The next group, also past this task's range: a pool that hands out tasks in order
-      // (ORT's does) gives it to this thread or to one that reads it from L3 soon after.
-      const T* next = ng + 1 < a.N * G ? xg + group_elems : nullptr;
-      const float m_hi = static_cast<float>(mean);
-      const double m_lo = mean - static_cast<double>(m_hi);
+      // (ORT's does) gives it to this thread or to one that reads it from L3 soon after. A
+      // group larger than the cache budget is read from memory twice anyway: no prefetch.
+      const bool prefetch = ng + 1 < a.d.N * G && group_elems * static_cast<int64_t>(sizeof(T)) <= a.cache_budget;
+      const T* next = prefetch ? xg + group_elems : nullptr;
       for (int64_t ci = 0; ci < Cg; ++ci) {
         const int64_t c = g * Cg + ci;
-        const double w = a.weight != nullptr ? static_cast<double>(I::to_f32(a.weight[c])) : 1.0;
-        const double b = a.bias != nullptr ? static_cast<double>(I::to_f32(a.bias[c])) : 0.0;
-        const double scale = rstd * w;
-        const float af = static_cast<float>(scale), off = static_cast<float>(b - m_lo * scale);
-        if (!std::isfinite(af) || (!std::isfinite(off) && std::isfinite(b))) {
-          // rstd * weight is infinite or NaN (an infinite or NaN weight, eps = 0 on a constant
-          // group) or overflows float (var + eps < ~1e-77, e.g. a constant group with eps =
-          // 1e-300). Evaluate (x - mean) * rstd * weight + bias as written, in double: a zero
-          // deviation then gives bias (or 0 * inf = NaN) and a nonzero one the right infinity,
-          // where the folded offset would be inf - inf. Rare and per channel: no cost otherwise.
-          const T* xc = xg + ci * S;
-          T* yc = yg + ci * S;
-          for (int64_t i = 0; i < S; ++i) {
-            const double d = static_cast<double>(I::to_f32(xc[i]) - m_hi) - m_lo;
-            yc[i] = from_acc<T>(static_cast<float>(d * scale + b));
-          }
+        float mh = 0.f, af = 0.f, off = 0.f;
+        double scale = 0.0, b = 0.0;
+        if (!gn_channel_coefficients<I>(a.weight, a.bias, c, mean, rstd, &mh, &af, &off, &scale, &b)) {
+          gn_apply_exact<I>(xg + ci * S, yg + ci * S, S, 1, mean, scale, b, a.act);
           continue;
         }
         const T* pnext = next == nullptr ? nullptr : next + ci * S;
         if (stream) {
-          gn_apply<I, true>(xg + ci * S, yg + ci * S, S, m_hi, af, off, pnext);
+          gn_apply<I, A, true>(xg + ci * S, yg + ci * S, S, mh, af, off, pnext);
         } else {
-          gn_apply<I, false>(xg + ci * S, yg + ci * S, S, m_hi, af, off, pnext);
+          gn_apply<I, A, false>(xg + ci * S, yg + ci * S, S, mh, af, off, pnext);
         }
       }
     }
     // Streamed stores must be globally visible before the caller learns this task is done.
     if (stream) I::fence();
   });
+}
+
+// ---- [N, S, C] ---------------------------------------------------------------------------------
+
+// s1[c] += sum over rows of (x[r, c] - sh[c]), s2[c] += ... squared, for `rows` rows of C.
+// Row-major, four rows at a time: four sequential streams that the hardware prefetchers follow
+// (walking down the columns instead stalls on every row), with the per-channel sums in L1.
+template <class I, class T>
+void gn_rows_sums(const T* x, int64_t rows, int64_t C, const float* sh, float* s1, float* s2) {
+  using V = typename I::V;
+  constexpr int W = I::W;
+  const int64_t cv = C / W * W;
+  const int tail = static_cast<int>(C - cv);
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) {
+    const T* x0 = x + r * C;
+    const T* x1 = x0 + C;
+    const T* x2 = x1 + C;
+    const T* x3 = x2 + C;
+    for (int64_t c = 0; c < cv; c += W) {
+      const V s = I::load(sh + c);
+      const V d0 = I::sub(I::load(x0 + c), s), d1 = I::sub(I::load(x1 + c), s);
+      const V d2 = I::sub(I::load(x2 + c), s), d3 = I::sub(I::load(x3 + c), s);
+      I::store(s1 + c, I::add(I::load(s1 + c), I::add(I::add(d0, d1), I::add(d2, d3))));
+      I::store(s2 + c, I::add(I::load(s2 + c), I::fmadd(d0, d0, I::fmadd(d1, d1, I::fmadd(d2, d2, I::mul(d3, d3))))));
+    }
+    if (tail > 0) {
+      const V s = I::load_n(sh + cv, tail);
+      V a = I::load_n(s1 + cv, tail), q = I::load_n(s2 + cv, tail);
+      for (const T* xr : {x0, x1, x2, x3}) {
+        const V d = I::sub_n(I::load_n(xr + cv, tail), s, tail);
+        a = I::add(a, d);
+        q = I::fmadd(d, d, q);
+      }
+      I::store_n(s1 + cv, a, tail);
+      I::store_n(s2 + cv, q, tail);
+    }
+  }
+  for (; r < rows; ++r) {
+    const T* xr = x + r * C;
+    for (int64_t c = 0; c < cv; c += W) {
+      const V d = I::sub(I::load(xr + c), I::load(sh + c));
+      I::store(s1 + c, I::add(I::load(s1 + c), d));
+      I::store(s2 + c, I::fmadd(d, d, I::load(s2 + c)));
+    }
+    if (tail > 0) {
+      const V d = I::sub_n(I::load_n(xr + cv, tail), I::load_n(sh + cv, tail), tail);
+      I::store_n(s1 + cv, I::add(I::load_n(s1 + cv, tail), d), tail);
+      I::store_n(s2 + cv, I::fmadd(d, d, I::load_n(s2 + cv, tail)), tail);
+    }
+  }
+}
+
+// Scratch memory of the [N, S, C] statistics of one tile or sample.
+struct GnRowScratch {
+  std::vector<float> sh, s1, s2;  // per channel: the shift (its group's) and the two sums
+  std::vector<double> sd, sq;     // per group: the folded sums
+  GnRowScratch(int64_t C, int64_t G)
+      : sh(static_cast<size_t>(C)), s1(static_cast<size_t>(C)), s2(static_cast<size_t>(C)),
+        sd(static_cast<size_t>(G)), sq(static_cast<size_t>(G)) {}
+};
+
+// Moments per group (out[0..G)) of `rows` rows of C channels (see the header comment).
+template <class I, class T>
+void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* out, GnRowScratch* sc) {
+  const int64_t Cg = C / G;
+  float* sh = sc->sh.data();
+  float* s1 = sc->s1.data();
+  float* s2 = sc->s2.data();
+  for (int64_t g = 0; g < G; ++g) {
+    out[g] = GnMoments();
+    const float first = I::to_f32(x[g * Cg]);
+    for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = first;
+  }
+  const int64_t block_rows = gn_max(1, gn_min(kGnMaxBlockRows, kGnRowBlockElems / C));
+  const auto block_sums = [&](const T* xb, int64_t nr) {
+    for (int64_t c = 0; c < C; ++c) s1[c] = s2[c] = 0.f;
+    gn_rows_sums<I>(xb, nr, C, sh, s1, s2);
+    for (int64_t g = 0; g < G; ++g) {
+      double a = 0.0, q = 0.0;
+      for (int64_t ci = 0; ci < Cg; ++ci) {
+        a += static_cast<double>(s1[g * Cg + ci]);
+        q += static_cast<double>(s2[g * Cg + ci]);
+      }
+      sc->sd[g] = a;
+      sc->sq[g] = q;
+    }
+  };
+  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+    const int64_t nr = gn_min(block_rows, rows - r0);
+    const T* xb = x + r0 * C;
+    const double nb = static_cast<double>(nr * Cg);
+    block_sums(xb, nr);
+    bool again = false;
+    for (int64_t g = 0; g < G; ++g) {
+      if (gn_needs_recentering(nb, sc->sd[g], sc->sq[g])) {
+        const float shift = static_cast<float>(static_cast<double>(sh[g * Cg]) + sc->sd[g] / nb);
+        for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
+        again = true;
+      }
+    }
+    // Sum the block again (from cache) around the new shifts; the other groups' sums come out
+    // the same the second time.
+    if (again) block_sums(xb, nr);
+    for (int64_t g = 0; g < G; ++g) {
+      gn_merge_block(&out[g], nb, sh[g * Cg], sc->sd[g], sc->sq[g]);
+      const float shift = static_cast<float>(out[g].mean);
+      for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
+    }
+  }
+}
+
+// Coefficients of every channel of one sample from its groups' moments (mean, rstd per group).
+// Fills mean_out / rstd_out ([G], may be null).
+template <class I, class T>
+void gn_sample_coefficients(const group_norm_isa::Args<T>& a, const GnMoments* m, float* mean_out, float* rstd_out,
+                            GnCoefficients* k) {
+  const int64_t C = a.d.C, G = a.d.G, Cg = C / G;
+  k->mh.resize(static_cast<size_t>(C));
+  k->a.resize(static_cast<size_t>(C));
+  k->off.resize(static_cast<size_t>(C));
+  k->exact.clear();
+  k->exact_mean.clear();
+  k->exact_scale.clear();
+  k->exact_bias.clear();
+  for (int64_t g = 0; g < G; ++g) {
+    const double mean = m[g].mean;
+    const double rstd = 1.0 / std::sqrt(m[g].m2 / m[g].count + a.eps);
+    if (mean_out != nullptr) mean_out[g] = static_cast<float>(mean);
+    if (rstd_out != nullptr) rstd_out[g] = static_cast<float>(rstd);
+    for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
+      double scale = 0.0, b = 0.0;
+      if (!gn_channel_coefficients<I>(a.weight, a.bias, c, mean, rstd, &k->mh[c], &k->a[c], &k->off[c], &scale,
+                                      &b)) {
+        k->exact.push_back(c);
+        k->exact_mean.push_back(mean);
+        k->exact_scale.push_back(scale);
+        k->exact_bias.push_back(b);
+      }
+    }
+  }
+}
+
+// Normalizes `rows` rows of C channels with per-channel coefficients. Stream: non-temporal
+// stores, for rows that all start at the same offset from a vector boundary (C * sizeof(T) a
+// multiple of the vector's bytes); the first `head` channels of each row are stored normally.
+// next: rows to prefetch meanwhile (the next sample, whose statistics come next), or nullptr.
+template <class I, Activation A, bool Stream, class T>
+void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficients& k, Activation act,
+                   const T* next) {
+  using V = typename I::V;
+  constexpr int W = I::W;
+  const float* mh = k.mh.data();
+  const float* ka = k.a.data();
+  const float* ko = k.off.data();
+  const auto f = [&](const T* xr, int64_t c) {
+    return gn_act<I, A>(I::fmadd(I::sub(I::load(xr + c), I::load(mh + c)), I::load(ka + c), I::load(ko + c)));
+  };
+  const auto f_n = [&](const T* xr, int64_t c, int n) {
+    return gn_act<I, A>(I::fmadd(I::sub(I::load_n(xr + c, n), I::load_n(mh + c, n)), I::load_n(ka + c, n),
+                                 I::load_n(ko + c, n)));
+  };
+  constexpr uintptr_t kAlign = W * sizeof(T);
+  const int64_t head =
+      Stream ? gn_min(C, static_cast<int64_t>((kAlign - reinterpret_cast<uintptr_t>(y) % kAlign) % kAlign / sizeof(T)))
+             : 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * C;
+    T* yr = y + r * C;
+    if (next != nullptr) gn_prefetch(next + r * C, C * static_cast<int64_t>(sizeof(T)));
+    if (head > 0) I::store_n(yr, f_n(xr, 0, static_cast<int>(head)), static_cast<int>(head));
+    int64_t c = head;
+    for (; c + W <= C; c += W) {
+      if (Stream) {
+        I::stream(yr + c, f(xr, c));
+      } else {
+        I::store(yr + c, f(xr, c));
+      }
+    }
+    if (c < C) {
+      const int n = static_cast<int>(C - c);
+      I::store_n(yr + c, f_n(xr, c, n), n);
+    }
+  }
+  for (size_t e = 0; e < k.exact.size(); ++e) {
+    const int64_t c = k.exact[e];
+    gn_apply_exact<I>(x + c, y + c, rows, C, k.exact_mean[e], k.exact_scale[e], k.exact_bias[e], act);
+  }
+}
+
+template <class I, Activation A, class T>
+void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
+  const int64_t N = a.d.N, C = a.d.C, G = a.d.G, S = a.d.S;
+  const int64_t row_bytes = C * static_cast<int64_t>(sizeof(T));
+  const int64_t sample_bytes = S * row_bytes;
+  // Streaming stores need every row at the same offset from a vector boundary (gn_nhwc_apply).
+  const bool stream = N * sample_bytes >= a.stream_bytes && C % I::W == 0;
+  const auto apply = [&](const T* x, T* y, int64_t rows, const GnCoefficients& k, const T* next) {
+    if (stream) {
+      gn_nhwc_apply<I, A, true>(x, y, rows, C, k, a.act, next);
+    } else {
+      gn_nhwc_apply<I, A, false>(x, y, rows, C, k, a.act, next);
+    }
+  };
+  const auto stats_out = [&](float* p, int64_t n) { return p == nullptr ? nullptr : p + n * G; };
+
+  if (sample_bytes <= a.cache_budget && N >= kGnMinSampleTasks) {
+    // One task per sample: statistics, then normalization from cache.
+    const int64_t grain = gn_max(1, kGnMinTaskElems / gn_max(1, S * C));
+    pf(N, grain, [&](int64_t begin, int64_t end) {
+      GnRowScratch sc(C, G);
+      std::vector<GnMoments> m(static_cast<size_t>(G));
+      GnCoefficients k;
+      for (int64_t n = begin; n < end; ++n) {
+        const T* xs = a.x + n * S * C;
+        gn_nhwc_moments<I>(xs, S, C, G, m.data(), &sc);
+        gn_sample_coefficients<I>(a, m.data(), stats_out(a.mean, n), stats_out(a.rstd, n), &k);
+        // The next sample is read into cache while this one is written (as for [N, C, S] groups).
+        apply(xs, a.y + n * S * C, S, k, n + 1 < N ? xs + S * C : nullptr);
+      }
+      if (stream) I::fence();
+    });
+    return;
+  }
+
+  // Waves of samples cut into tiles of rows: statistics of all tiles, merge, normalization.
+  const int64_t tile_rows = gn_max(1, kGnTileBytes / row_bytes);
+  const int64_t tiles_per_sample = (S + tile_rows - 1) / tile_rows;
+  const int64_t wave_samples = gn_max(1, gn_min(N, 2 * a.cache_budget / gn_max(1, sample_bytes)));
+  std::vector<GnMoments> partial(static_cast<size_t>(wave_samples * tiles_per_sample * G));
+  std::vector<GnMoments> merged(static_cast<size_t>(G));
+  std::vector<GnCoefficients> coef(static_cast<size_t>(wave_samples));
+  for (int64_t n0 = 0; n0 < N; n0 += wave_samples) {
+    const int64_t ns = gn_min(wave_samples, N - n0);
+    const int64_t tiles = ns * tiles_per_sample;
+    const auto tile_range = [&](int64_t t, int64_t* n, int64_t* r0, int64_t* nr) {
+      *n = n0 + t / tiles_per_sample;
+      *r0 = (t % tiles_per_sample) * tile_rows;
+      *nr = gn_min(tile_rows, S - *r0);
+    };
+    pf(tiles, 1, [&](int64_t begin, int64_t end) {
+      GnRowScratch sc(C, G);
+      for (int64_t t = begin; t < end; ++t) {
+        int64_t n = 0, r0 = 0, nr = 0;
+        tile_range(t, &n, &r0, &nr);
+        gn_nhwc_moments<I>(a.x + (n * S + r0) * C, nr, C, G, partial.data() + t * G, &sc);
+      }
+    });
+    for (int64_t j = 0; j < ns; ++j) {
+      for (int64_t g = 0; g < G; ++g) {
+        merged[g] = GnMoments();
+        for (int64_t t = 0; t < tiles_per_sample; ++t) merged[g].merge(partial[(j * tiles_per_sample + t) * G + g]);
+      }
+      gn_sample_coefficients<I>(a, merged.data(), stats_out(a.mean, n0 + j), stats_out(a.rstd, n0 + j), &coef[j]);
+    }
+    pf(tiles, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        int64_t n = 0, r0 = 0, nr = 0;
+        tile_range(t, &n, &r0, &nr);
+        apply(a.x + (n * S + r0) * C, a.y + (n * S + r0) * C, nr, coef[n - n0], nullptr);
+      }
+      if (stream) I::fence();
+    });
+  }
+}
+
+template <class I, class T>
+void gn_forward(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
+  if (a.d.N == 0 || a.d.C == 0) return;
+  if (a.d.S == 0) {
+    // Empty groups. N * G may be astronomically large here (x = [2^62, 1, 0] is a valid empty
+    // tensor), so only touch the statistics when the caller asked for (and so allocated) them.
+    if (a.mean != nullptr || a.rstd != nullptr) {
+      for (int64_t ng = 0; ng < a.d.N * a.d.G; ++ng) {
+        if (a.mean != nullptr) a.mean[ng] = 0.f;
+        if (a.rstd != nullptr) a.rstd[ng] = 0.f;
+      }
+    }
+    return;
+  }
+  // One channel per row: [N, S, 1] is [N, 1, S] in memory.
+  const bool nhwc = a.d.channels_last && a.d.C > 1 && a.d.S > 1;
+  if (a.act == Activation::kSilu) {
+    if (nhwc) {
+      gn_forward_nhwc<I, Activation::kSilu>(a, pf);
+    } else {
+      gn_forward_nchw<I, Activation::kSilu>(a, pf);
+    }
+  } else {
+    if (nhwc) {
+      gn_forward_nhwc<I, Activation::kNone>(a, pf);
+    } else {
+      gn_forward_nchw<I, Activation::kNone>(a, pf);
+    }
+  }
 }
 
 }  // namespace

@@ -6,11 +6,14 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/silu.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "group_norm.cuh"
 #include "opbridge/group_norm.h"
@@ -26,6 +29,18 @@ std::optional<at::Tensor> contiguous(const std::optional<at::Tensor>& t) {
   return t->contiguous();
 }
 
+// The CUDA launcher computes [N, C, S] without activation: a channels-last x is made contiguous
+// and the result restored to x's memory format (the rule of the CPU op and its fake kernel:
+// opbridge/ops/group_norm.py), SiLU is applied afterwards. Both cost copies until the launcher
+// takes GroupNormDims and Activation.
+bool use_channels_last(const at::Tensor& x) {
+  if (x.dim() < 3 || x.is_contiguous()) return false;
+  std::vector<int64_t> order{0};
+  for (int64_t i = 2; i < x.dim(); ++i) order.push_back(i);
+  order.push_back(1);
+  return x.permute(order).is_contiguous();
+}
+
 at::Tensor group_norm_cuda_impl(const at::Tensor& x, int64_t num_groups, const std::optional<at::Tensor>& weight,
                                 const std::optional<at::Tensor>& bias, double eps, c10::string_view activation) {
   check_call(group_norm_decl(), kOp, {x, num_groups, weight, bias, eps, activation});
@@ -39,20 +54,31 @@ at::Tensor group_norm_cuda_impl(const at::Tensor& x, int64_t num_groups, const s
   const auto wc = contiguous(weight), bc = contiguous(bias);
   at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
   if (y.numel() == 0) return y;
+  const bool cl = use_channels_last(x);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
   dispatch_float(x.scalar_type(), kOp, [&](auto tag) {
     using T = decltype(tag);
     // From torch's caching allocator: freed back to it (for this stream) when `ws` dies, after
     // the kernels that use it were queued, which is what the allocator expects.
-    const size_t ws_bytes = cuda::group_norm_workspace_bytes<T>(N, C, S, num_groups);
+    const size_t ws_bytes = cuda::group_norm_workspace_bytes<T>(N, C, S, d.G);
     at::Tensor ws;
     if (ws_bytes > 0) ws = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
     const cudaError_t err = cuda::launch_group_norm<T>(stream, ptr<T>(xc), opt_ptr<T>(wc), opt_ptr<T>(bc),
-                                                       mutable_ptr<T>(y), N, C, S, num_groups, eps,
+                                                       mutable_ptr<T>(y), N, C, S, d.G, eps,
                                                        ws_bytes > 0 ? ws.mutable_data_ptr() : nullptr, ws_bytes);
     TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA launch failed: ", cudaGetErrorName(err), " (",
                 cudaGetErrorString(err), ")");
   });
+  if (act == Activation::kSilu) at::silu_(y);
+  if (cl) {
+    // x's strides: channels-last ([N, *spatial, C] memory).
+    std::vector<int64_t> order{0};
+    for (int64_t i = 2; i < x.dim(); ++i) order.push_back(i);
+    order.push_back(1);
+    std::vector<int64_t> inverse(order.size());
+    for (size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int64_t>(i);
+    return y.permute(order).contiguous().permute(inverse);
+  }
   return y;
 }
 

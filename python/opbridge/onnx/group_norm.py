@@ -10,6 +10,7 @@ standard lowering (stock ONNX Runtime, no library):
     InstanceNormalization has no float64 kernel and float32 would lose the precision asked for.
   GroupNormalization-18 is never emitted: its scale and bias are per group, not per channel, and
   opset 21 deprecates it.
+  activation="silu" appends Sigmoid -> Mul (y * sigmoid(y)), as the exporters write F.silu.
 """
 
 from __future__ import annotations

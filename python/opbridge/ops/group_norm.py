@@ -1,15 +1,18 @@
-"""opbridge.ops.group_norm: GroupNorm as a torch custom op with fake kernel and autograd."""
+"""opbridge.ops.group_norm: GroupNorm (with an optional fused SiLU) as a torch custom op with fake
+kernel and autograd (first and higher order)."""
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 
-from ._declared import register_autograd
+from ._declared import channels_last, register_autograd
 
 __all__ = ["group_norm"]
+
+# The values of the `activation` argument (and of the ONNX attribute of the same name).
+ACTIVATIONS = ("none", "silu")
 
 
 def group_norm(
@@ -22,42 +25,91 @@ def group_norm(
 ) -> torch.Tensor:
     """Group normalization with per-channel affine, same semantics as
     ``torch.nn.functional.group_norm``: x is (N, C, *) and C must be divisible by num_groups.
-    Runs opbridge's C++ (CPU) or CUDA kernel, exports to ONNX as ``ai.opbridge::GroupNorm``."""
+
+    ``activation="silu"`` applies SiLU to the result in the same pass
+    (``F.silu(F.group_norm(...))``, one read and one write of memory instead of two each).
+
+    The result has x's memory format: a channels-last x (``torch.channels_last``,
+    ``channels_last_3d``, or any x whose memory is (N, *spatial, C)) gives a channels-last result
+    without copies; other non-contiguous inputs give a contiguous result. Differentiable to any
+    order. Runs opbridge's C++ (CPU) or CUDA kernel, exports to ONNX as ``ai.opbridge::GroupNorm``."""
     return torch.ops.opbridge.group_norm.default(x, num_groups, weight, bias, eps, activation)
 
 
+# ---- memory format: the rule of the C++ kernels (cpp/ops/group_norm/group_norm_torch.cpp) ------
+
+
+def _channels_last_order(rank):
+    """(0, 2, ..., rank - 1, 1): x.permute(order) is (N, *spatial, C)."""
+    return (0, *range(2, rank), 1)
+
+
+def _inverse(order):
+    inv = [0] * len(order)
+    for i, o in enumerate(order):
+        inv[o] = i
+    return inv
+
+
+def uses_channels_last(x: torch.Tensor) -> bool:
+    """Whether opbridge's group_norm processes x as (N, *spatial, C) memory and returns a result of
+    that memory format: x's memory is channels-last and x is not also contiguous (where both
+    hold, e.g. C = 1, the two layouts coincide and the result is contiguous). The rule of every
+    op whose declared output keeps_memory_format()."""
+    return channels_last(x)
+
+
+def _empty_in_layout(x, channels_last):
+    if not channels_last:
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    order = _channels_last_order(x.dim())
+    return x.new_empty([x.shape[i] for i in order]).permute(_inverse(order))
+
+
+def _to_layout(t, channels_last):
+    """t with channels-last memory (a copy where it has not) or contiguous; differentiable."""
+    if not channels_last:
+        return t.contiguous()
+    order = _channels_last_order(t.dim())
+    return t.permute(order).contiguous().permute(_inverse(order))
+
+
+# ---- fake kernels: opbridge::group_norm's comes from its declaration (ops/_declared.py) -------
+
+
 @torch.library.register_fake("opbridge::group_norm_backward")
-def _group_norm_backward_fake(grad, x, num_groups, weight, eps):
+def _group_norm_backward_fake(grad, x, num_groups, weight, bias, eps, activation="none"):
     c = x.shape[1]
-    return (
-        torch.empty_like(x, memory_format=torch.contiguous_format),
-        x.new_empty((c,)),
-        x.new_empty((c,)),
-    )
+    return _empty_in_layout(x, uses_channels_last(x)), x.new_empty((c,)), x.new_empty((c,))
+
+
+# ---- autograd ---------------------------------------------------------------------------------
 
 
 def _setup_context(ctx, inputs, output):
     x, num_groups, weight, bias, eps, activation = inputs
-    ctx.save_for_backward(x, weight)
+    ctx.save_for_backward(x, weight, bias)
     ctx.num_groups = num_groups
     ctx.eps = eps
-    ctx.has_bias = bias is not None
+    ctx.activation = activation
 
 
 def _backward(ctx, grad):
-    x, weight = ctx.saved_tensors
+    x, weight, bias = ctx.saved_tensors
+    args = (grad, x, ctx.num_groups, weight, bias, ctx.eps, ctx.activation)
     if torch.is_grad_enabled():
-        # create_graph: the gradient must itself be differentiable (double backward, Hessian-vector
-        # products), which the C++ backward kernel is not; the composite of torch ops is.
-        dx, dw, db = _group_norm_backward_composite(grad, x, ctx.num_groups, weight, ctx.eps)
+        # Grad mode is on inside a backward pass only for create_graph=True (a gradient of the
+        # gradient will be taken): then the backward is computed by torch ops, which autograd
+        # differentiates again. The C++ backward kernel has no derivative of its own.
+        dx, dw, db = _group_norm_backward_composite(*args)
     else:
-        dx, dw, db = torch.ops.opbridge.group_norm_backward.default(grad, x, ctx.num_groups, weight, ctx.eps)
+        dx, dw, db = torch.ops.opbridge.group_norm_backward.default(*args)
     need = ctx.needs_input_grad
     return (
         dx if need[0] else None,
         None,
         dw if weight is not None and need[2] else None,
-        db if ctx.has_bias and need[3] else None,
+        db if bias is not None and need[3] else None,
         None,
         None,
     )
@@ -66,26 +118,47 @@ def _backward(ctx, grad):
 register_autograd("opbridge::group_norm", _backward, setup_context=_setup_context, double_backward=True)
 
 
-def _group_norm_backward_composite(grad, x, num_groups, weight, eps):
-    """opbridge::group_norm_backward from torch ops, for devices without an opbridge backward
-    kernel (CUDA): same outputs as the C++ CPU kernel (dx, dweight, dbias; dweight/dbias as if
-    weight were 1 when it is None). Statistics in float32 (float64 for float64 inputs)."""
+def _backward_of_backward(ctx, *grads):
+    raise RuntimeError(
+        "opbridge::group_norm_backward has no derivative: differentiate opbridge::group_norm itself "
+        "(torch.autograd.grad(..., create_graph=True) through it gives correct higher-order gradients)"
+    )
+
+
+torch.library.register_autograd("opbridge::group_norm_backward", _backward_of_backward,
+                                setup_context=lambda ctx, inputs, output: None)
+
+
+def _group_norm_backward_composite(grad, x, num_groups, weight, bias, eps, activation="none"):
+    """opbridge::group_norm_backward from torch ops: the differentiable backward (used under
+    create_graph=True) and the backward on devices without an opbridge backward kernel (CUDA).
+    Same outputs as the C++ CPU kernel (dx in x's memory format, dweight, dbias; dweight/dbias as
+    if weight were 1 when it is None). Statistics in float32 (float64 for float64 inputs)."""
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     n, c = x.shape[0], x.shape[1]
+    cl = uses_channels_last(x)
     if x.numel() == 0:
-        return torch.zeros_like(x, memory_format=torch.contiguous_format), x.new_zeros((c,)), x.new_zeros((c,))
+        return _empty_in_layout(x, cl).zero_(), x.new_zeros((c,)), x.new_zeros((c,))
     xg = x.to(acc).reshape(n, num_groups, -1)
     var, mean = torch.var_mean(xg, dim=2, correction=0, keepdim=True)
     rstd = torch.rsqrt(var + eps)
     xhat = ((xg - mean) * rstd).reshape(n, c, -1)
     g = grad.to(acc).reshape(n, c, -1)
+    w = None if weight is None else weight.to(acc).reshape(1, c, 1)
+    if activation == "silu":
+        z = xhat if w is None else xhat * w
+        if bias is not None:
+            z = z + bias.to(acc).reshape(1, c, 1)
+        s = torch.sigmoid(z)
+        g = g * (s * (1 + z * (1 - s)))
     dweight = (g * xhat).sum(dim=(0, 2))
     dbias = g.sum(dim=(0, 2))
-    dxhat = g if weight is None else g * weight.to(acc).reshape(1, c, 1)
+    dxhat = g if w is None else g * w
     dxhat = dxhat.reshape(n, num_groups, -1)
     xhat = xhat.reshape(n, num_groups, -1)
     dx = rstd * (dxhat - dxhat.mean(dim=2, keepdim=True) - xhat * (dxhat * xhat).mean(dim=2, keepdim=True))
-    return dx.reshape(x.shape).to(x.dtype).contiguous(), dweight.to(x.dtype), dbias.to(x.dtype)
+    dx = _to_layout(dx.reshape(x.shape).to(x.dtype), cl)
+    return dx, dweight.to(x.dtype), dbias.to(x.dtype)
 
 
 # The CUDA forward is a C++ kernel; its backward is the composite above unless the extension
