@@ -214,8 +214,9 @@ def test_torch_onnx_export_directly_with_table_and_symbolics(rng, tmp_path, dyna
     if dynamo:
         torch.onnx.export(model, (x,), path, dynamo=True, custom_translation_table=opbridge.onnx.translation_table())
     else:
-        opbridge.onnx.register_symbolics()
-        torch.onnx.export(model, (x,), path, dynamo=False, custom_opsets={"ai.opbridge": 1})
+        # The scoped form of register_symbolics(), so that the registration ends with the test.
+        with opbridge.onnx.symbolics_registered():
+            torch.onnx.export(model, (x,), path, dynamo=False, custom_opsets={"ai.opbridge": 1})
     sess = opbridge.InferenceSession(str(path))
     y = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
     with torch.no_grad():
