@@ -34,7 +34,7 @@ __all__ = [
 # opbridge was built against must not break the ORT side. A process that has already imported
 # torch gets the torch ops (e.g. for torch.export.load); a mismatch only warns here and raises
 # where the torch ops are asked for (opbridge.ops).
-if "torch" in sys.modules and torch_library_path() is not None:
+if sys.modules.get("torch") is not None and torch_library_path() is not None:
     from ._library import register_torch_ops_if_compatible
 
     register_torch_ops_if_compatible()
