@@ -9,8 +9,17 @@
 set(OPBRIDGE_CUDA_ENABLED OFF)
 set(OPBRIDGE_CUDA_VERSION "")
 # Real code for Ampere (80), Hopper (90), Blackwell datacenter (100) and consumer (120), plus
-# compute_120 PTX that the driver JIT-compiles for newer GPUs. Each real arch costs compile time.
-set(OPBRIDGE_CUDA_ARCHITECTURES "80-real;90-real;100-real;120-real;120-virtual" CACHE STRING
+# compute_120 PTX that the driver JIT-compiles for newer GPUs. Each real arch costs compile time:
+# a build for one GPU takes OPBRIDGE_CUDA_ARCHITECTURES=90-real (or "native"). CMake's own
+# CMAKE_CUDA_ARCHITECTURES / CUDAARCHS, when the user gives them, are the default (checked before
+# enable_language(CUDA), which would fill CMAKE_CUDA_ARCHITECTURES with nvcc's default).
+set(_opbridge_archs "80-real;90-real;100-real;120-real;120-virtual")
+if(NOT "${CMAKE_CUDA_ARCHITECTURES}" STREQUAL "")
+  set(_opbridge_archs "${CMAKE_CUDA_ARCHITECTURES}")
+elseif(NOT "$ENV{CUDAARCHS}" STREQUAL "")
+  set(_opbridge_archs "$ENV{CUDAARCHS}")
+endif()
+set(OPBRIDGE_CUDA_ARCHITECTURES "${_opbridge_archs}" CACHE STRING
     "CUDA architectures of the opbridge kernels (CMake CUDA_ARCHITECTURES syntax)")
 if(OPBRIDGE_WITH_CUDA STREQUAL "OFF")
   return()

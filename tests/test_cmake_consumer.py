@@ -1,7 +1,8 @@
 """The installed CMake package, used from C++ (tests/cmake_consumer/): find_package(opbridge),
 ONNX Runtime C++ programs that register opbridge's ops by path and by linking opbridge::ort, and
-the framework-free kernels of opbridge::kernels. The expected values are computed here with torch
-in float64; the C++ programs only load, run and write .npy files."""
+the framework-free kernels of opbridge::kernels. The expected values are float64 results of
+tests/cmake_consumer/eigen_reference.cpp (Eigen's LU for Inverse, its array expressions for
+GroupNorm: nothing of opbridge); the C++ programs only load, run and write .npy files."""
 
 from __future__ import annotations
 
@@ -131,9 +132,23 @@ def test_torch_component(tmp_path):
 def consumer(tmp_path_factory) -> Path:
     """tests/cmake_consumer, configured against the installed package and built."""
     build_dir = tmp_path_factory.mktemp("cmake_consumer")
-    configure(REPO / "tests" / "cmake_consumer", build_dir, {"opbridge_DIR": opbridge.cmake_dir()})
+    # OPBRIDGE_SOURCE_DIR: also build eigen_reference (Eigen through the repo's conan setup).
+    configure(REPO / "tests" / "cmake_consumer", build_dir,
+              {"opbridge_DIR": opbridge.cmake_dir(), "OPBRIDGE_SOURCE_DIR": REPO})
     build(build_dir)
     return build_dir
+
+
+def eigen_reference(consumer: Path, tmp_path: Path, op: str, *arrays: np.ndarray, args: tuple = ()) -> np.ndarray:
+    """The float64 result of tests/cmake_consumer/eigen_reference for `op` on `arrays`."""
+    paths = []
+    for i, a in enumerate(arrays):
+        paths.append(tmp_path / f"ref_in{i}.npy")
+        np.save(paths[-1], np.ascontiguousarray(a, dtype=np.float64))
+    out = tmp_path / "ref_out.npy"
+    np.save(out, np.full((1,), np.nan))
+    run([consumer / "eigen_reference", op, *paths, *args, out])
+    return np.load(out)
 
 
 def run_program(exe: Path, args: list, out_dir: Path, n_out: int = 1, expect_ok: bool = True):
@@ -165,27 +180,28 @@ class InverseModel(torch.nn.Module):
         return inverse(x) + 1.0
 
 
-def make_case(op: str, dtype: torch.dtype, rng: np.random.Generator, tmp_path: Path):
-    """(model path, input, expected float64 output computed with torch)."""
+def make_case(op: str, dtype: torch.dtype, rng: np.random.Generator, tmp_path: Path, consumer: Path):
+    """(model path, input, expected float64 output computed by eigen_reference)."""
     if op == "group_norm":
         model = GroupNormModel(6, 3, rng, dtype)
         x = torch.from_numpy(rng.standard_normal((2, 6, 5, 4)) * 3 + 0.5).to(dtype)
-        with torch.no_grad():
-            expected = torch.nn.functional.group_norm(
-                x.double() * 2.0 + 1.0, 3, model.weight.double(), model.bias.double(), 1e-5)
+        # The model's own arithmetic around the op, in float64 (x * 2 + 1 is exact there).
+        expected = eigen_reference(consumer, tmp_path, "group_norm", x.double().numpy() * 2.0 + 1.0,
+                                   model.weight.detach().double().numpy(), model.bias.detach().double().numpy(),
+                                   args=(3, 1e-5))
     else:
         model = InverseModel()
         n = 5
         # Diagonally dominant: well conditioned, so float32 results are accurate to ~1e-6.
         a = rng.standard_normal((3, n, n)) + n * np.eye(n)
         x = torch.from_numpy(a).to(dtype)
-        expected = torch.linalg.inv(x.double()) + 1.0
+        expected = eigen_reference(consumer, tmp_path, "inverse", x.double().numpy()) + 1.0
     path = tmp_path / f"{op}.onnx"
     model.eval()
     with torch.no_grad():
         opbridge.onnx.export(model, (x,), path, dynamo=True)
     assert any(n.domain == opbridge.DOMAIN for n in onnx.load(path).graph.node), "no ai.opbridge node exported"
-    return path, x.numpy(), expected.numpy()
+    return path, x.numpy(), expected
 
 
 OPS = ["group_norm", pytest.param("inverse", marks=pytest.mark.skipif(not HAS_INVERSE, reason=NO_INVERSE))]
@@ -195,7 +211,7 @@ TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.float64: dict(rtol=1e-10
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("op", OPS)
 def test_cpp_program_runs_model(consumer, tmp_path, rng, op, dtype):
-    model, x, expected = make_case(op, dtype, rng, tmp_path)
+    model, x, expected = make_case(op, dtype, rng, tmp_path, consumer)
     np.save(tmp_path / "x.npy", x)
     # RegisterCustomOpsLibrary by path, and RegisterCustomOps of the linked opbridge::ort.
     for exe, reg in ((consumer / "opbridge_run", ["--library", opbridge.get_library_path()]),
@@ -206,7 +222,7 @@ def test_cpp_program_runs_model(consumer, tmp_path, rng, op, dtype):
 
 
 def test_cpp_program_needs_registration(consumer, tmp_path, rng):
-    model, x, _ = make_case("group_norm", torch.float32, rng, tmp_path)
+    model, x, _ = make_case("group_norm", torch.float32, rng, tmp_path, consumer)
     np.save(tmp_path / "x.npy", x)
     p = run_program(consumer / "opbridge_run", [model, tmp_path, tmp_path / "x.npy"], tmp_path, expect_ok=False)
     assert p.returncode == 1 and "GroupNorm" in p.stderr
@@ -233,8 +249,7 @@ def test_kernels_without_any_framework(consumer, tmp_path, rng):
     np.save(tmp_path / "0.npy", np.full((1,), np.nan))
     run([consumer / "group_norm_direct", tmp_path / "x.npy", tmp_path / "w.npy", tmp_path / "b.npy", 4, 1e-5,
          tmp_path / "0.npy"])
-    expected = torch.nn.functional.group_norm(torch.from_numpy(x).double(), 4, torch.from_numpy(w).double(),
-                                              torch.from_numpy(b).double(), 1e-5).numpy()
+    expected = eigen_reference(consumer, tmp_path, "group_norm", x, w, b, args=(4, 1e-5))
     np.testing.assert_allclose(np.load(tmp_path / "0.npy"), expected, rtol=1e-4, atol=1e-5)
 
 
@@ -245,9 +260,23 @@ def test_cpp_program_runs_model_on_cuda(consumer, tmp_path, rng, op):
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
-    model, x, expected = make_case(op, torch.float32, rng, tmp_path)
+    model, x, expected = make_case(op, torch.float32, rng, tmp_path, consumer)
     np.save(tmp_path / "x.npy", x)
     # --cuda disables the CPU fallback: the session fails unless our ops have CUDA kernels.
     (y,) = run_program(consumer / "opbridge_run", ["--cuda", "--library", opbridge.get_library_path(), model,
                                                     tmp_path, tmp_path / "x.npy"], tmp_path)
     np.testing.assert_allclose(y, expected, **TOL[torch.float32])
+
+
+def test_eigen_reference_agrees_with_numpy(consumer, tmp_path, rng):
+    # The reference the tests above trust, checked once against numpy's float64 (LAPACK) results.
+    a = rng.standard_normal((2, 7, 7)) + 7 * np.eye(7)
+    np.testing.assert_allclose(eigen_reference(consumer, tmp_path, "inverse", a), np.linalg.inv(a), rtol=1e-12,
+                               atol=1e-12)
+    x = rng.standard_normal((3, 8, 5, 2)) * 4 - 1
+    w, b = rng.standard_normal(8), rng.standard_normal(8)
+    g = x.reshape(3, 2, -1)
+    xhat = ((g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + 1e-3)).reshape(x.shape)
+    expected = xhat * w[:, None, None] + b[:, None, None]
+    np.testing.assert_allclose(eigen_reference(consumer, tmp_path, "group_norm", x, w, b, args=(2, 1e-3)), expected,
+                               rtol=1e-12, atol=1e-12)

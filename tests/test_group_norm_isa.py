@@ -180,7 +180,7 @@ def test_environment_variable_caps_the_torch_library():
 @pytest.fixture(params=ISAS)
 def torch_isa(request):
     torch = pytest.importorskip("torch")
-    import opbridge  # noqa: F401  (loads the torch ops)
+    import opbridge.ops  # noqa: F401  (loads the torch ops)
 
     before = torch.ops.opbridge._cpu_isa()
     got = torch.ops.opbridge._set_cpu_isa(request.param)

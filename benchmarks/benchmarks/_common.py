@@ -51,7 +51,7 @@ def torch_or_skip():
 def opbridge_torch_op(name):
     """torch.ops.opbridge.<name>, or NotImplementedError where this build lacks it."""
     torch = torch_or_skip()
-    import opbridge  # noqa: F401  (registers the torch ops)
+    import opbridge.ops  # noqa: F401  (registers the torch ops)
 
     if not hasattr(torch.ops.opbridge, name):
         raise NotImplementedError(f"torch.ops.opbridge.{name} does not exist in this build")

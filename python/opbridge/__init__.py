@@ -1,14 +1,16 @@
 """opbridge: custom neural-network operators written once in C++/CUDA that run the same in
 PyTorch (``torch.ops.opbridge.*``) and ONNX Runtime (domain ``ai.opbridge``).
 
-The ONNX Runtime side (``get_library_path``, ``session_options``, ``InferenceSession``) works
-without torch. Where torch is installed, importing opbridge registers the torch ops.
+The ONNX Runtime side (``get_library_path``, ``session_options``, ``InferenceSession``) never
+imports torch, even where torch is installed. The torch ops (``torch.ops.opbridge.*``) are
+registered by ``import opbridge.ops`` (also ``opbridge.nn`` and ``opbridge.onnx``'s export
+functions), and by ``import opbridge`` in a process that has already imported torch.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import sys
 
 from ._cmake import cmake_dir
 from ._library import DOMAIN, build_info, get_library_path, torch_library_path
@@ -28,10 +30,14 @@ __all__ = [
     "onnx",
 ]
 
-# A build without the torch extension (OPBRIDGE_WITH_TORCH=OFF) stays importable where torch is
-# installed; opbridge.ops then explains what is missing on first use.
-if importlib.util.find_spec("torch") is not None and torch_library_path() is not None:
-    from . import ops  # noqa: F401  (registers torch.ops.opbridge.*)
+# Torch only when used: importing torch takes seconds, and a torch that does not match the one
+# opbridge was built against must not break the ORT side. A process that has already imported
+# torch gets the torch ops (e.g. for torch.export.load); a mismatch only warns here and raises
+# where the torch ops are asked for (opbridge.ops).
+if sys.modules.get("torch") is not None and torch_library_path() is not None:
+    from ._library import register_torch_ops_if_compatible
+
+    register_torch_ops_if_compatible()
 
 
 def __getattr__(name: str):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.resources
 import os
+import warnings
 from pathlib import Path
 
 ORT_LIBRARY = "libopbridge_ort.so"
@@ -42,6 +44,38 @@ def torch_library_path() -> str | None:
     return None if p is None else str(p)
 
 
+class TorchVersionError(ImportError):
+    """The installed torch is not the version opbridge's torch extension was built against."""
+
+
+def _public(version: str) -> str:
+    # "2.13.0+cpu" and "2.13.0+cu130" are one torch release (one C++ API); the local label only
+    # says which accelerator build it is.
+    return version.split("+", 1)[0]
+
+
+def check_torch_version(torch_version: str) -> None:
+    """Raises TorchVersionError unless ``torch_version`` is the torch release the extension was
+    built against (the exact ``torch==`` requirement of the wheel's ``export`` extra)."""
+    built = build_info().get("torch_version", "")
+    if not built or _public(built) == _public(torch_version):
+        return
+    raise TorchVersionError(
+        f"opbridge {_version()}'s torch ops were built against torch {built}, but this process "
+        f"imports torch {torch_version}; a torch extension only loads into the torch release it was "
+        f"compiled for. Fix: install that torch (pip install torch=={_public(built)}), or rebuild "
+        f"opbridge against this one (from its source: pip install --no-build-isolation "
+        f"--force-reinstall --no-deps .). The ONNX Runtime side (get_library_path, "
+        f"session_options, InferenceSession) works regardless."
+    )
+
+
+def _version() -> str:
+    from ._version import __version__
+
+    return __version__
+
+
 @functools.lru_cache(maxsize=None)
 def load_torch_library() -> None:
     """Loads the torch extension so that torch.ops.opbridge.* exist. Idempotent."""
@@ -59,6 +93,9 @@ def load_torch_library() -> None:
             f"opbridge: {TORCH_LIBRARY} is missing: this opbridge was built without the torch "
             "extension (OPBRIDGE_WITH_TORCH=OFF or torch was not importable at build time)"
         )
+    # Before loading: a library built for another torch fails with an undefined symbol at best,
+    # and misbehaves at worst.
+    check_torch_version(torch.__version__)
     built = build_info().get("torch_version", "")
     try:
         torch.ops.load_library(path)
@@ -68,6 +105,20 @@ def load_torch_library() -> None:
             f"against torch {built or 'unknown'}. Rebuild opbridge against the installed torch "
             f"(pip install --no-build-isolation --force-reinstall .). Loader said: {e}"
         ) from e
+
+
+def register_torch_ops_if_compatible() -> None:
+    """``import opbridge`` in a process that has already imported torch: registers the torch ops
+    (import opbridge.ops), unless the torch version does not match, which only warns here so
+    that the ONNX Runtime side stays usable; opbridge.ops raises the error when it is used."""
+    import torch
+
+    try:
+        check_torch_version(torch.__version__)
+    except TorchVersionError as e:
+        warnings.warn(f"opbridge: torch ops not registered. {e}", RuntimeWarning, stacklevel=2)
+        return
+    importlib.import_module("opbridge.ops")
 
 
 def build_info() -> dict:

@@ -26,13 +26,18 @@ def _cmd_info(args: argparse.Namespace) -> int:
         import torch
 
         print(f"  torch                  {torch.__version__} (CUDA available: {torch.cuda.is_available()})")
-        ns = torch.ops.opbridge
-        ops = sorted(
-            n for n in dir(ns)
-            if isinstance(getattr(ns, n, None), torch._ops.OpOverloadPacket)
-            and not n.endswith("_backward") and not n.startswith("_")
-        )
-        print(f"  torch ops              {', '.join('torch.ops.opbridge.' + n for n in ops)}")
+        try:
+            import opbridge.ops  # noqa: F401  (registers the torch ops)
+        except ImportError as e:
+            print(f"  torch ops              unavailable: {e}")
+        else:
+            ns = torch.ops.opbridge
+            ops = sorted(
+                n for n in dir(ns)
+                if isinstance(getattr(ns, n, None), torch._ops.OpOverloadPacket)
+                and not n.endswith("_backward") and not n.startswith("_")
+            )
+            print(f"  torch ops              {', '.join('torch.ops.opbridge.' + n for n in ops)}")
     else:
         print("  torch                  not installed (torch ops unavailable)")
     print(f"  ONNX domain            {opbridge.DOMAIN}")

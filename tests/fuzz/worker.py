@@ -78,7 +78,7 @@ def _torch_init():
     if _torch is None:
         import torch
 
-        import opbridge  # noqa: F401  (loads the extension: torch.ops.opbridge.*)
+        import opbridge.ops  # noqa: F401  (loads the extension: torch.ops.opbridge.*)
 
         _torch = torch
     return _torch

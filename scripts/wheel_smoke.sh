@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs a built opbridge wheel into a fresh venv and runs a smoke subset of the tests against it.
+#
+#   scripts/wheel_smoke.sh [WHEEL]      default: dist/opbridge-*-manylinux*.whl (scripts/build_wheel.sh)
+#
+# The venv gets binary wheels only (--only-binary :all:, so nothing is compiled there): the wheel
+# with its `export` and `test` extras, i.e. the torch release it pins, onnxruntime, onnx,
+# onnxscript, numpy, pytest. The tests chosen need no compiler (no CMake consumers, no user ops)
+# and run in about a minute: the torch-import rules, the ORT side, `opbridge check`, the numpy
+# kernels, GroupNorm in torch and ORT, and the demo (export with both exporters, run in ORT).
+# Environment: PYTHON (creates the venv; default: python3), OPBRIDGE_SMOKE_DIR (default: a temp dir,
+# removed afterwards).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+if [ $# -gt 0 ]; then
+  wheel=$1
+else
+  wheel=$(ls -t dist/opbridge-*-manylinux*.whl 2>/dev/null | head -1 || true)
+fi
+if [ -z "$wheel" ] || [ ! -f "$wheel" ]; then
+  echo "wheel_smoke.sh: no wheel given and none in dist/ (run scripts/build_wheel.sh)" >&2
+  exit 2
+fi
+wheel=$(cd "$(dirname "$wheel")" && pwd)/$(basename "$wheel")
+if [ -n "${OPBRIDGE_SMOKE_DIR:-}" ]; then
+  dir=$OPBRIDGE_SMOKE_DIR
+  rm -rf "$dir/venv"
+else
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+fi
+t0=$SECONDS
+
+echo "== fresh venv: $(basename "$wheel")[export,test], binary wheels only"
+"${PYTHON:-python3}" -m venv "$dir/venv"
+py=$dir/venv/bin/python
+"$py" -m pip install -q --only-binary :all: "$wheel[export,test]" 2>&1 | grep -v "^WARNING: Location" || true
+"$py" - <<'PY'
+import importlib.metadata as md, sys
+import opbridge
+# The tests must exercise the installed wheel, not the source tree.
+assert opbridge.__file__.startswith(sys.prefix), f"opbridge imported from {opbridge.__file__}, not {sys.prefix}"
+print(f"   opbridge {opbridge.__version__}, torch {md.version('torch')}, onnxruntime {md.version('onnxruntime')}")
+PY
+echo "   ($((SECONDS - t0)) s)"
+
+tests=(tests/test_torch_import.py tests/test_ort_runtime.py tests/test_ort_exported.py tests/test_check.py
+       tests/test_core.py tests/test_group_norm.py tests/test_cli.py)
+echo "== pytest ${tests[*]}"
+"$py" -m pytest -q -p no:cacheprovider "${tests[@]}"
+echo "== smoke tests passed ($((SECONDS - t0)) s)"
