@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import onnx
 
+from . import _external_data
 from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig, Lowering, default_opset
 from ._custom import CustomOp, declare_op
 from ._registry import op_modules, op_names
@@ -168,6 +169,8 @@ def export(
     lowering: Lowering = None,
     custom_opsets: Mapping[str, int] | None = None,
     dynamic_batch: bool = True,
+    fuse: bool = True,
+    external_data: bool | None = None,
     **kwargs: Any,
 ) -> onnx.ModelProto:
     """Exports ``model(*args)`` to ONNX, lowering opbridge ops (and torch ops opbridge knows,
@@ -186,6 +189,14 @@ def export(
         each domain it uses at that version (default 1).
     dynamic_batch: make dim 0 of every tensor input dynamic unless the caller passes
         ``dynamic_shapes`` (dynamo) or ``dynamic_axes`` (either exporter) itself.
+    fuse: when GroupNorm's lowering is "custom", every GroupNorm the exporter wrote as standard ONNX
+        (torch.nn.GroupNorm / F.group_norm: its Reshape/InstanceNormalization decomposition or
+        GroupNormalization-21) becomes ``ai.opbridge::GroupNorm``, and a GroupNorm followed by SiLU
+        (F.silu, nn.SiLU, x * sigmoid(x)) whose output nothing else reads becomes one node with
+        ``activation="silu"`` (docs/optimize.md lists the exact patterns). False: as exported.
+    external_data: True: tensors go to ``<f>.data`` beside ``f`` (needed past protobuf's 2 GB
+        limit); False: all in ``f``; None (default): external exactly when the model's tensors
+        exceed that limit. The returned ModelProto then refers to the data file.
     kwargs: passed to ``torch.onnx.export`` (input_names, output_names, dynamic_shapes, ...).
 
     The model is self-describing and as portable as its opset allows: every ``ai.opbridge`` node
@@ -214,7 +225,7 @@ def export(
                 model, args, dynamo=True, opset_version=max(opset, _DYNAMO_MIN_OPSET), custom_translation_table=table,
                 **kwargs,
             )
-        proto = program.model_proto
+        proto = _external_data.dynamo_proto(program, f, external_data)
         # The exporter stamps custom domains with their schemas' versions; honour the request.
         for imp in proto.opset_import:
             if imp.domain and imp.domain in cfg.custom_opsets:
@@ -229,18 +240,22 @@ def export(
         # Domains not listed are imported at version 1 (= DOMAIN_VERSION), and only if used.
         opsets = dict(cfg.custom_opsets)
         opsets.update(kwargs.pop("custom_opsets", None) or {})
-        import io
 
-        buf = io.BytesIO()
-        with _quiet_exporter():
-            torch.onnx.export(
-                model, args, buf, dynamo=False, opset_version=opset, input_names=names,
-                custom_opsets=opsets, **kwargs,
-            )
-        proto = onnx.load_from_string(buf.getvalue())
+        def export_to(target: Any) -> None:
+            with _quiet_exporter():
+                torch.onnx.export(
+                    model, args, target, dynamo=False, opset_version=opset, input_names=names,
+                    custom_opsets=opsets, **kwargs,
+                )
+
+        proto = _external_data.torchscript_proto(export_to, model, f, external_data)
+    if fuse and cfg.lowering_for("group_norm") == "custom":
+        from .._optimize import fuse_exported
+
+        proto = fuse_exported(proto, base_dir=None if f is None else os.path.dirname(os.path.abspath(os.fspath(f))))
     _finalize(proto)
     if f is not None:
-        onnx.save(proto, os.fspath(f))
+        _external_data.save(proto, f, external_data)
     return proto
 
 
