@@ -694,6 +694,21 @@ def load(path: str) -> Any:
     return ir.load(path)
 
 
+def check_external_files(model: Any) -> None:
+    """FileNotFoundError/ValueError naming the first external tensor whose data is not there."""
+    ir = _ir()
+    for graph in (model.graph, *model.graph.subgraphs()):
+        for value in graph.initializers.values():
+            t = value.const_value
+            if isinstance(t, ir.ExternalTensor):
+                path = t.path
+                if not os.path.isfile(path):
+                    raise FileNotFoundError(f"tensor {value.name!r}: its external data file {path} does not exist")
+                if t.offset is not None and t.length is not None and os.path.getsize(path) < t.offset + t.length:
+                    raise ValueError(f"tensor {value.name!r}: {path} is shorter than offset + length "
+                                     f"({t.offset} + {t.length})")
+
+
 def uses_external_data(model: Any) -> bool:
     ir = _ir()
     for graph in (model.graph, *model.graph.subgraphs()):
@@ -848,6 +863,7 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
     report = Report()
     try:
         model = load(input_path)
+        check_external_files(model)
     except Exception as e:  # protobuf's DecodeError, a missing external data file, ...
         raise UnreadableModel(f"cannot read {input_path} as an ONNX model: {e}") from e
     external = uses_external_data(model) or tensor_bytes(model) > PROTOBUF_LIMIT

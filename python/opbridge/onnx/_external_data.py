@@ -62,9 +62,12 @@ def state_bytes(module: Any) -> int:
     initializers will weigh, known before exporting."""
     seen: set = set()
     total = 0
+    if not hasattr(module, "parameters"):
+        return 0
     for t in list(module.parameters()) + list(module.buffers()):
         storage = t.untyped_storage()
-        key = (storage.data_ptr(), storage.nbytes())
+        # Views of one storage count once; meta tensors (sizes only, no data) all sit at 0.
+        key = (storage.data_ptr(), storage.nbytes()) if storage.data_ptr() else id(t)
         if key not in seen:
             seen.add(key)
             total += storage.nbytes()
