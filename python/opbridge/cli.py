@@ -1,4 +1,4 @@
-"""The ``opbridge`` command line: info, demo, check, --cmake-dir."""
+"""The ``opbridge`` command line: info, demo, check, optimize, --cmake-dir."""
 
 from __future__ import annotations
 
@@ -63,6 +63,13 @@ def _cmd_check(args: argparse.Namespace) -> int:
                       libraries=args.library, discover=not args.no_discover, stock=args.stock)
 
 
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    from ._optimize import main as optimize_main
+
+    return optimize_main(args.input, args.output, silu=not args.no_silu, providers=args.provider, dims=args.dim,
+                         runs=args.runs, tolerance=args.tolerance, seed=args.seed)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="opbridge", description=__doc__)
     p.add_argument("--cmake-dir", action="store_true",
@@ -90,6 +97,25 @@ def main(argv: list[str] | None = None) -> int:
                         "'opbridge.libraries')")
     c.add_argument("--stock", action="store_true",
                    help="how the model fares on stock ONNX Runtime: no custom-op library registered")
+    o = sub.add_parser(
+        "optimize",
+        help="rewrite GroupNorm forms (torch's decompositions, GroupNormalization-18/21, com.microsoft::GroupNorm) "
+        "and a following SiLU into ai.opbridge::GroupNorm, check the result against the original on random "
+        "inputs, and write it (exit status 1 and nothing written when they disagree); see docs/optimize.md",
+    )
+    o.add_argument("input", help="path of the .onnx file to read (external data is read from beside it)")
+    o.add_argument("output", help="path of the .onnx file to write (external data goes to OUTPUT.data beside it "
+                                  "when the input had external data)")
+    o.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                   help="size of a symbolic input dimension for the check (repeatable; others get 2)")
+    o.add_argument("--provider", action="append", default=None,
+                   help="execution provider of the check (repeatable; default: CPUExecutionProvider)")
+    o.add_argument("--no-silu", action="store_true", help="do not fuse SiLU into GroupNorm")
+    o.add_argument("--runs", type=int, default=2, help="check runs, each on fresh random inputs (default: %(default)s)")
+    o.add_argument("--tolerance", type=float, default=None,
+                   help="max |rewritten - original| allowed, relative to max(1, max |original|) per output "
+                        "(default: 1e-3 for float32/float64, 2e-2 for float16, 5e-2 for bfloat16)")
+    o.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
     args = p.parse_args(argv)
     if args.cmake_dir:
         from ._cmake import cmake_dir
@@ -97,13 +123,15 @@ def main(argv: list[str] | None = None) -> int:
         print(cmake_dir())
         return 0
     if args.cmd is None:
-        p.error("a command is required (info, demo) unless --cmake-dir is given")
+        p.error("a command is required (info, demo, check, optimize) unless --cmake-dir is given")
     if args.cmd == "info":
         return _cmd_info(args)
     if args.cmd == "demo":
         return _cmd_demo(args)
     if args.cmd == "check":
         return _cmd_check(args)
+    if args.cmd == "optimize":
+        return _cmd_optimize(args)
     p.error(f"unknown command {args.cmd}")
     return 2
 

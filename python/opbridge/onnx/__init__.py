@@ -25,6 +25,7 @@ from typing import Any, Mapping
 import onnx
 
 from . import _dynamic
+from . import _external_data
 from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig, Lowering, default_opset
 from ._custom import CustomOp, declare_op
 from ._registry import new_export, op_names, rule_sets, standard_lowering
@@ -233,6 +234,8 @@ def export(
     lowering: Lowering = None,
     custom_opsets: Mapping[str, int] | None = None,
     dynamic_batch: bool = True,
+    fuse: bool = True,
+    external_data: bool | None = None,
     **kwargs: Any,
 ) -> onnx.ModelProto:
     """Exports ``model(*args)`` to ONNX, lowering opbridge ops (and torch ops opbridge knows,
@@ -256,6 +259,14 @@ def export(
         (nn.Parameter, requires_grad, or named weight/bias/scale/...) whose length merely equals
         the batch. The caller's own dynamic shapes are checked against the example inputs first
         (opbridge/onnx/_dynamic.py).
+    fuse: when GroupNorm's lowering is "custom", every GroupNorm the exporter wrote as standard ONNX
+        (torch.nn.GroupNorm / F.group_norm: its Reshape/InstanceNormalization decomposition or
+        GroupNormalization-21) becomes ``ai.opbridge::GroupNorm``, and a GroupNorm followed by SiLU
+        (F.silu, nn.SiLU, x * sigmoid(x)) whose output nothing else reads becomes one node with
+        ``activation="silu"`` (docs/optimize.md lists the exact patterns). False: as exported.
+    external_data: True: tensors go to ``<f>.data`` beside ``f`` (needed past protobuf's 2 GB
+        limit); False: all in ``f``; None (default): external exactly when the model's tensors
+        exceed that limit. The returned ModelProto then refers to the data file.
     kwargs: passed to ``torch.onnx.export`` (input_names, output_names, dynamic_shapes, ...).
 
     The model is self-describing and as portable as its opset allows: every ``ai.opbridge`` node
@@ -281,7 +292,7 @@ def export(
                 model, args, dynamo=True, opset_version=max(opset, _DYNAMO_MIN_OPSET), custom_translation_table=table,
                 **kwargs,
             )
-        proto = program.model_proto
+        proto = _external_data.dynamo_proto(program, f, external_data)
         # The exporter stamps custom domains with their schemas' versions; honour the request
         # (declared ops' domains are stamped by _finalize, from the nodes).
         for imp in proto.opset_import:
@@ -297,18 +308,22 @@ def export(
         # Domains not listed are imported at version 1 (= DOMAIN_VERSION), and only if used.
         opsets = dict(cfg.custom_opsets)
         opsets.update(kwargs.pop("custom_opsets", None) or {})
-        import io
 
-        buf = io.BytesIO()
-        with _quiet_exporter(), symbolics_registered(cfg.lowering, cfg.custom_opsets, cfg.opset_version):
-            torch.onnx.export(
-                model, args, buf, dynamo=False, opset_version=opset, input_names=names,
-                custom_opsets=opsets, **kwargs,
-            )
-        proto = onnx.load_from_string(buf.getvalue())
+        def export_to(target: Any) -> None:
+            with _quiet_exporter(), symbolics_registered(cfg.lowering, cfg.custom_opsets, cfg.opset_version):
+                torch.onnx.export(
+                    model, args, target, dynamo=False, opset_version=opset, input_names=names,
+                    custom_opsets=opsets, **kwargs,
+                )
+
+        proto = _external_data.torchscript_proto(export_to, model, f, external_data)
+    if fuse and cfg.lowering_for(("opbridge::group_norm", "group_norm")) == "custom":
+        from .._optimize import fuse_exported
+
+        proto = fuse_exported(proto, base_dir=None if f is None else os.path.dirname(os.path.abspath(os.fspath(f))))
     _finalize(proto, cfg)
     if f is not None:
-        onnx.save(proto, os.fspath(f))
+        _external_data.save(proto, f, external_data)
     return proto
 
 

@@ -179,6 +179,9 @@ def stamp_versions(proto: onnx.ModelProto, requested: dict[str, int], nodes: Ite
         v = node_version(op, node)
         if v > need.get(node.domain, (0, ""))[0]:
             need[node.domain] = (v, f"{node.op_type} node {node.name!r}")
+    for domain in need:
+        if all(imp.domain != domain for imp in proto.opset_import):
+            proto.opset_import.append(onnx.helper.make_opsetid(domain, need[domain][0]))
     for imp in proto.opset_import:
         if imp.domain not in need:
             continue
