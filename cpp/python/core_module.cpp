@@ -36,6 +36,7 @@ void check(const Status& st, const char* op) {
   const std::string msg = std::string(op) + ": " + st.message();
   switch (st.code()) {
     case StatusCode::kInvalidArgument: throw nb::value_error(msg.c_str());
+    case StatusCode::kTypeError: throw nb::type_error(msg.c_str());
     case StatusCode::kNotImplemented: throw nb::builtin_exception(nb::exception_type::runtime_error, msg.c_str());
     default: throw std::runtime_error(msg);
   }

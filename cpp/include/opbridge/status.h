@@ -12,6 +12,7 @@ enum class StatusCode {
   kInvalidArgument,  // bad shape, attribute or value supplied by the caller
   kNotImplemented,   // a dtype or configuration this build does not support
   kRuntimeError,     // a failure while computing (e.g. a singular matrix, a CUDA error)
+  kTypeError,        // an argument of an element type the op does not take (torch: TypeError)
 };
 
 // Result of a kernel or a check. Kernels never throw; adapters translate a non-ok Status into
@@ -25,6 +26,7 @@ class Status {
   static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
   static Status NotImplemented(std::string m) { return {StatusCode::kNotImplemented, std::move(m)}; }
   static Status RuntimeError(std::string m) { return {StatusCode::kRuntimeError, std::move(m)}; }
+  static Status TypeError(std::string m) { return {StatusCode::kTypeError, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
