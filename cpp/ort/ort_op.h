@@ -164,6 +164,8 @@ struct InferInput {
   // Dimensions, -1 where symbolic or unknown. ORT reports an input of unknown rank as rank 0,
   // so an empty `shape` means "rank unknown" for inputs that cannot be scalars.
   std::vector<int64_t> shape;
+  // The symbolic name of each dimension ("" where it has none), same length as shape.
+  std::vector<std::string> symbols;
 
   int64_t rank() const { return static_cast<int64_t>(shape.size()); }
   // Number of elements when every dimension is known, else -1.
@@ -183,6 +185,11 @@ class InferIO {
   // Does nothing when input `in` has rank 0 (unknown rank, see InferInput::shape): declaring a
   // scalar there would make ORT's downstream shape inference reject valid models.
   void set_output_like_input(size_t out, size_t in) const;
+  // Output `out` gets element type `type` and dims.size() dimensions: dims[i] >= 0 is a fixed
+  // size; otherwise symbols[i] names it, or (empty) a fresh symbol of its own is made up (as in
+  // set_output_like_input). symbols may be shorter than dims.
+  void set_output(size_t out, ONNXTensorElementDataType type, const std::vector<int64_t>& dims,
+                  const std::vector<std::string>& symbols) const;
   OrtShapeInferContext* raw() const { return ctx_; }
 
  private:
