@@ -238,10 +238,41 @@ def export(
                 custom_opsets=opsets, **kwargs,
             )
         proto = onnx.load_from_string(buf.getvalue())
+    _stamp_domain_version(proto, cfg)
     _finalize(proto)
     if f is not None:
         onnx.save(proto, os.fspath(f))
     return proto
+
+
+def _first_versions() -> dict[str, int]:
+    """op type -> the ai.opbridge version that introduced it (from the registered schemas)."""
+    register_schemas()
+    first: dict[str, int] = {}
+    for schema in onnx.defs.get_all_schemas_with_history():
+        if schema.domain == DOMAIN:
+            first[schema.name] = min(first.get(schema.name, schema.since_version), schema.since_version)
+    return first
+
+
+def _stamp_domain_version(proto: onnx.ModelProto, cfg: ExportConfig) -> None:
+    """Imports ai.opbridge at least at the version its newest op needs (MultiScaleDeformableAttention
+    exists since version 2; the TorchScript exporter imports every custom domain at 1). A version
+    the caller asked for explicitly (custom_opsets) is never raised: asking for one that lacks an
+    op the model uses is an error."""
+    used = {n.op_type for n in _all_nodes(proto.graph) if n.domain == DOMAIN}
+    if not used:
+        return
+    first = _first_versions()
+    need = max(first.get(op, DOMAIN_VERSION) for op in used)
+    for imp in proto.opset_import:
+        if imp.domain != DOMAIN or imp.version >= need:
+            continue
+        if DOMAIN in cfg.custom_opsets:
+            newer = sorted(op for op in used if first.get(op, DOMAIN_VERSION) > imp.version)
+            raise ValueError(f"custom_opsets asks for {DOMAIN} version {imp.version}, but the model uses "
+                             f"{', '.join(newer)}, which {DOMAIN} has only since version {need}")
+        imp.version = need
 
 
 def _convert_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
