@@ -142,13 +142,24 @@ def ms_deform_attn(value, spatial_shapes, level_start_index, sampling_locations,
 
 
 def ms_deform_attn_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-                            attention_weights):
+                            attention_weights, _bounds=False):
     """(grad_value, grad_sampling_locations, grad_attention_weights) of
     sum(ms_deform_attn(...) * grad_output) in float64, from the derivative of the bilinear form:
     d/dx = a * W * ((1 - fy) (v01 - v00) + fy (v11 - v10)) (dotted with grad_output), and
-    likewise for y; samples with no tap on the map get zero gradients."""
+    likewise for y; samples with no tap on the map get zero gradients.
+
+    _bounds="terms" (see ms_deform_attn_backward_bounds) gives instead the sums of the magnitudes
+    of the terms of each result (value, weights and grad_output as |.|, differences as sums);
+    _bounds="coords" the same with every on-map tap's bilinear weight taken as 1 and each weight
+    multiplied by its sample's coordinate size."""
     value, spatial_shapes, level_start_index, loc, aw = _msda_inputs(value, spatial_shapes, level_start_index,
                                                                      sampling_locations, attention_weights)
+    if _bounds:
+        value, aw, grad_output = np.abs(value), np.abs(aw), np.abs(np.asarray(grad_output, np.float64))
+    if _bounds == "coords":
+        aw = aw * _msda_coordinate_size(spatial_shapes, loc)
+    sub = (lambda a, b: a + b) if _bounds else (lambda a, b: a - b)  # noqa: E731
+    bilinear = (lambda fx, fy, dy, dx: 1.0) if _bounds == "coords" else _msda_bilinear  # noqa: E731
     n, s, m, d = value.shape
     lq = loc.shape[1]
     go = np.asarray(grad_output, np.float64).reshape(n, lq, m, d)
@@ -167,13 +178,68 @@ def ms_deform_attn_backward(grad_output, value, spatial_shapes, level_start_inde
                 rows, on = _msda_tap(vl, h, w, x0, y0, inside, dy, dx)
                 g[dy, dx] = np.where(on, (rows * go[:, :, :, None, :]).sum(axis=-1), 0.0)
                 # grad_value rows of the on-map taps: + a * bilinear weight * grad_output.
-                contrib = (a * _msda_bilinear(fx, fy, dy, dx))[..., None] * go[:, :, :, None, :]
+                contrib = (a * bilinear(fx, fy, dy, dx))[..., None] * go[:, :, :, None, :]
                 pix = start + (y0 + dy) * w + (x0 + dx)
                 np.add.at(grad_value, (ni[on], pix[on], mi[on]), contrib[on])
-            ga = sum(_msda_bilinear(fx, fy, dy, dx) * g[dy, dx] for dy, dx in _MSDA_TAPS)
-            gx = a * w * ((1 - fy) * (g[0, 1] - g[0, 0]) + fy * (g[1, 1] - g[1, 0]))
-            gy = a * h * ((1 - fx) * (g[1, 0] - g[0, 0]) + fx * (g[1, 1] - g[0, 1]))
+            ga = sum(bilinear(fx, fy, dy, dx) * g[dy, dx] for dy, dx in _MSDA_TAPS)
+            gx = a * w * ((1 - fy) * sub(g[0, 1], g[0, 0]) + fy * sub(g[1, 1], g[1, 0]))
+            gy = a * h * ((1 - fx) * sub(g[1, 0], g[0, 0]) + fx * sub(g[1, 1], g[0, 1]))
             grad_aw[:, :, :, l, :] = np.where(inside, ga, 0.0)
             grad_loc[:, :, :, l, :, 0] = np.where(inside, gx, 0.0)
             grad_loc[:, :, :, l, :, 1] = np.where(inside, gy, 0.0)
     return grad_value, grad_loc, grad_aw
+
+
+def _msda_coordinate_size(spatial_shapes, sampling_locations):
+    """|x| * W + |y| * H + 1 per sample (N, Lq, M, L, P): the size of the pixel coordinates, whose
+    relative rounding (computing x * W - 0.5 in the kernel's type) moves every sample."""
+    loc = np.asarray(sampling_locations, np.float64)
+    hw = np.asarray(spatial_shapes, np.float64)
+    with np.errstate(**_QUIET):
+        size = np.abs(loc[..., 0]) * hw[:, 1][:, None] + np.abs(loc[..., 1]) * hw[:, 0][:, None] + 1.0
+    return np.where(np.isfinite(size), size, 0.0)
+
+
+def ms_deform_attn_bounds(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+    """(terms, coords), both (N, Lq, M * D): the sum of the magnitudes of the terms a * b * v of each
+    output, and of |a| * coordinate size * max |v| of the head (a bound on how far rounding the
+    pixel coordinates to a relative eps can move the output, divided by eps). A kernel whose sums
+    and coordinates are rounded to eps_sum and eps_coord is within
+    c1 * eps_sum * terms + c2 * eps_coord * coords of the exact result."""
+    value = np.asarray(value, np.float64)
+    aw = np.abs(np.asarray(attention_weights, np.float64))
+    with np.errstate(**_QUIET):
+        terms = ms_deform_attn(np.abs(value), spatial_shapes, level_start_index, sampling_locations, aw)
+        vmax = np.nan_to_num(np.abs(value), nan=0.0, posinf=0.0).max(axis=1, initial=0.0)  # (N, M, D)
+        per_query = (aw * _msda_coordinate_size(spatial_shapes, sampling_locations)).sum(axis=(3, 4))  # N, Lq, M
+    n, lq, m = per_query.shape
+    coords = per_query[..., None] * vmax[:, None, :, :]
+    return np.nan_to_num(terms, nan=np.inf), coords.reshape(n, lq, -1)
+
+
+def ms_deform_attn_backward_bounds(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+                                   attention_weights):
+    """Magnitude sums of the terms of (grad_value, grad_sampling_locations,
+    grad_attention_weights), the coordinate sensitivity of the location gradient (its derivative
+    along the sample's pixel coordinates times their size: a * W * H * sum of the four taps'
+    |grad_output . v|, times |x| W + |y| H + 1), and that of grad_value (each contribution's
+    |a * grad_output| times the coordinate size: a bilinear weight moves at most as much as the
+    coordinates)."""
+    gv, gl, ga = ms_deform_attn_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+                                         attention_weights, _bounds="terms")
+    gv_coords = ms_deform_attn_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+                                        attention_weights, _bounds="coords")[0]
+    value = np.abs(np.asarray(value, np.float64))
+    go = np.abs(np.asarray(grad_output, np.float64))
+    aw = np.abs(np.asarray(attention_weights, np.float64))
+    n, s, m, d = value.shape
+    lq = go.shape[1]
+    with np.errstate(**_QUIET):
+        # sum of |grad_output| . max |v| over the head: a bound on each tap's |g|.
+        vmax = np.nan_to_num(value, nan=0.0, posinf=0.0).max(axis=1, initial=0.0)  # (N, M, D)
+        gmax = (go.reshape(n, lq, m, d) * vmax[:, None]).sum(axis=-1)  # (N, Lq, M)
+        hw = np.asarray(spatial_shapes, np.float64)
+        size = _msda_coordinate_size(spatial_shapes, sampling_locations)
+        mixed = aw * (hw[:, 0] * hw[:, 1])[:, None] * 4 * gmax[..., None, None] * size
+    coords = np.stack([mixed, mixed], axis=-1)
+    return gv, gl, ga, np.nan_to_num(coords, nan=np.inf), np.nan_to_num(gv_coords, nan=np.inf)
