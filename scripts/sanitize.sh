@@ -79,7 +79,7 @@ if [ "$ort_only" = 1 ]; then
   # -m "not torch": torch may be installed, but this build has no torch extension.
   tests=(-m "not torch" tests/test_group_norm_ort.py tests/test_ort_*.py tests/test_check.py tests/test_core.py
          tests/test_fuzz_ort.py tests/test_concurrency.py tests/test_leaks.py tests/test_group_norm_edge_cases.py
-         tests/test_inverse_edge_cases.py)
+         tests/test_inverse_edge_cases.py tests/test_ms_deform_attn.py tests/test_ms_deform_attn_errors.py)
   kinds=ort
 else
   # test_cuda.py runs nvcc, which crashes with libasan preloaded (and this build has no CUDA).

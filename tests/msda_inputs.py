@@ -76,14 +76,27 @@ def forward_allowance(args, dtype):
     return TOL_SUM[dtype] * terms + TOL_COORD[dtype] * coords + TINY[dtype]
 
 
+def near_integral_pixel(spatial_shapes, sampling_locations, dtype):
+    """(N, Lq, M, L, P, 2) mask of the location components whose pixel coordinate (x * W - 0.5,
+    y * H - 0.5) lies within the kernel's rounding of an integer: the derivative along that
+    coordinate jumps there (other taps), and either side's value is right."""
+    loc = f64(sampling_locations)
+    hw = np.asarray(spatial_shapes, np.float64)
+    size = hw[:, ::-1][:, None, :]  # (L, 1, 2): W for x, H for y
+    with np.errstate(invalid="ignore", over="ignore"):
+        pix = loc * size - 0.5
+        dist = np.abs(pix - np.round(pix))
+        return np.nan_to_num(dist, nan=1.0) <= 4 * TOL_COORD[dtype] * (np.abs(pix) + 1)
+
+
 def backward_allowances(grad_output, args, dtype):
     """Allowed |error| of (grad_value, grad_sampling_locations, grad_attention_weights)."""
     a = [f64(x) if i in (0, 3, 4) else x for i, x in enumerate(args)]
     gv, gl, ga, coords, gv_coords = reference.ms_deform_attn_backward_bounds(f64(grad_output), *a)
     t, c = TOL_GRAD[dtype], TOL_COORD[dtype]
     # The tap fractions themselves carry the coordinates' rounding into every gradient.
-    return (t * gv + c * gv_coords + TINY[dtype], t * gl + c * coords + TINY[dtype],
-            t * ga + c * coords[..., 0] + TINY[dtype])
+    gl_allowed = np.where(near_integral_pixel(args[1], args[3], dtype), np.inf, t * gl + c * coords + TINY[dtype])
+    return (t * gv + c * gv_coords + TINY[dtype], gl_allowed, t * ga + c * coords[..., 0] + TINY[dtype])
 
 
 def assert_within(got, ref, allowed, what="output"):

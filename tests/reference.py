@@ -212,9 +212,8 @@ def ms_deform_attn_bounds(value, spatial_shapes, level_start_index, sampling_loc
         terms = ms_deform_attn(np.abs(value), spatial_shapes, level_start_index, sampling_locations, aw)
         vmax = np.nan_to_num(np.abs(value), nan=0.0, posinf=0.0).max(axis=1, initial=0.0)  # (N, M, D)
         per_query = (aw * _msda_coordinate_size(spatial_shapes, sampling_locations)).sum(axis=(3, 4))  # N, Lq, M
-    n, lq, m = per_query.shape
     coords = per_query[..., None] * vmax[:, None, :, :]
-    return np.nan_to_num(terms, nan=np.inf), coords.reshape(n, lq, -1)
+    return np.nan_to_num(terms, nan=np.inf), coords.reshape(terms.shape)
 
 
 def ms_deform_attn_backward_bounds(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
