@@ -91,7 +91,8 @@ if [ "$ort_only" = 1 ]; then
   # test_inverse.py's and test_ort_inverse.py's isa parameters).
   tests=(-m "not torch" tests/test_group_norm_ort.py tests/test_ort_*.py tests/test_check.py tests/test_core.py
          tests/test_fuzz_ort.py tests/test_concurrency.py tests/test_leaks.py tests/test_group_norm_edge_cases.py
-         tests/test_inverse.py tests/test_inverse_edge_cases.py tests/test_group_norm_isa.py)
+         tests/test_inverse.py tests/test_inverse_edge_cases.py tests/test_group_norm_isa.py tests/test_ms_deform_attn.py
+         tests/test_ms_deform_attn_errors.py)
   kinds=ort
 else
   # test_cuda.py runs nvcc, which crashes with libasan preloaded (and this build has no CUDA).

@@ -334,31 +334,6 @@ std::vector<std::string> InferIO::input_symbols(size_t index) const {
   return out;
 }
 
-void InferIO::set_output(size_t out, ONNXTensorElementDataType type, const std::vector<int64_t>& dims,
-                         const std::vector<std::string>& symbols) const {
-  const size_t rank = dims.size();
-  std::vector<std::string> names(rank);
-  std::vector<const char*> ptrs(rank);
-  for (size_t i = 0; i < rank; ++i) {
-    if (i < symbols.size() && !symbols[i].empty() && dims[i] < 0) {
-      names[i] = symbols[i];
-    } else if (dims[i] < 0) {
-      // Unknown and unnamed: a fresh symbol (see set_output_like_input for why never -1).
-      static std::atomic<uint64_t> counter{0};
-      names[i] = "opbridge_out_" + std::to_string(counter.fetch_add(1));
-    }
-    ptrs[i] = names[i].c_str();
-  }
-  OrtTensorTypeAndShapeInfo* shape = nullptr;
-  check(api().CreateTensorTypeAndShapeInfo(&shape));
-  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> holder(
-      shape, [](OrtTensorTypeAndShapeInfo* p) { api().ReleaseTensorTypeAndShapeInfo(p); });
-  check(api().SetTensorElementType(shape, type));
-  check(api().SetDimensions(shape, dims.data(), rank));
-  check(api().SetSymbolicDimensions(shape, ptrs.data(), rank));
-  check(api().ShapeInferContext_SetOutputTypeShape(ctx_, out, shape));
-}
-
 // ---------------------------------------------------------------- C entry points for Python
 
 namespace {

@@ -310,6 +310,12 @@ InferInput InferIO::input(size_t index) const {
   for (int64_t& d : in.shape) {
     if (d < 0) d = -1;
   }
+  std::vector<const char*> names(rank, nullptr);
+  if (rank > 0) check(api().GetSymbolicDimensions(info, names.data(), rank));
+  in.symbols.resize(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    if (names[i] != nullptr) in.symbols[i] = names[i];
+  }
   in.present = true;
   return in;
 }
@@ -377,6 +383,13 @@ std::string InferIO::attr_string(const char* name, const std::string& fallback) 
   v.resize(std::min(written, v.size()));
   return v;
 }
+namespace {
+// A symbolic dimension name no other dimension has (unique in the process).
+std::string fresh_symbol() {
+  static std::atomic<uint64_t> counter{0};
+  return "opbridge_unk_" + std::to_string(counter.fetch_add(1));
+}
+}  // namespace
 
 void InferIO::set_output_like_input(size_t out, size_t in) const {
   // Context-owned, like in input(): never released.
@@ -401,8 +414,7 @@ void InferIO::set_output_like_input(size_t out, size_t in) const {
     if (names[i] != nullptr && names[i][0] != '\0') {
       symbols[i] = names[i];
     } else if (dims[i] < 0) {
-      static std::atomic<uint64_t> counter{0};
-      symbols[i] = "opbridge_unk_" + std::to_string(counter.fetch_add(1));
+      symbols[i] = fresh_symbol();
     }
     symbol_ptrs[i] = symbols[i].c_str();
   }
@@ -413,6 +425,30 @@ void InferIO::set_output_like_input(size_t out, size_t in) const {
   check(api().SetTensorElementType(shape, type));
   check(api().SetDimensions(shape, dims.data(), rank));
   check(api().SetSymbolicDimensions(shape, symbol_ptrs.data(), rank));
+  check(api().ShapeInferContext_SetOutputTypeShape(ctx_, out, shape));
+}
+
+void InferIO::set_output(size_t out, ONNXTensorElementDataType type, const std::vector<int64_t>& dims,
+                         const std::vector<std::string>& symbols) const {
+  const size_t rank = dims.size();
+  std::vector<int64_t> values(dims);
+  std::vector<std::string> names(rank);
+  std::vector<const char*> name_ptrs(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    if (values[i] < 0) {
+      values[i] = -1;
+      // An unnamed unknown dimension gets a symbol of its own: see set_output_like_input.
+      names[i] = i < symbols.size() && !symbols[i].empty() ? symbols[i] : fresh_symbol();
+    }
+    name_ptrs[i] = names[i].c_str();
+  }
+  OrtTensorTypeAndShapeInfo* shape = nullptr;
+  check(api().CreateTensorTypeAndShapeInfo(&shape));
+  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> holder(
+      shape, [](OrtTensorTypeAndShapeInfo* p) { api().ReleaseTensorTypeAndShapeInfo(p); });
+  check(api().SetTensorElementType(shape, type));
+  check(api().SetDimensions(shape, values.data(), rank));
+  check(api().SetSymbolicDimensions(shape, name_ptrs.data(), rank));
   check(api().ShapeInferContext_SetOutputTypeShape(ctx_, out, shape));
 }
 

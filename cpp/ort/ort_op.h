@@ -179,6 +179,8 @@ struct InferInput {
   // Dimensions, -1 where symbolic or unknown. ORT reports an input of unknown rank as rank 0,
   // so an empty `shape` means "rank unknown" for inputs that cannot be scalars.
   std::vector<int64_t> shape;
+  // The symbolic name of each dimension ("" where it has none), same length as shape.
+  std::vector<std::string> symbols;
 
   int64_t rank() const { return static_cast<int64_t>(shape.size()); }
   // Number of elements when every dimension is known, else -1.

@@ -79,7 +79,7 @@ CheckedCall check_call(const OpDecl& decl, const char* qualname, std::initialize
 ParallelFor torch_parallel();
 
 // Throws the torch exception matching a non-ok Status (ValueError, NotImplementedError,
-// RuntimeError in Python), prefixed with the op name.
+// RuntimeError, TypeError in Python), prefixed with the op name.
 void check_status(const Status& status, const char* op);
 
 // Checks that `t` is a floating tensor of a dtype the kernels support.

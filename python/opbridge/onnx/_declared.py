@@ -189,7 +189,7 @@ def stamp_versions(proto: onnx.ModelProto, requested: dict[str, int], nodes: Ite
         want = requested.get(imp.domain)
         if want is not None and int(want) < version:
             raise ValueError(f"custom_opsets asks for {imp.domain} version {want}, but the {why} needs version "
-                             f"{version} (an argument that version {want} does not have)")
+                             f"{version} (the op, or an argument it uses, is newer than version {want})")
         imp.version = int(want) if want is not None else version
 
 
@@ -278,6 +278,24 @@ def translation(op: OpDecl) -> Callable:
     return translate
 
 
+def _cast_to_type_var(g: Any, op: OpDecl, decl: Any, value: Any, wanted: dict) -> Any:
+    """The TorchScript exporter's types may differ from those torch ran with (it types
+    ``float32 / int64`` arithmetic as float64, e.g. Deformable DETR's sampling locations): inputs of
+    one type variable are cast to the type of the first (or to the variable's only type)."""
+    from ._build import _jit_scalar_type
+
+    jit = _jit_scalar_type()
+    try:
+        have = jit.from_value(value)
+    except Exception:  # noqa: BLE001 - an untyped value: leave it
+        return value
+    types = op.types[decl.type_var]
+    want = wanted.setdefault(decl.type_var, jit.from_onnx_type(types[0]) if len(types) == 1 else have)
+    if have == want:
+        return value
+    return g.op("Cast", value, to_i=int(want.onnx_type()))
+
+
 _TS_DESC = {"int": "i", "bool": "b", "float": "f", "str": "s", "int[]": "is", "float[]": "fs"}
 _TS_SUFFIX = {"int": "i", "bool": "i", "float": "f", "str": "s", "int[]": "i", "float[]": "f"}
 
@@ -292,11 +310,14 @@ def symbolic(op: OpDecl) -> Callable:
         bound = sig.bind(*args)
         bound.apply_defaults()
         inputs, attrs = [], {}
+        wanted: dict[str, Any] = {}  # type variable -> the scalar type its inputs get
         for a in op.args:
             value = bound.arguments.get(a.name)
             if hasattr(a, "optional"):
-                inputs.append(sh._optional_input_placeholder_tensor(g) if value is None or sh._is_none(value)
-                              else value)
+                if value is None or sh._is_none(value):
+                    inputs.append(sh._optional_input_placeholder_tensor(g))
+                    continue
+                inputs.append(_cast_to_type_var(g, op, a, value, wanted))
             elif value is not None and not (hasattr(value, "node") and sh._is_none(value)):
                 v = sh._get_const(value, _TS_DESC[a.type], a.name) if hasattr(value, "node") else value
                 if a.since == op.since or not a.is_default(v):
