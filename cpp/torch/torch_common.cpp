@@ -21,8 +21,6 @@ void check_status(const Status& status, const char* op) {
       TORCH_CHECK_TYPE(false, op, ": ", status.message());
     case StatusCode::kNotImplemented:
       TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": ", status.message());
-    case StatusCode::kTypeError:
-      TORCH_CHECK_TYPE(false, op, ": ", status.message());
     default:
       TORCH_CHECK(false, op, ": ", status.message());
   }

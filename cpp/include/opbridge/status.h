@@ -13,7 +13,6 @@ enum class StatusCode {
   kTypeError,        // an argument of the wrong element type (torch: TypeError)
   kNotImplemented,   // a dtype or configuration this build does not support
   kRuntimeError,     // a failure while computing (e.g. a singular matrix, a CUDA error)
-  kTypeError,        // an argument of an element type the op does not take (torch: TypeError)
 };
 
 // Result of a kernel or a check. Kernels never throw; adapters translate a non-ok Status into
@@ -28,7 +27,6 @@ class Status {
   static Status TypeError(std::string m) { return {StatusCode::kTypeError, std::move(m)}; }
   static Status NotImplemented(std::string m) { return {StatusCode::kNotImplemented, std::move(m)}; }
   static Status RuntimeError(std::string m) { return {StatusCode::kRuntimeError, std::move(m)}; }
-  static Status TypeError(std::string m) { return {StatusCode::kTypeError, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }
