@@ -191,7 +191,7 @@ def _torch_cuda_headers():
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("op", ["group_norm", "inverse"])
+@pytest.mark.parametrize("op", ["group_norm", "inverse", "ms_deform_attn"])
 def test_torch_cuda_adapter_compiles(op):
     """Where torch has no CUDA the torch CUDA adapters are not built; still check that they
     compile against this torch's headers and the CUDA toolkit's (syntax and templates)."""

@@ -41,6 +41,11 @@ namespace opbridge {
 // The ONNX op type in domain ai.opbridge: the contract between exporter and ORT library.
 inline constexpr const char* kGroupNormOpType = "GroupNorm";
 
+enum class Activation : int32_t { kNone = 0, kSilu = 1 };  // applied after the affine: y = act(xhat * w + b)
+// The tensor view every adapter uses: x is [N, C, S] (channels_last = false) or [N, S, C] (channels_last = true,
+// i.e. NHWC / NDHWC memory), S = product of the spatial dims (1 if none). G = num_groups.
+struct GroupNormDims { int64_t N = 0, C = 0, S = 0, G = 1; bool channels_last = false; };
+
 // Validates GroupNorm arguments; the same checks and messages serve torch and ORT.
 //   rank:        rank of x (must be >= 2)
 //   channels:    x.shape[1]

@@ -1,8 +1,12 @@
 // ORT CUDA op ai.opbridge::GroupNorm for the CUDAExecutionProvider (same inputs, attributes and
 // checks as the CPU op in cpp/ops/group_norm/group_norm_ort.cpp), queued on ORT's compute stream.
+// Attributes: num_groups (required), epsilon (default 1e-5), activation ("none" | "silu", since
+// op version 2; default "none"). ONNX tensors are [N, C, *]: never channels_last here.
 #include <string>
 #include <vector>
 
+#include "../../common/adapter_checks.h"
+#include "../../common/ort_attr.h"
 #include "group_norm.cuh"
 #include "opbridge/group_norm.h"
 #include "ort_op.h"
@@ -13,12 +17,14 @@ namespace {
 template <class T>
 class GroupNormCudaKernel {
  public:
-  explicit GroupNormCudaKernel(const OrtKernelInfo* info)
-      : label_(node_label(info, kGroupNormOpType)),
-        num_groups_(0),
-        epsilon_(attr_float(info, "epsilon", 1e-5f)) {
+  explicit GroupNormCudaKernel(const OrtKernelInfo* info) : label_(node_label(info, kGroupNormOpType)) {
+    // Every attribute inside the try, so that each error names the node.
     try {
       num_groups_ = attr_int(info, "num_groups");
+      epsilon_ = attr_float(info, "epsilon", 1e-5f);
+      const std::string activation = cuda_attr_string(info, "activation", "none");
+      const Status st = cuda_checks::parse_activation(activation, &activation_);
+      if (!st.ok()) fail(ORT_INVALID_ARGUMENT, st.message());
     } catch (const Error& e) {
       fail(ORT_INVALID_ARGUMENT, label_ + ": " + e.what());
     }
@@ -35,14 +41,17 @@ class GroupNormCudaKernel {
     T* y = io.output_as<T>(0, x.shape);
     // Nothing to compute for an empty x; only then could N * C overflow (x = [2^62, 4, 0]).
     if (x.numel == 0) return;
-    const int64_t N = x.shape[0], C = x.shape[1];
-    const int64_t S = x.numel / (N * C);
+    GroupNormDims d;
+    d.N = x.shape[0];
+    d.C = x.shape[1];
+    d.S = x.numel / (d.N * d.C);
+    d.G = num_groups_;
     // Scratch in x's (device) memory, from the CUDA EP's allocator.
-    const size_t ws_bytes = cuda::group_norm_workspace_bytes<T>(N, C, S, num_groups_);
+    const size_t ws_bytes = cuda::group_norm_workspace_bytes<T>(d);
     const Scratch workspace = io.scratch(ws_bytes, 0);
     const cudaError_t err = cuda::launch_group_norm<T>(
         static_cast<cudaStream_t>(io.gpu_stream()), x.as<T>(), scale.present ? scale.as<T>() : nullptr,
-        bias.present ? bias.as<T>() : nullptr, y, N, C, S, num_groups_, epsilon_, workspace.get(), ws_bytes);
+        bias.present ? bias.as<T>() : nullptr, y, d, epsilon_, activation_, workspace.get(), ws_bytes);
     if (err != cudaSuccess) {
       fail(ORT_RUNTIME_EXCEPTION,
            label_ + ": CUDA launch failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
@@ -51,8 +60,9 @@ class GroupNormCudaKernel {
 
  private:
   std::string label_;
-  int64_t num_groups_;
-  float epsilon_;
+  int64_t num_groups_ = 0;
+  float epsilon_ = 1e-5f;
+  Activation activation_ = Activation::kNone;
 };
 
 constexpr const char* kCudaProvider = "CUDAExecutionProvider";

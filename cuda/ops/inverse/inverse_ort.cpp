@@ -1,12 +1,16 @@
 // ORT CUDA op ai.opbridge::Inverse for the CUDAExecutionProvider (same input, output and checks
 // as the CPU op), queued on ORT's compute stream.
 //
-// A singular matrix is an error, as on the CPU: the kernel reports it in an 8-byte device word
-// that is read back after the launch, which synchronizes ORT's compute stream once per call
-// (torch.linalg.inv synchronizes for its error check the same way).
+// Attribute on_singular (since op version 2): "raise" (default): a singular matrix is an error, as
+// on the CPU: the kernel reports it in an 8-byte device word that is read back after the launch,
+// which synchronizes ORT's compute stream once per call (torch.linalg.inv synchronizes for its
+// error check the same way). "nan": a singular matrix's output is all NaN, nothing is read back
+// and nothing synchronizes.
 #include <string>
 #include <vector>
 
+#include "../../common/adapter_checks.h"
+#include "../../common/ort_attr.h"
 #include "inverse.cuh"
 #include "opbridge/inverse.h"
 #include "ort_op.h"
@@ -24,7 +28,15 @@ void check_cuda(cudaError_t err, const std::string& label, const char* what) {
 template <class T>
 class InverseCudaKernel {
  public:
-  explicit InverseCudaKernel(const OrtKernelInfo* info) : label_(node_label(info, kInverseOpType)) {}
+  explicit InverseCudaKernel(const OrtKernelInfo* info) : label_(node_label(info, kInverseOpType)) {
+    try {
+      const std::string on_singular = cuda_attr_string(info, "on_singular", "raise");
+      const Status st = cuda_checks::parse_on_singular(on_singular, &nan_on_singular_);
+      if (!st.ok()) fail(ORT_INVALID_ARGUMENT, st.message());
+    } catch (const Error& e) {
+      fail(ORT_INVALID_ARGUMENT, label_ + ": " + e.what());
+    }
+  }
 
   void Compute(KernelIO& io) {
     const Input x = io.input(0);
@@ -43,7 +55,9 @@ class InverseCudaKernel {
     auto* info = static_cast<uint64_t*>(scratch.get());
     void* ws = ws_bytes > 0 ? static_cast<char*>(scratch.get()) + kInfoBytes : nullptr;
     const auto stream = static_cast<cudaStream_t>(io.gpu_stream());
-    check_cuda(cuda::launch_inverse<T>(stream, x.as<T>(), y, batch, n, info, ws, ws_bytes), label_, "CUDA launch");
+    check_cuda(cuda::launch_inverse<T>(stream, x.as<T>(), y, batch, n, info, ws, ws_bytes, nan_on_singular_), label_,
+               "CUDA launch");
+    if (nan_on_singular_) return;
     uint64_t report = cuda::kInverseInfoOk;
     check_cuda(cudaMemcpyAsync(&report, info, sizeof report, cudaMemcpyDeviceToHost, stream), label_,
                "reading the singular-matrix report");
@@ -54,6 +68,7 @@ class InverseCudaKernel {
 
  private:
   std::string label_;
+  bool nan_on_singular_ = false;
 };
 
 constexpr const char* kCudaProvider = "CUDAExecutionProvider";

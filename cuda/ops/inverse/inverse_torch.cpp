@@ -1,9 +1,11 @@
 // torch op opbridge::inverse on CUDA tensors: same schema, checks and messages as the CPU
 // implementation (cpp/ops/inverse/inverse_torch.cpp), queued on torch's current stream.
 //
-// A singular matrix raises torch.linalg.LinAlgError, as on the CPU: the kernel's 8-byte report is read back with
-// .item(), which synchronizes the current stream once per call (as torch.linalg.inv's own
-// error check does).
+// on_singular="raise" (default): a singular matrix raises torch.linalg.LinAlgError, as on the CPU:
+// the kernel's 8-byte report is read back with .item(), which synchronizes the current stream
+// once per call (as torch.linalg.inv's own error check does).
+// on_singular="nan": a singular matrix's output is all NaN and the report is not read, so the call
+// never synchronizes (it can be captured in a CUDA graph).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -11,6 +13,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "../../common/adapter_checks.h"
 #include "inverse.cuh"
 #include "opbridge/inverse.h"
 #include "torch_common.h"
@@ -20,7 +23,9 @@ namespace {
 
 constexpr const char* kOp = "opbridge::inverse";
 
-at::Tensor inverse_cuda_impl(const at::Tensor& x) {
+at::Tensor inverse_cuda_impl(const at::Tensor& x, c10::string_view on_singular) {
+  bool nan_on_singular = false;
+  check_status(cuda_checks::parse_on_singular(on_singular, &nan_on_singular), kOp);
   const auto dt = x.scalar_type();
   TORCH_CHECK_TYPE(dt == at::kFloat || dt == at::kDouble, kOp, ": x must be a float32 or float64 tensor, got ", dt);
   const int64_t rank = x.dim();
@@ -43,11 +48,12 @@ at::Tensor inverse_cuda_impl(const at::Tensor& x) {
     if (ws_bytes > 0) ws = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
     return cuda::launch_inverse<T>(stream, ptr<T>(xc), mutable_ptr<T>(y), batch, n,
                                    static_cast<uint64_t*>(info.mutable_data_ptr()),
-                                   ws_bytes > 0 ? ws.mutable_data_ptr() : nullptr, ws_bytes);
+                                   ws_bytes > 0 ? ws.mutable_data_ptr() : nullptr, ws_bytes, nan_on_singular);
   };
   const cudaError_t err = dt == at::kFloat ? launch(float{}) : launch(double{});
   TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA launch failed: ", cudaGetErrorName(err), " (",
               cudaGetErrorString(err), ")");
+  if (nan_on_singular) return y;
   int64_t index = 0, step = 0;
   if (cuda::inverse_info_singular(static_cast<uint64_t>(info.item<int64_t>()), &index, &step)) {
     // torch.linalg.LinAlgError, as on the CPU and as torch.linalg.inv raises.
