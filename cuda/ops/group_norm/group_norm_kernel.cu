@@ -497,8 +497,7 @@ __global__ void __launch_bounds__(kSplitBlock)
   }
 }
 
-// y = act((x - mean) * rstd * w + b) over [N, S, C]. Thread tid < cols * rpp handles channel
-// vectors cv0, cv0 + cols, ... (cv0 = tid % cols) of rows ry, ry + rpp, ... of the block's rows.
+// y = act((x - mean) * rstd * w + b) over [N, S, C]; thread layout: nhwc_apply_threads.
 //   sdiv: divides a row index by S (used when N * S < 2^31; else 64-bit division)
 //   gdiv: divides a channel by Cg (C < 2^31 always holds here: the launcher checks)
 template <class D, int VEC>
@@ -689,9 +688,8 @@ cudaError_t launch_nhwc(Stream stream, const D* x, const D* w, const D* b, D* y,
   const LaunchShape group_shape{dim3(static_cast<unsigned>(std::min(p.N * p.G, cap))), dim3(kSplitBlock), 0, 1};
   e = launch(group_norm_nhwc_finalize_kernel<A>, group_shape, stream, partial, p, eps, stats);
   if (e != cudaSuccess) return e;
-  const int64_t CV = p.C / VEC;
-  const int cols = static_cast<int>(std::min<int64_t>(CV, kNhwcBlock));
-  const int rpp = kNhwcBlock / cols;
+  const NhwcThreads at = nhwc_apply_threads(p.C, VEC, kNhwcBlock);
+  const int cols = at.cols, rpp = at.rpp;
   const int64_t rows = p.N * p.S;
   const bool small_rows = rows < (int64_t{1} << 31);
   const FastDiv sdiv(static_cast<uint32_t>(small_rows ? p.S : 1));

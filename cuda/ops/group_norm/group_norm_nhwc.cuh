@@ -214,7 +214,17 @@ OPBRIDGE_HD int nhwc_entry_thread(const NhwcBlock& b, const NhwcThreads& t, int 
   return ry * t.cols + lu * ucols + c;
 }
 
-// Index of the partial moments of unit u of tile (n, k), and the number of values they cover.
+// Thread layout of the apply kernel: thread tid < cols * rpp handles channel vectors cv0, cv0 +
+// cols, ... (cv0 = tid % cols) of rows ry, ry + rpp, ... (ry = tid / cols) of the block's rows.
+OPBRIDGE_HD NhwcThreads nhwc_apply_threads(int64_t C, int vec, int threads) {
+  NhwcThreads t{};
+  const int64_t cv = C / vec;
+  t.cols = static_cast<int>(cv < threads ? cv : threads);
+  t.rpp = threads / t.cols;
+  return t;
+}
+
+// Index of the partial moments of unit u of tile (n, k).
 OPBRIDGE_HD int64_t nhwc_partial_index(const NhwcPlan& p, int64_t n, int64_t k, int64_t u) {
   return (n * p.K + k) * p.U + u;
 }

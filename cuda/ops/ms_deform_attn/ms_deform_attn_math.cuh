@@ -63,13 +63,15 @@ struct Sample {
 
 // Sets up the sample of a level of H x W (first spatial index `start`) at normalized (lx, ly);
 // returns false when it contributes nothing: NaN or infinite coordinates, or every tap outside
-// (pixel x <= -1 or >= W, likewise y; at x == -1 exactly, the only tap inside has weight 0).
+// (pixel x < -1 or >= W, likewise y). Pixel x == -1 is kept, as grid_sample keeps it: its only
+// tap inside has weight 0, but its derivative along x (taps at floor(x) and floor(x) + 1, as at
+// every point) is not 0.
 //   row: elements between consecutive spatial positions of value (M * D)
 template <class A>
 OPBRIDGE_HD bool setup_sample(A lx, A ly, int H, int W, int64_t start, int64_t row, Sample<A>* s) {
   const A x = lx * static_cast<A>(W) - A(0.5);
   const A y = ly * static_cast<A>(H) - A(0.5);
-  if (!(x > A(-1) && y > A(-1) && x < static_cast<A>(W) && y < static_cast<A>(H))) return false;
+  if (!(x >= A(-1) && y >= A(-1) && x < static_cast<A>(W) && y < static_cast<A>(H))) return false;
   const A xf = floor_acc(x), yf = floor_acc(y);
   // -1 <= x0 <= W - 1 (x < W in the coordinate type, so floor(x) < W) and likewise y0.
   const int x0 = static_cast<int>(xf), y0 = static_cast<int>(yf);
