@@ -11,6 +11,7 @@ real kernels where there is a GPU.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -35,6 +36,10 @@ def host_programs(tmp_path_factory):
         exe = out / name
         cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'cuda'}",
                f"-I{ROOT / 'cpp' / 'include'}", str(HOST / f"{name}.cpp"), "-o", str(exe)]
+        if os.environ.get("OPBRIDGE_CUDA_HOST_SANITIZE") == "1":
+            # Every load and store of the kernels' index math checked by AddressSanitizer and
+            # UndefinedBehaviorSanitizer (a read past a tap's row or a tensor's end fails the test).
+            cmd += ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
         result = subprocess.run(cmd, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-4000:]
         progs[name] = exe

@@ -33,13 +33,16 @@ namespace msda = opbridge::cuda::msda;
 
 namespace {
 
-// 64-byte aligned storage (the kernels' vector loads need VEC * sizeof(T) alignment).
+// 64-byte aligned storage of exactly `count` elements (the kernels' vector loads need VEC *
+// sizeof(T) alignment; no slack, so that AddressSanitizer sees any access past the end).
 template <class T>
 struct Buffer {
   T* p = nullptr;
   size_t n = 0;
   explicit Buffer(size_t count) : n(count) {
-    p = static_cast<T*>(std::aligned_alloc(64, ((count * sizeof(T) + 63) / 64 + 1) * 64));
+    void* mem = nullptr;
+    if (posix_memalign(&mem, 64, count > 0 ? count * sizeof(T) : 1) != 0) std::abort();
+    p = static_cast<T*>(mem);
     std::memset(p, 0, count * sizeof(T));
   }
   ~Buffer() { std::free(p); }
