@@ -68,3 +68,20 @@ def group_norm_any(x, num_groups, weight=None, bias=None, eps=1e-5, activation="
     if activation == "silu":
         y = silu(y)
     return np.moveaxis(y, 1, -1) if channels_last else y
+
+
+def ms_deform_attn_locations(rng, n, lq, m, levels, p, lo=-0.3, hi=1.3, margin=0.01):
+    """Random sampling locations (N, Lq, M, L, P, 2) in [lo, hi] (so some lie partly or wholly
+    outside the maps) whose pixel coordinates (x W - 0.5, y H - 0.5) stay `margin` away from
+    integers. Bilinear sampling is continuous there but its derivative along an axis jumps at
+    integer pixel coordinates, and a float32 kernel rounds x W differently from a float64
+    reference: a location within rounding distance of an integer would get the other one-sided
+    derivative."""
+    loc = np.empty((n, lq, m, len(levels), p, 2))
+    for lvl, (h, w) in enumerate(levels):
+        for axis, size in ((0, w), (1, h)):
+            px = rng.uniform(lo * size - 0.5, hi * size - 0.5, (n, lq, m, p))
+            base = np.floor(px)
+            px = base + margin + (1 - 2 * margin) * (px - base)
+            loc[:, :, :, lvl, :, axis] = (px + 0.5) / size
+    return loc

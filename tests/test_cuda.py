@@ -723,7 +723,7 @@ def _msda_case(rng, case, dtype, nonfinite=False):
     starts = torch.cat([torch.zeros(1, dtype=torch.int64), areas.cumsum(0)[:-1]])
     s, nl = int(areas.sum()), len(levels)
     value = torch.from_numpy(rng.standard_normal((n, s, m, d))).to(td)
-    loc = torch.from_numpy(rng.uniform(-0.3, 1.3, (n, lq, m, nl, p, 2))).to(td)
+    loc = torch.from_numpy(cuda_ref.ms_deform_attn_locations(rng, n, lq, m, levels, p)).to(td)
     if nonfinite:
         flat = loc.view(-1)
         idx = torch.from_numpy(rng.choice(flat.numel(), 4, replace=False))

@@ -77,7 +77,7 @@ def _msda_inputs(rng, n, m, d, lq, p, levels, nonfinite):
     nl = len(levels)
     value = rng.standard_normal((n, s, m, d))
     # Mostly inside [0, 1], some partly or wholly outside the map.
-    loc = rng.uniform(-0.3, 1.3, (n, lq, m, nl, p, 2))
+    loc = cuda_ref.ms_deform_attn_locations(rng, n, lq, m, levels, p)
     if nonfinite and loc.size >= 8:
         flat = loc.reshape(-1)
         idx = rng.choice(flat.size, 4, replace=False)
