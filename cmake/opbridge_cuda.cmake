@@ -83,7 +83,8 @@ add_custom_command(
 add_custom_target(opbridge_check_streams DEPENDS ${_opbridge_stream_stamp})
 set_property(TARGET opbridge_cuda_kernels PROPERTY OPBRIDGE_CHECKED_SOURCES
   ${PROJECT_SOURCE_DIR}/cuda/common/device.cpp ${PROJECT_SOURCE_DIR}/cuda/common/device.h
-  ${PROJECT_SOURCE_DIR}/cuda/common/launch.cuh)
+  ${PROJECT_SOURCE_DIR}/cuda/common/launch.cuh ${PROJECT_SOURCE_DIR}/cuda/common/dtype.cuh
+)
 add_dependencies(opbridge_cuda_kernels opbridge_check_streams)
 
 # Static cudart (CMake's default runtime): the libraries load and run their CPU ops on machines

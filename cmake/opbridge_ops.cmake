@@ -25,7 +25,6 @@ if(OPBRIDGE_CPU_DISPATCH AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd6
 endif()
 function(opbridge_add_op name)
   set(cpu ${PROJECT_SOURCE_DIR}/cpp/ops/${name})
-  set(gpu ${PROJECT_SOURCE_DIR}/cuda/ops/${name})
   if(NOT EXISTS ${cpu}/${name}_cpu.cpp)
     message(FATAL_ERROR "opbridge_add_op(${name}): ${cpu}/${name}_cpu.cpp does not exist")
   endif()
@@ -50,10 +49,17 @@ function(opbridge_add_op name)
   if(TARGET _core AND EXISTS ${cpu}/${name}_py.cpp)
     target_sources(_core PRIVATE ${cpu}/${name}_py.cpp)
   endif()
+  opbridge_add_cuda_op(${name})
+endfunction()
+
+# opbridge_add_cuda_op(<name>): only the CUDA part of opbridge_add_op (the files under
+# cuda/ops/<name>/, when CUDA is enabled); opbridge_add_op(<name>) calls it.
+function(opbridge_add_cuda_op name)
+  set(gpu ${PROJECT_SOURCE_DIR}/cuda/ops/${name})
   if(OPBRIDGE_CUDA_ENABLED AND EXISTS ${gpu}/${name}_kernel.cu)
     target_sources(opbridge_cuda_kernels PRIVATE ${gpu}/${name}_kernel.cu)
     # The default-stream check re-runs when any of the op's CUDA files changes.
-    foreach(f ${name}.cuh ${name}_kernel.cu ${name}_ort.cpp ${name}_torch.cpp)
+    foreach(f ${name}.cuh ${name}_math.cuh ${name}_nhwc.cuh ${name}_kernel.cu ${name}_ort.cpp ${name}_torch.cpp)
       if(EXISTS ${gpu}/${f})
         set_property(TARGET opbridge_cuda_kernels APPEND PROPERTY OPBRIDGE_CHECKED_SOURCES ${gpu}/${f})
       endif()

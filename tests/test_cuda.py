@@ -22,6 +22,7 @@ import pytest
 
 import opbridge
 
+import cuda_ref
 import reference as ref
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,7 +192,7 @@ def _torch_cuda_headers():
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("op", ["group_norm", "inverse"])
+@pytest.mark.parametrize("op", ["group_norm", "inverse", "ms_deform_attn"])
 def test_torch_cuda_adapter_compiles(op):
     """Where torch has no CUDA the torch CUDA adapters are not built; still check that they
     compile against this torch's headers and the CUDA toolkit's (syntax and templates)."""
@@ -497,3 +498,377 @@ def test_inverse_ort_cuda_matches_reference(rng, dtype, n):
     expect = np.linalg.inv(a.astype(np.float64))
     tol = {np.float32: 1e-4, np.float64: 1e-11}[dtype] * max(1.0, np.abs(expect).max())
     np.testing.assert_allclose(y.astype(np.float64), expect, rtol=0, atol=tol)
+
+
+# ---- GroupNorm: channels_last and fused activation (op version 2) --------------------------
+
+
+def _gn_has_activation() -> bool:
+    """Whether this build's torch schema has GroupNorm's `activation` argument."""
+    if not _has_torch_op("group_norm"):
+        return False
+    return any(a.name == "activation" for a in torch.ops.opbridge.group_norm.default._schema.arguments)
+
+
+def _inverse_has_on_singular() -> bool:
+    if not _has_torch_op("inverse"):
+        return False
+    return any(a.name == "on_singular" for a in torch.ops.opbridge.inverse.default._schema.arguments)
+
+
+# (NCHW shape, groups): vector and scalar channel widths, groups of one or many 256-channel pieces,
+# one row, enough rows for several tiles, 5-D.
+GN_CL_CASES = [
+    ((2, 64, 16, 16), 32),
+    ((1, 600, 5, 7), 1),  # Cg = 600: three pieces per group, the last 88 channels
+    ((2, 6, 3, 3), 3),  # Cg = 2: scalar accesses
+    ((4, 320, 32, 32), 32),  # Cg = 10 (SD UNet): scalar for float32, 16-bit
+    ((2, 512, 8, 8), 32),
+    ((1, 256, 128, 128), 32),  # many tiles per sample
+    ((2, 8, 1, 1), 4),  # S == 1: the same memory as NCHW
+    ((2, 32, 4, 6, 5), 8),  # channels_last_3d
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", list(GN_TOL))
+@pytest.mark.parametrize("shape,groups", GN_CL_CASES, ids=[f"{s}-G{g}" for s, g in GN_CL_CASES])
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_group_norm_cuda_channels_last(rng, dtype, shape, groups, activation):
+    """A channels_last x is normalized in place of its layout and y keeps the memory format."""
+    if not _gn_has_activation():
+        pytest.skip("this build's opbridge::group_norm has no activation argument")
+    td = TORCH_DTYPES[dtype]
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    x = _rounded(rng, shape, td, scale=2.0, offset=0.5)
+    w = _rounded(rng, (shape[1],), td)
+    b = _rounded(rng, (shape[1],), td)
+    xd = x.cuda().contiguous(memory_format=fmt)
+    _poison_cuda_allocator(x.numel() * x.element_size())
+    y = torch.ops.opbridge.group_norm(xd, groups, w.cuda(), b.cuda(), 1e-5, activation)
+    torch.cuda.synchronize()
+    assert y.is_contiguous(memory_format=fmt) and y.dtype == td and y.shape == x.shape
+    expect = cuda_ref.group_norm_any(x.double().numpy(), groups, w.double().numpy(), b.double().numpy(), 1e-5,
+                                     activation)
+    tol = GN_TOL[dtype] * max(1.0, float(np.abs(expect).max()))
+    np.testing.assert_allclose(y.cpu().double().numpy(), expect, rtol=0, atol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape,groups", [((2, 6, 7), 2), ((8, 256, 32, 32), 32), ((1, 2, 70_000), 2),
+                                          ((2, 64, 64, 64), 2)])
+def test_group_norm_cuda_silu_every_path(rng, dtype, shape, groups):
+    """SiLU fused into the register-resident, cluster and split paths (contiguous x)."""
+    if not _gn_has_activation():
+        pytest.skip("this build's opbridge::group_norm has no activation argument")
+    td = TORCH_DTYPES[dtype]
+    x = _rounded(rng, shape, td, scale=2.0)
+    w = _rounded(rng, (shape[1],), td)
+    b = _rounded(rng, (shape[1],), td)
+    _poison_cuda_allocator(x.numel() * x.element_size())
+    y = torch.ops.opbridge.group_norm(x.cuda(), groups, w.cuda(), b.cuda(), 1e-5, "silu")
+    expect = cuda_ref.group_norm_any(x.double().numpy(), groups, w.double().numpy(), b.double().numpy(), 1e-5, "silu")
+    tol = GN_TOL[dtype] * max(1.0, float(np.abs(expect).max()))
+    np.testing.assert_allclose(y.cpu().double().numpy(), expect, rtol=0, atol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+def test_group_norm_cuda_bad_activation():
+    if not _gn_has_activation():
+        pytest.skip("this build's opbridge::group_norm has no activation argument")
+    x = torch.randn(2, 6, 5, device="cuda")
+    with pytest.raises(ValueError, match="activation"):
+        torch.ops.opbridge.group_norm(x, 3, None, None, 1e-5, "gelu")
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+def test_group_norm_cuda_other_layouts_give_contiguous(rng):
+    x = _rounded(rng, (2, 8, 6, 5), torch.float32).cuda().transpose(2, 3)  # neither layout
+    y = torch.ops.opbridge.group_norm(x, 4, None, None, 1e-5)
+    assert y.is_contiguous()
+    np.testing.assert_allclose(y.cpu().numpy(), ref.group_norm(x.cpu().double().numpy(), 4), rtol=0, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_group_norm_ort_cuda_activation(rng, dtype, activation):
+    import onnx_models
+
+    shape, groups = (2, 32, 8, 8), 8
+    x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
+    scale = rng.standard_normal(shape[1]).astype(dtype)
+    bias = rng.standard_normal(shape[1]).astype(dtype)
+    attrs = {"num_groups": groups}
+    if activation != "none":
+        attrs["activation"] = activation
+    model = onnx_models.single_node_model(
+        "GroupNorm", opbridge.DOMAIN,
+        [("X", dtype, list(shape)), ("scale", dtype, [shape[1]]), ("bias", dtype, [shape[1]])], attrs,
+        domain_version=2,
+    )
+    sess = _ort_cuda_session(onnx_models.serialize(model))
+    (y,) = sess.run(None, {"X": x, "scale": scale, "bias": bias})
+    expect = cuda_ref.group_norm_any(x, groups, scale, bias, 1e-5, activation)
+    tol = {np.float32: 2e-5, np.float16: 2e-3}[dtype] * max(1.0, np.abs(expect).max())
+    np.testing.assert_allclose(y.astype(np.float64), expect, rtol=0, atol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("attrs,match", [({"num_groups": 2, "activation": "gelu"}, "activation"),
+                                         ({"num_groups": 2, "epsilon": 1}, "epsilon")])
+def test_group_norm_ort_cuda_bad_attribute_names_node(attrs, match):
+    import onnx_models
+
+    model = onnx_models.single_node_model("GroupNorm", opbridge.DOMAIN, [("X", np.float32, [2, 4, 3])], attrs,
+                                          domain_version=2)
+    model.graph.node[0].name = "gn_bad"
+    with pytest.raises(Exception, match=f"(?s)gn_bad.*{match}"):
+        sess = _ort_cuda_session(onnx_models.serialize(model))
+        sess.run(None, {"X": np.ones((2, 4, 3), np.float32)})
+
+
+# ---- Inverse: on_singular (op version 2) -----------------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n", [2, 3, 8, 32, 40, 100])
+def test_inverse_cuda_on_singular_nan(rng, dtype, n):
+    if not _inverse_has_on_singular():
+        pytest.skip("this build's opbridge::inverse has no on_singular argument")
+    td = TORCH_DTYPES[dtype]
+    a = torch.from_numpy(rng.standard_normal((6, n, n)) + np.eye(n) * 2 * np.sqrt(n)).to(td)
+    a[3, n - 1] = a[3, 0]  # two equal rows
+    a[4, :, 0] = 0  # a zero column
+    _poison_cuda_allocator(a.numel() * a.element_size())
+    y = torch.ops.opbridge.inverse(a.cuda(), "nan").cpu()
+    assert torch.isnan(y[3]).all() and torch.isnan(y[4]).all()
+    ok = [0, 1, 2, 5]
+    expect = np.linalg.inv(a[ok].double().numpy())
+    tol = {"float32": 1e-4, "float64": 1e-11}[dtype] * max(1.0, float(np.abs(expect).max()))
+    np.testing.assert_allclose(y[ok].double().numpy(), expect, rtol=0, atol=tol)
+    with pytest.raises(RuntimeError, match="matrix 3 of the batch is singular"):
+        torch.ops.opbridge.inverse(a.cuda(), "raise")
+    with pytest.raises(ValueError, match="on_singular"):
+        torch.ops.opbridge.inverse(a.cuda(), "ignore")
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+@pytest.mark.parametrize("n", [3, 40])
+def test_inverse_cuda_on_singular_nan_graph_capture(rng, n):
+    """With on_singular="nan" nothing is read back: the op can be captured in a CUDA graph."""
+    if not _inverse_has_on_singular():
+        pytest.skip("this build's opbridge::inverse has no on_singular argument")
+    a = torch.from_numpy(rng.standard_normal((4, n, n)) + np.eye(n) * 2 * np.sqrt(n)).float().cuda()
+    torch.ops.opbridge.inverse(a, "nan")  # warm-up outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = torch.ops.opbridge.inverse(a, "nan")
+    fresh = torch.from_numpy(rng.standard_normal((4, n, n)) + np.eye(n) * 2 * np.sqrt(n)).float()
+    a.copy_(fresh.cuda())
+    g.replay()
+    torch.cuda.synchronize()
+    np.testing.assert_allclose(y.cpu().double().numpy(), np.linalg.inv(fresh.double().numpy()), rtol=0, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [2, 4, 70])
+def test_inverse_ort_cuda_on_singular_nan(rng, dtype, n):
+    import onnx_models
+
+    a = (rng.standard_normal((3, n, n)) + np.eye(n) * 2 * np.sqrt(n)).astype(dtype)
+    a[1, :, 0] = 0
+    model = onnx_models.single_node_model("Inverse", opbridge.DOMAIN, [("X", dtype, list(a.shape))],
+                                          {"on_singular": "nan"}, domain_version=2)
+    sess = _ort_cuda_session(onnx_models.serialize(model))
+    (y,) = sess.run(None, {"X": a})
+    assert np.isnan(y[1]).all()
+    expect = np.linalg.inv(a[[0, 2]].astype(np.float64))
+    tol = {np.float32: 1e-4, np.float64: 1e-11}[dtype] * max(1.0, np.abs(expect).max())
+    np.testing.assert_allclose(y[[0, 2]].astype(np.float64), expect, rtol=0, atol=tol)
+
+
+# ---- MultiScaleDeformableAttention ---------------------------------------------------------
+
+# (N, M, D, Lq, P, levels (H, W)): 1 x 1 and non-square levels, D of every vector width, D above
+# 32 vectors (lanes loop), 16 levels, a DETR encoder-like and decoder-like shape.
+MSDA_CASES = [
+    (1, 1, 1, 1, 1, [(1, 1)]),
+    (2, 2, 4, 5, 2, [(3, 5), (1, 1)]),
+    (1, 3, 8, 7, 4, [(6, 4), (3, 2), (2, 1), (1, 3)]),
+    (2, 1, 12, 3, 3, [(5, 7), (2, 9)]),
+    (1, 2, 300, 3, 2, [(4, 4), (2, 3)]),
+    (1, 1, 2, 4, 1, [(2, 2)] * 16),
+    (2, 8, 32, 1360, 4, [(32, 32), (16, 16), (8, 8), (4, 4)]),  # encoder
+    (2, 8, 32, 300, 4, [(64, 64), (32, 32), (16, 16), (8, 8)]),  # decoder
+]
+MSDA_TOL = {"float32": 2e-5, "float64": 1e-11, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def _msda_case(rng, case, dtype, nonfinite=False):
+    n, m, d, lq, p, levels = MSDA_CASES[case]
+    td = TORCH_DTYPES[dtype]
+    shapes = torch.tensor(levels, dtype=torch.int64).reshape(-1, 2)
+    areas = shapes[:, 0] * shapes[:, 1]
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), areas.cumsum(0)[:-1]])
+    s, nl = int(areas.sum()), len(levels)
+    value = torch.from_numpy(rng.standard_normal((n, s, m, d))).to(td)
+    loc = torch.from_numpy(cuda_ref.ms_deform_attn_locations(rng, n, lq, m, levels, p)).to(td)
+    if nonfinite:
+        flat = loc.view(-1)
+        idx = torch.from_numpy(rng.choice(flat.numel(), 4, replace=False))
+        flat[idx] = torch.tensor([float("nan"), float("inf"), -float("inf"), float("nan")], dtype=td)
+    attn = torch.from_numpy(rng.uniform(0.0, 1.0, (n, lq, m, nl, p))).to(td)
+    grad = torch.from_numpy(rng.standard_normal((n, lq, m * d))).to(td)
+    return value, shapes, starts, loc, attn, grad
+
+
+def _msda_skip():
+    if not (_has_torch_op("ms_deform_attn") and _has_torch_op("ms_deform_attn_backward")):
+        pytest.skip("torch.ops.opbridge.ms_deform_attn is not part of this build")
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", list(MSDA_TOL))
+@pytest.mark.parametrize("case", range(len(MSDA_CASES)))
+@pytest.mark.parametrize("tables_on", ["cpu", "cuda"])
+def test_ms_deform_attn_cuda_matches_reference(rng, dtype, case, tables_on):
+    _msda_skip()
+    value, shapes, starts, loc, attn, grad = _msda_case(rng, case, dtype, nonfinite=case % 2 == 1)
+    want = cuda_ref.ms_deform_attn_with_grads(*(t.double().numpy() for t in (value, shapes, starts, loc, attn, grad)))
+    _poison_cuda_allocator(value.numel() * value.element_size())
+    dev = [t.cuda() for t in (value, loc, attn, grad)]
+    tables = [t.to(tables_on) for t in (shapes, starts)]
+    out = torch.ops.opbridge.ms_deform_attn(dev[0], *tables, dev[1], dev[2])
+    grads = torch.ops.opbridge.ms_deform_attn_backward(dev[3], dev[0], *tables, dev[1], dev[2])
+    torch.cuda.synchronize()
+    assert out.shape == grad.shape and out.dtype == value.dtype
+    for name, got, w in zip(("output", "grad_value", "grad_sampling_locations", "grad_attention_weights"),
+                            (out, *grads), want):
+        assert got.shape == w.shape and got.dtype == value.dtype, name
+        tol = MSDA_TOL[dtype] * max(1.0, float(np.abs(w).max()))
+        np.testing.assert_allclose(got.cpu().double().numpy(), w, rtol=0, atol=tol, err_msg=name)
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_ms_deform_attn_cuda_unaligned_scalar_path(rng, dtype):
+    """A value that is contiguous but not 16-byte aligned takes the scalar (VEC = 1) kernels."""
+    _msda_skip()
+    value, shapes, starts, loc, attn, grad = _msda_case(rng, 2, dtype)
+    buf = torch.empty(value.numel() + 1, dtype=value.dtype, device="cuda")
+    vd = buf[1:].view(value.shape)
+    vd.copy_(value.cuda())
+    assert vd.data_ptr() % 16 != 0
+    out = torch.ops.opbridge.ms_deform_attn(vd, shapes, starts, loc.cuda(), attn.cuda())
+    want = cuda_ref.ms_deform_attn_with_grads(*(t.double().numpy() for t in (value, shapes, starts, loc, attn, grad)))
+    tol = MSDA_TOL[dtype] * max(1.0, float(np.abs(want[0]).max()))
+    np.testing.assert_allclose(out.cpu().double().numpy(), want[0], rtol=0, atol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+def test_ms_deform_attn_cuda_graph_capture(rng):
+    """With the level table on the CPU nothing synchronizes: forward and backward capture."""
+    _msda_skip()
+    value, shapes, starts, loc, attn, grad = _msda_case(rng, 6, "float32")
+    dev = [t.cuda() for t in (value, loc, attn, grad)]
+    torch.ops.opbridge.ms_deform_attn(dev[0], shapes, starts, dev[1], dev[2])
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = torch.ops.opbridge.ms_deform_attn(dev[0], shapes, starts, dev[1], dev[2])
+        grads = torch.ops.opbridge.ms_deform_attn_backward(dev[3], dev[0], shapes, starts, dev[1], dev[2])
+    fresh = _msda_case(rng, 6, "float32")
+    for d, f in zip(dev, (fresh[0], fresh[3], fresh[4], fresh[5])):
+        d.copy_(f.cuda())
+    g.replay()
+    torch.cuda.synchronize()
+    want = cuda_ref.ms_deform_attn_with_grads(*(t.double().numpy() for t in fresh))
+    for got, w in zip((out, *grads), want):
+        np.testing.assert_allclose(got.cpu().double().numpy(), w, rtol=0, atol=2e-5 * max(1.0, np.abs(w).max()))
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+def test_ms_deform_attn_cuda_on_side_stream(rng):
+    _msda_skip()
+    value, shapes, starts, loc, attn, _ = _msda_case(rng, 2, "float32")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        vd = value.cuda() * 2.0
+        out = torch.ops.opbridge.ms_deform_attn(vd, shapes.cuda(), starts.cuda(), loc.cuda(), attn.cuda()) + 1.0
+    s.synchronize()
+    want = cuda_ref.ms_deform_attn_with_grads(*(t.double().numpy() for t in (value * 2.0, shapes, starts, loc, attn,
+                                                                            torch.zeros(out.shape))))[0]
+    np.testing.assert_allclose(out.cpu().double().numpy(), want + 1.0, rtol=0, atol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+def test_ms_deform_attn_cuda_bad_input(rng):
+    _msda_skip()
+    value, shapes, starts, loc, attn, _ = _msda_case(rng, 2, "float32")
+    v, lo, at = value.cuda(), loc.cuda(), attn.cuda()
+    with pytest.raises(ValueError, match="level_start_index"):
+        torch.ops.opbridge.ms_deform_attn(v, shapes, starts + 1, lo, at)
+    bad = shapes.clone()
+    bad[-1, 0] += 1  # the last level: level_start_index stays consistent, S does not
+    with pytest.raises(ValueError, match="spatial_shapes"):
+        torch.ops.opbridge.ms_deform_attn(v, bad, starts, lo, at)
+    with pytest.raises((TypeError, ValueError), match="spatial_shapes"):
+        torch.ops.opbridge.ms_deform_attn(v, shapes.int(), starts, lo, at)
+    with pytest.raises((TypeError, ValueError), match="sampling_locations"):
+        torch.ops.opbridge.ms_deform_attn(v, shapes, starts, lo.double(), at)
+
+
+def _msda_onnx_model(dtype, value_shape, levels, loc_shape):
+    from onnx import TensorProto, helper
+
+    t = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE, np.float16: TensorProto.FLOAT16}[dtype]
+    inputs = [
+        helper.make_tensor_value_info("value", t, value_shape),
+        helper.make_tensor_value_info("spatial_shapes", TensorProto.INT64, [levels, 2]),
+        helper.make_tensor_value_info("level_start_index", TensorProto.INT64, [levels]),
+        helper.make_tensor_value_info("sampling_locations", t, loc_shape),
+        helper.make_tensor_value_info("attention_weights", t, loc_shape[:-1]),
+    ]
+    out = helper.make_tensor_value_info("output", t, None)
+    node = helper.make_node("MultiScaleDeformableAttention", [i.name for i in inputs], ["output"], name="msda",
+                            domain=opbridge.DOMAIN)
+    graph = helper.make_graph([node], "msda", inputs, [out])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(opbridge.DOMAIN, 2)],
+                             ir_version=9)
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+@pytest.mark.parametrize("case", [1, 2, 6])
+def test_ms_deform_attn_ort_cuda_matches_reference(rng, dtype, case):
+    value, shapes, starts, loc, attn, grad = _msda_case(rng, case, {np.float32: "float32", np.float64: "float64",
+                                                                    np.float16: "float16"}[dtype])
+    model = _msda_onnx_model(dtype, ["N", value.shape[1], value.shape[2], value.shape[3]], shapes.shape[0],
+                             ["N", "Lq", *loc.shape[2:]])
+    sess = _ort_cuda_session(model.SerializeToString())
+    feeds = {"value": value.numpy(), "spatial_shapes": shapes.numpy(), "level_start_index": starts.numpy(),
+             "sampling_locations": loc.numpy(), "attention_weights": attn.numpy()}
+    (y,) = sess.run(None, feeds)
+    want = cuda_ref.ms_deform_attn_with_grads(*(t.double().numpy() for t in (value, shapes, starts, loc, attn, grad)))[0]
+    tol = {np.float32: 2e-5, np.float64: 1e-11, np.float16: 2e-3}[dtype] * max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(y.astype(np.float64), want, rtol=0, atol=tol)
+    bad = dict(feeds, level_start_index=feeds["level_start_index"] + 1)
+    with pytest.raises(Exception, match="(?s)msda.*level_start_index"):
+        sess.run(None, bad)

@@ -9,32 +9,35 @@
 #include <cstdint>
 
 #include "opbridge/dtype.h"
+#include "opbridge/group_norm.h"
 
 namespace opbridge::cuda {
 
 // Bytes of device scratch memory launch_group_norm<T> needs for these sizes (0: none). Depends
-// only on the sizes, never on the device, so callers can allocate before launching.
+// only on the sizes and the layout, never on the device, so callers can allocate before
+// launching.
 template <class T>
-size_t group_norm_workspace_bytes(int64_t N, int64_t C, int64_t S, int64_t num_groups);
+size_t group_norm_workspace_bytes(const GroupNormDims& d);
 
-// Queues y = group_norm(x) on `stream`; returns the launch error (never synchronizes).
+// Queues y = act(group_norm(x)) on `stream`; returns the launch error (never synchronizes).
 //   stream:     the caller's stream (torch's current stream, ORT's compute stream); all work,
 //               including reads of the workspace, is ordered on it
-//   x:          [N, C, S] device input, contiguous
+//   x:          device input, dense: [N, C, S] (d.channels_last = false) or [N, S, C]
+//               (d.channels_last = true: NHWC / NDHWC memory)
 //   weight:     [C] device per-channel scale, or nullptr for 1
 //   bias:       [C] device per-channel shift, or nullptr for 0
-//   y:          [N, C, S] device output, contiguous, not aliasing x
-//   N, C, S:    sizes (S: product of the trailing dims; any may be 0)
-//   num_groups: G, divides C
+//   y:          device output in x's layout, not aliasing x
+//   d:          sizes (N, C, S: any may be 0; G divides C) and layout
 //   eps:        added to the variance
-//   workspace:  device memory of at least group_norm_workspace_bytes<T>(N, C, S, G) bytes,
-//               16-byte aligned (nullptr when that is 0); must stay allocated until the queued
-//               work has run (stream-ordered frees of the caching allocators guarantee that)
+//   act:        applied to the affine output (kSilu: y = v * sigmoid(v)), fused into the store
+//   workspace:  device memory of at least group_norm_workspace_bytes<T>(d) bytes, 16-byte
+//               aligned (nullptr when that is 0); must stay allocated until the queued work has
+//               run (stream-ordered frees of the caching allocators guarantee that)
 // T: float, double, Half or BFloat16; statistics are accumulated in float for the 16-bit
 // types (in the type itself otherwise). Arguments must already have passed the declaration's checks.
 template <class T>
-cudaError_t launch_group_norm(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y, int64_t N,
-                              int64_t C, int64_t S, int64_t num_groups, double eps, void* workspace,
+cudaError_t launch_group_norm(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y,
+                              const GroupNormDims& d, double eps, Activation act, void* workspace,
                               size_t workspace_bytes);
 
 }  // namespace opbridge::cuda

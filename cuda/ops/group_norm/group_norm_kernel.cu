@@ -19,51 +19,33 @@
 //
 // Statistics are accumulated in float for float/half/bfloat16 and in double for double.
 #include <cooperative_groups.h>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 
+#include "common/dtype.cuh"
 #include "common/launch.cuh"
 #include "group_norm.cuh"
+#include "group_norm_nhwc.cuh"
 
 namespace opbridge::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
 
-// ---- element types -------------------------------------------------------------------------
+// ---- element types and the activation --------------------------------------------------------
 
-// opbridge's 16-bit storage types are bit-compatible with CUDA's: kernels use CUDA's.
-template <class T> struct DeviceType { using type = T; };
-template <> struct DeviceType<Half> { using type = __half; };
-template <> struct DeviceType<BFloat16> { using type = __nv_bfloat16; };
-static_assert(sizeof(Half) == sizeof(__half) && sizeof(BFloat16) == sizeof(__nv_bfloat16));
-
-template <class D> struct AccType { using type = float; };
-template <> struct AccType<double> { using type = double; };
-template <class D> using acc = typename AccType<D>::type;
-
-__device__ __forceinline__ float to_acc(float v) { return v; }
-__device__ __forceinline__ double to_acc(double v) { return v; }
-__device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_acc(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <class D> __device__ __forceinline__ D from_acc(acc<D> v);
-template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
-template <> __device__ __forceinline__ double from_acc<double>(double v) { return v; }
-template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
+// y = act(v): the activation fused into every store of y (see Activation in opbridge/group_norm.h).
+// SiLU as torch computes it, v / (1 + exp(-v)), in the accumulation type. The float division is
+// __fdividef (2 ulp; 0 when 1 + exp(-v) overflows, the limit): an IEEE division's slow path is a
+// call, which would make these register-resident kernels spill.
+__device__ __forceinline__ float activate(float v, Activation act) {
+  return act == Activation::kSilu ? __fdividef(v, 1.0f + expf(-v)) : v;
 }
-
-// N elements moved as one load/store (N * sizeof(D) = 16 bytes: one 128-bit access).
-template <class D, int N>
-struct alignas(sizeof(D) * N) Pack {
-  D v[N];
-};
+__device__ __forceinline__ double activate(double v, Activation act) {
+  return act == Activation::kSilu ? v / (1.0 + exp(-v)) : v;
+}
 
 // ---- tuning constants ----------------------------------------------------------------------
 
@@ -121,23 +103,7 @@ __device__ __forceinline__ A group_sum(A v, int tpg, A* red) {
   return total;
 }
 
-// (count, mean, M2) of a set of values; merged with Chan et al.'s formula, which never subtracts
-// two large sums, so the variance keeps its precision whatever the data's offset.
-template <class A>
-struct Moments {
-  A n, mean, m2;
-};
-
-template <class A>
-__device__ __forceinline__ void merge(Moments<A>& a, A nb, A mean_b, A m2_b) {
-  if (nb == A(0)) return;
-  const A n = a.n + nb;
-  const A d = mean_b - a.mean;
-  const A f = nb / n;
-  a.mean += d * f;
-  a.m2 += m2_b + d * d * a.n * f;
-  a.n = n;
-}
+// Moments and merge(): see group_norm_nhwc.cuh.
 
 // Moments over the whole block (blockDim.x a multiple of 32, <= 1024); the result is valid in
 // thread 0. Must be called by all threads of the block. sm: 32 entries.
@@ -169,18 +135,18 @@ __device__ Moments<A> block_moments(Moments<A> m, Moments<A>* sm) {
 // ---- fused and cluster kernels -------------------------------------------------------------
 
 // Writes one packed vector of y: elements e .. e+VEC-1 of group (n, g), whose first element is
-// in channel ci (within the group) at spatial offset r. y = (v - mean) * rstd * w[c] + b[c].
+// in channel ci (within the group) at spatial offset r. y = act((v - mean) * rstd * w[c] + b[c]).
 template <class D, int VEC, class A>
 __device__ __forceinline__ void normalize_store(D* __restrict__ yp, const A* v, int64_t c0, int64_t r, int64_t S,
                                                 const D* __restrict__ w, const D* __restrict__ b, A mean,
-                                                A rstd) {
+                                                A rstd, Activation act) {
   Pack<D, VEC> out;
   int64_t c = c0;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
     const A a = w != nullptr ? rstd * to_acc(w[c]) : rstd;
     const A shift = b != nullptr ? to_acc(b[c]) : A(0);
-    out.v[k] = from_acc<D>((v[k] - mean) * a + shift);
+    out.v[k] = from_acc<D>(activate((v[k] - mean) * a + shift, act));
     if (++r == S) {
       r = 0;
       ++c;
@@ -218,7 +184,7 @@ template <class D, int VEC, bool CLUSTER>
 __global__ void __launch_bounds__(kMaxBlock, 1)
     group_norm_fused_kernel(const D* __restrict__ x, const D* __restrict__ w, const D* __restrict__ b,
                             D* __restrict__ y, int64_t NG, int64_t G, int64_t Cg, int M, int slice, FastDiv sdiv,
-                            int tpg, acc<D> eps) {
+                            int tpg, acc<D> eps, Activation act) {
   using A = acc<D>;
   constexpr int kVecs = kItems / VEC;
   __shared__ A red[kMaxBlock / 32];
@@ -300,7 +266,7 @@ __global__ void __launch_bounds__(kMaxBlock, 1)
         if (e < seg_end) {
           const int q = static_cast<int>(sdiv.div(static_cast<uint32_t>(e)));
           normalize_store<D, VEC>(y + ng * static_cast<int64_t>(M) + e, v + j * VEC, c_group + q,
-                                  static_cast<int64_t>(e - q * S), S, w, b, mean, rstd);
+                                  static_cast<int64_t>(e - q * S), S, w, b, mean, rstd, act);
         }
       }
     }
@@ -408,7 +374,7 @@ template <class D, int VEC>
 __global__ void __launch_bounds__(kSplitBlock)
     group_norm_apply_kernel(const D* __restrict__ x, const D* __restrict__ w, const D* __restrict__ b,
                             D* __restrict__ y, const acc<D>* __restrict__ stats, int64_t M, int64_t chunk, int64_t K,
-                            int64_t tiles, int64_t G, int64_t Cg, int64_t S, FastDiv sdiv) {
+                            int64_t tiles, int64_t G, int64_t Cg, int64_t S, FastDiv sdiv, Activation act) {
   using A = acc<D>;
   constexpr int kVecs = kItems / VEC;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -448,16 +414,128 @@ __global__ void __launch_bounds__(kSplitBlock)
             c = c_begin + (next ? 1 : 0);
             r = next ? off - S : off;
           }
-          normalize_store<D, VEC>(yc + e, v + j * VEC, c, r, S, w, b, mean, rstd);
+          normalize_store<D, VEC>(yc + e, v + j * VEC, c, r, S, w, b, mean, rstd, act);
         }
       }
     }
   }
 }
 
+// ---- channels_last ([N, S, C]) path ---------------------------------------------------------
+
+// Merges the moments of `count` entries spread over the lanes of the calling warp (lane l takes
+// entries l, l + 32, ...); the total is valid in lane 0. Must be called by the whole warp.
+template <class A, class Get>
+__device__ __forceinline__ Moments<A> warp_merge(int count, Get get) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  Moments<A> m{A(0), A(0), A(0)};
+  for (int e = lane; e < count; e += 32) {
+    const Moments<A> o = get(e);
+    merge(m, o.n, o.mean, o.m2);
+  }
+  for (int off = 16; off > 0; off >>= 1) {
+    const A n = __shfl_down_sync(kFullMask, m.n, off);
+    const A mean = __shfl_down_sync(kFullMask, m.mean, off);
+    const A m2 = __shfl_down_sync(kFullMask, m.m2, off);
+    merge(m, n, mean, m2);
+  }
+  return m;
+}
+
+// partial[(n * K + k) * U + unit] = (mean, M2) of every unit of tile (n, k, cb); see
+// group_norm_nhwc.cuh. blockDim.x == kNhwcBlock.
+template <class D, int VEC>
+__global__ void __launch_bounds__(kNhwcBlock)
+    group_norm_nhwc_partial_kernel(const D* __restrict__ x, NhwcPlan p, int64_t tiles, acc<D>* __restrict__ partial) {
+  using A = acc<D>;
+  __shared__ Moments<A> sm[kNhwcBlock];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid >> 5, lane = tid & 31;
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const int64_t cb = t % p.CBn, nk = t / p.CBn;
+    const int64_t k = nk % p.K, n = nk / p.K;
+    const NhwcBlock b = nhwc_block(p, cb);
+    const NhwcThreads th = nhwc_threads(b, VEC, kNhwcBlock);
+    sm[tid] = nhwc_thread_moments<VEC, kItems, D, A>(x, p, b, th, n, k, tid);
+    __syncthreads();
+    const int entries = nhwc_entries(b, th, VEC);
+    for (int lu = warp; lu < b.units; lu += kNhwcBlock / 32) {  // uniform per warp
+      const Moments<A> m =
+          warp_merge<A>(entries, [&](int e) { return sm[nhwc_entry_thread(b, th, VEC, lu, e)]; });
+      if (lane == 0) {
+        const int64_t i = nhwc_partial_index(p, n, k, b.unit0 + lu);
+        partial[2 * i] = m.mean;
+        partial[2 * i + 1] = m.m2;
+      }
+    }
+    __syncthreads();  // sm is rewritten by the next tile
+  }
+}
+
+// stats[n * G + g] = (mean, rstd) from the group's K * PC partials, merged in double.
+template <class A>
+__global__ void __launch_bounds__(kSplitBlock)
+    group_norm_nhwc_finalize_kernel(const A* __restrict__ partial, NhwcPlan p, double eps, A* __restrict__ stats) {
+  __shared__ Moments<double> sm[32];
+  const int64_t NG = p.N * p.G;
+  const int64_t per_group = p.K * p.PC;
+  for (int64_t ng = blockIdx.x; ng < NG; ng += gridDim.x) {
+    const int64_t n = ng / p.G, g = ng - n * p.G;
+    Moments<double> m{0.0, 0.0, 0.0};
+    for (int64_t j = threadIdx.x; j < per_group; j += blockDim.x) {
+      const int64_t k = j / p.PC, pc = j - k * p.PC;
+      const int64_t i = nhwc_partial_index(p, n, k, g * p.PC + pc);
+      const double cnt = static_cast<double>(nhwc_tile_rows(p, k) * nhwc_unit_width(p, pc));
+      merge(m, cnt, static_cast<double>(partial[2 * i]), static_cast<double>(partial[2 * i + 1]));
+    }
+    m = block_moments(m, sm);
+    if (threadIdx.x == 0) {
+      const double var = m.m2 > 0.0 ? m.m2 / static_cast<double>(p.S * p.Cg) : 0.0;
+      stats[2 * ng] = static_cast<A>(m.mean);
+      stats[2 * ng + 1] = static_cast<A>(1.0 / sqrt(var + eps));
+    }
+  }
+}
+
+// y = act((x - mean) * rstd * w + b) over [N, S, C]; thread layout: nhwc_apply_threads.
+//   sdiv: divides a row index by S (used when N * S < 2^31; else 64-bit division)
+//   gdiv: divides a channel by Cg (C < 2^31 always holds here: the launcher checks)
+template <class D, int VEC>
+__global__ void __launch_bounds__(kNhwcBlock)
+    group_norm_nhwc_apply_kernel(const D* __restrict__ x, const D* __restrict__ w, const D* __restrict__ b,
+                                 D* __restrict__ y, const acc<D>* __restrict__ stats, int64_t rows, int64_t S,
+                                 int64_t C, int64_t G, int cols, int rpp, FastDiv sdiv, bool small_rows,
+                                 FastDiv gdiv, Activation act) {
+  using A = acc<D>;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid >= cols * rpp) return;  // no barriers below
+  const int64_t CV = C / VEC;
+  const int cv0 = tid % cols, ry = tid / cols;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * rpp + ry; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * rpp) {
+    const int64_t n = small_rows ? static_cast<int64_t>(sdiv.div(static_cast<uint32_t>(row))) : row / S;
+    const A* st = stats + 2 * n * G;
+    for (int64_t cv = cv0; cv < CV; cv += cols) {
+      const int64_t c = cv * VEC;
+      const int64_t g = gdiv.div(static_cast<uint32_t>(c));
+      const A mean = st[2 * g], rstd = st[2 * g + 1];
+      const int64_t off = row * C + c;
+      const Pack<D, VEC> in = *reinterpret_cast<const Pack<D, VEC>*>(x + off);
+      Pack<D, VEC> out;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const A a = w != nullptr ? rstd * to_acc(w[c + i]) : rstd;
+        const A shift = b != nullptr ? to_acc(b[c + i]) : A(0);
+        out.v[i] = from_acc<D>(activate((to_acc(in.v[i]) - mean) * a + shift, act));
+      }
+      *reinterpret_cast<Pack<D, VEC>*>(y + off) = out;
+    }
+  }
+}
+
 // ---- host side -----------------------------------------------------------------------------
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool aligned16(const void* p) { return aligned_to(p, 16); }
 
 // Whether the cluster kernel can run on the current device with the largest configuration
 // (8 blocks of 512 threads). Cached per device.
@@ -496,7 +574,7 @@ struct Sizes {
 
 template <class D, int VEC>
 cudaError_t launch_fused(Stream stream, const DeviceInfo& dev, const D* x, const D* w, const D* b, D* y,
-                         const Sizes& z, double eps) {
+                         const Sizes& z, double eps, Activation act) {
   const int64_t nvec = z.M / VEC;
   // Threads per group: enough to hold it (kItems per thread), and for small groups at least one
   // vector per thread (up to a warp), so consecutive lanes read consecutive memory.
@@ -517,7 +595,7 @@ cudaError_t launch_fused(Stream stream, const DeviceInfo& dev, const D* x, const
       const int64_t clusters = std::min<int64_t>(z.NG, std::max<int64_t>(1, cap / K));
       LaunchShape shape{dim3(static_cast<unsigned>(clusters * K)), dim3(threads), 0, static_cast<unsigned>(K)};
       return launch(group_norm_fused_kernel<D, VEC, true>, shape, stream, x, w, b, y, z.NG, z.G, z.Cg,
-                    static_cast<int>(z.M), static_cast<int>(slice), sdiv, threads, e);
+                    static_cast<int>(z.M), static_cast<int>(slice), sdiv, threads, e, act);
     }
     if (z.M > kFusedMax) return cudaErrorNotSupported;  // caller falls back to the split path
   }
@@ -526,7 +604,7 @@ cudaError_t launch_fused(Stream stream, const DeviceInfo& dev, const D* x, const
   const int64_t blocks = std::min(ceil_div(z.NG, gpb), cap);
   LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(threads), 0, 1};
   return launch(group_norm_fused_kernel<D, VEC, false>, shape, stream, x, w, b, y, z.NG, z.G, z.Cg,
-                static_cast<int>(z.M), static_cast<int>(z.M), sdiv, tpg, e);
+                static_cast<int>(z.M), static_cast<int>(z.M), sdiv, tpg, e, act);
 }
 
 // Workspace layout of the split path: partial moments [NG * K, 2], then stats [NG, 2].
@@ -539,7 +617,7 @@ size_t split_workspace_bytes(int64_t NG, int64_t M) {
 
 template <class D, int VEC>
 cudaError_t launch_split(Stream stream, const DeviceInfo& dev, const D* x, const D* w, const D* b, D* y,
-                         const Sizes& z, double eps, void* workspace, size_t workspace_bytes) {
+                         const Sizes& z, double eps, Activation act, void* workspace, size_t workspace_bytes) {
   using A = acc<D>;
   if (workspace == nullptr || workspace_bytes < split_workspace_bytes<A>(z.NG, z.M) || !aligned16(workspace)) {
     return cudaErrorInvalidValue;
@@ -564,60 +642,119 @@ cudaError_t launch_split(Stream stream, const DeviceInfo& dev, const D* x, const
   // S <= chunk <= 2^20 keeps the divided offsets below 2^31; larger S does not divide at all.
   const FastDiv sdiv(static_cast<uint32_t>(z.S <= chunk ? z.S : 1));
   return launch(group_norm_apply_kernel<D, VEC>, tile_shape, stream, x, w, b, y, stats, z.M, chunk, K, tiles, z.G,
-                z.Cg, z.S, sdiv);
+                z.Cg, z.S, sdiv, act);
 }
 
 template <class D, int VEC>
 cudaError_t dispatch(Stream stream, const D* x, const D* w, const D* b, D* y, const Sizes& z, double eps,
-                     void* workspace, size_t workspace_bytes) {
+                     Activation act, void* workspace, size_t workspace_bytes) {
   DeviceInfo dev;
   const cudaError_t e = current_device_info(&dev);
   if (e != cudaSuccess) return e;
   if (z.M <= kClusterMax) {
-    const cudaError_t f = launch_fused<D, VEC>(stream, dev, x, w, b, y, z, eps);
+    const cudaError_t f = launch_fused<D, VEC>(stream, dev, x, w, b, y, z, eps, act);
     if (f != cudaErrorNotSupported) return f;
   }
-  return launch_split<D, VEC>(stream, dev, x, w, b, y, z, eps, workspace, workspace_bytes);
+  return launch_split<D, VEC>(stream, dev, x, w, b, y, z, eps, act, workspace, workspace_bytes);
 }
+
+// Workspace layout of the channels_last path: partial moments [N * K * U, 2], then stats [N * G, 2].
+template <class A>
+int64_t nhwc_partial_bytes(const NhwcPlan& p) {
+  return round_up(p.N * p.K * p.U * 2 * static_cast<int64_t>(sizeof(A)), 16);
+}
+template <class A>
+size_t nhwc_workspace_bytes(const NhwcPlan& p) {
+  return static_cast<size_t>(nhwc_partial_bytes<A>(p) + p.N * p.G * 2 * static_cast<int64_t>(sizeof(A)));
+}
+
+template <class D, int VEC>
+cudaError_t launch_nhwc(Stream stream, const D* x, const D* w, const D* b, D* y, const NhwcPlan& p, double eps,
+                        Activation act, void* workspace, size_t workspace_bytes) {
+  using A = acc<D>;
+  if (workspace == nullptr || workspace_bytes < nhwc_workspace_bytes<A>(p) || !aligned16(workspace)) {
+    return cudaErrorInvalidValue;
+  }
+  DeviceInfo dev;
+  cudaError_t e = current_device_info(&dev);
+  if (e != cudaSuccess) return e;
+  A* partial = static_cast<A*>(workspace);
+  A* stats = reinterpret_cast<A*>(static_cast<char*>(workspace) + nhwc_partial_bytes<A>(p));
+  const int64_t cap = dev.sm_count * kMaxBlocksPerSm;
+  const int64_t tiles = p.N * p.K * p.CBn;
+  const LaunchShape tile_shape{dim3(static_cast<unsigned>(std::min(tiles, cap))), dim3(kNhwcBlock), 0, 1};
+  e = launch(group_norm_nhwc_partial_kernel<D, VEC>, tile_shape, stream, x, p, tiles, partial);
+  if (e != cudaSuccess) return e;
+  const LaunchShape group_shape{dim3(static_cast<unsigned>(std::min(p.N * p.G, cap))), dim3(kSplitBlock), 0, 1};
+  e = launch(group_norm_nhwc_finalize_kernel<A>, group_shape, stream, partial, p, eps, stats);
+  if (e != cudaSuccess) return e;
+  const NhwcThreads at = nhwc_apply_threads(p.C, VEC, kNhwcBlock);
+  const int cols = at.cols, rpp = at.rpp;
+  const int64_t rows = p.N * p.S;
+  const bool small_rows = rows < (int64_t{1} << 31);
+  const FastDiv sdiv(static_cast<uint32_t>(small_rows ? p.S : 1));
+  const FastDiv gdiv(static_cast<uint32_t>(p.Cg));
+  const LaunchShape row_shape{dim3(static_cast<unsigned>(std::min(ceil_div(rows, rpp), cap))), dim3(kNhwcBlock), 0, 1};
+  return launch(group_norm_nhwc_apply_kernel<D, VEC>, row_shape, stream, x, w, b, y, stats, rows, p.S, p.C, p.G,
+                cols, rpp, sdiv, small_rows, gdiv, act);
+}
+
+// A single channel, or a single spatial position, is the same memory in both layouts: the
+// [N, C, S] kernels handle it (one read and one write for small groups, no workspace).
+bool takes_nhwc_path(const GroupNormDims& d) { return d.channels_last && d.C > 1 && d.S > 1; }
 
 }  // namespace
 
 template <class T>
-size_t group_norm_workspace_bytes(int64_t N, int64_t C, int64_t S, int64_t num_groups) {
+size_t group_norm_workspace_bytes(const GroupNormDims& d) {
   using A = acc<typename DeviceType<T>::type>;
-  if (N <= 0 || C <= 0 || S <= 0 || num_groups <= 0 || C % num_groups != 0) return 0;
-  const int64_t M = C / num_groups * S;
+  if (d.N <= 0 || d.C <= 0 || d.S <= 0 || d.G <= 0 || d.C % d.G != 0) return 0;
+  if (takes_nhwc_path(d)) return nhwc_workspace_bytes<A>(make_nhwc_plan(d.N, d.S, d.C, d.G));
+  const int64_t M = d.C / d.G * d.S;
   // Groups that fit one block always take the fused path; larger ones may take the split path
   // (which one depends on the device, the size returned here must not).
   if (M <= kFusedMax) return 0;
-  return split_workspace_bytes<A>(N * num_groups, M);
+  return split_workspace_bytes<A>(d.N * d.G, M);
 }
 
 template <class T>
-cudaError_t launch_group_norm(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y, int64_t N,
-                              int64_t C, int64_t S, int64_t num_groups, double eps, void* workspace,
+cudaError_t launch_group_norm(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y,
+                              const GroupNormDims& d, double eps, Activation act, void* workspace,
                               size_t workspace_bytes) {
   using D = typename DeviceType<T>::type;
-  if (N < 0 || C < 0 || S < 0 || num_groups <= 0 || C % num_groups != 0) return cudaErrorInvalidValue;
-  if (N == 0 || C == 0 || S == 0) return cudaSuccess;  // empty output: nothing to do
-  Sizes z{N, C, S, num_groups, N * num_groups, C / num_groups, C / num_groups * S};
+  if (d.N < 0 || d.C < 0 || d.S < 0 || d.G <= 0 || d.C % d.G != 0) return cudaErrorInvalidValue;
+  if (act != Activation::kNone && act != Activation::kSilu) return cudaErrorInvalidValue;
+  if (d.N == 0 || d.C == 0 || d.S == 0) return cudaSuccess;  // empty output: nothing to do
   const D* xd = reinterpret_cast<const D*>(x);
   const D* wd = reinterpret_cast<const D*>(weight);
   const D* bd = reinterpret_cast<const D*>(bias);
   D* yd = reinterpret_cast<D*>(y);
   const Stream st{stream};
+  if (takes_nhwc_path(d)) {
+    // Channels are divided in 32 bits in the apply kernel.
+    if (d.C >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
+    const NhwcPlan p = make_nhwc_plan(d.N, d.S, d.C, d.G);
+    // 128-bit accesses need every group's channels in whole vectors, and x and y aligned (then
+    // every vector is). Otherwise scalar accesses, still coalesced along the channels.
+    constexpr int kVec = 16 / sizeof(D);
+    if (p.Cg % kVec == 0 && aligned16(x) && aligned16(y)) {
+      return launch_nhwc<D, kVec>(st, xd, wd, bd, yd, p, eps, act, workspace, workspace_bytes);
+    }
+    return launch_nhwc<D, 1>(st, xd, wd, bd, yd, p, eps, act, workspace, workspace_bytes);
+  }
+  Sizes z{d.N, d.C, d.S, d.G, d.N * d.G, d.C / d.G, d.C / d.G * d.S};
   constexpr int kVec = 16 / sizeof(D);
   // 128-bit accesses need every group (M elements) to start 16-byte aligned.
   if (z.M % kVec == 0 && aligned16(x) && aligned16(y)) {
-    return dispatch<D, kVec>(st, xd, wd, bd, yd, z, eps, workspace, workspace_bytes);
+    return dispatch<D, kVec>(st, xd, wd, bd, yd, z, eps, act, workspace, workspace_bytes);
   }
-  return dispatch<D, 1>(st, xd, wd, bd, yd, z, eps, workspace, workspace_bytes);
+  return dispatch<D, 1>(st, xd, wd, bd, yd, z, eps, act, workspace, workspace_bytes);
 }
 
-#define OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(T)                                                              \
-  template size_t group_norm_workspace_bytes<T>(int64_t, int64_t, int64_t, int64_t);                      \
-  template cudaError_t launch_group_norm<T>(cudaStream_t, const T*, const T*, const T*, T*, int64_t, int64_t, \
-                                            int64_t, int64_t, double, void*, size_t);
+#define OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(T)                                                        \
+  template size_t group_norm_workspace_bytes<T>(const GroupNormDims&);                              \
+  template cudaError_t launch_group_norm<T>(cudaStream_t, const T*, const T*, const T*, T*, const GroupNormDims&, \
+                                            double, Activation, void*, size_t);
 
 OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(float)
 OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(double)

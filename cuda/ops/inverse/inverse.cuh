@@ -51,14 +51,18 @@ size_t inverse_workspace_bytes(int64_t batch, int64_t n);
 //   batch, n:  sizes (either may be 0); n < 2^24 and batch < 2^39
 //   info:      device pointer to one 8-byte word: reset on the stream, then set to the
 //              singular-matrix report (see kInverseInfoOk). Read it back (ordered on the
-//              stream) to detect singular matrices; `out` is unspecified for those.
+//              stream) to detect singular matrices.
 //   workspace: device memory of at least inverse_workspace_bytes<T>(batch, n) bytes, 16-byte
 //              aligned (nullptr when that is 0), alive until the queued work has run
+//   nan_on_singular: the output of a singular matrix is all NaN (the other matrices are
+//              unaffected, and the report is written all the same); false: it is unspecified.
+//              With true a caller that does not need to raise can skip reading the report, so
+//              the call never synchronizes (and can be captured in a CUDA graph).
 // T is float or double. Paths: n == 2 (float: adjugate in double, as on the CPU), n <= 32
 // (one group of n lanes per matrix, rows in registers, many matrices per block), n <= 64 (one
 // block per matrix in shared memory), larger n (one block per matrix, in place in `out`).
 template <class T>
 cudaError_t launch_inverse(cudaStream_t stream, const T* a, T* out, int64_t batch, int64_t n, uint64_t* info,
-                           void* workspace, size_t workspace_bytes);
+                           void* workspace, size_t workspace_bytes, bool nan_on_singular);
 
 }  // namespace opbridge::cuda

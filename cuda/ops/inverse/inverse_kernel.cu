@@ -63,6 +63,10 @@ __device__ __forceinline__ bool better(long long key_a, int row_a, long long key
   return key_a > key_b || (key_a == key_b && row_a < row_b);
 }
 
+template <class T> __device__ __forceinline__ T quiet_nan();
+template <> __device__ __forceinline__ float quiet_nan<float>() { return __int_as_float(0x7fc00000); }
+template <> __device__ __forceinline__ double quiet_nan<double>() { return __longlong_as_double(0x7ff8000000000000LL); }
+
 __device__ __forceinline__ void report_singular(uint64_t* info, int64_t index, int step) {
   const unsigned long long key =
       (static_cast<unsigned long long>(index) << kInverseInfoStepBits) | static_cast<unsigned long long>(step);
@@ -73,7 +77,7 @@ __device__ __forceinline__ void report_singular(uint64_t* info, int64_t index, i
 
 // a, out: [batch, 2, 2] (may alias: each thread reads its matrix before writing it).
 __global__ void __launch_bounds__(kSmallBlock)
-    inverse_2x2_f32_kernel(const float* a, float* out, int64_t batch, uint64_t* info) {
+    inverse_2x2_f32_kernel(const float* a, float* out, int64_t batch, uint64_t* info, bool nan_on_singular) {
   for (int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < batch;
        b += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const double a00 = a[4 * b], a01 = a[4 * b + 1], a10 = a[4 * b + 2], a11 = a[4 * b + 3];
@@ -81,6 +85,13 @@ __global__ void __launch_bounds__(kSmallBlock)
     if (det == 0.0) {
       // The step at which elimination with partial pivoting meets the zero pivot.
       report_singular(info, b, (a00 == 0.0 && a10 == 0.0) ? 0 : 1);
+      if (nan_on_singular) {
+        const float nan = __int_as_float(0x7fc00000);
+        out[4 * b] = nan;
+        out[4 * b + 1] = nan;
+        out[4 * b + 2] = nan;
+        out[4 * b + 3] = nan;
+      }
       continue;
     }
     const double r = 1.0 / det;
@@ -98,7 +109,7 @@ __global__ void __launch_bounds__(kSmallBlock)
 //   a, out: [batch, n, n] (may alias: a matrix is read completely before it is written)
 template <class T, int W>
 __global__ void __launch_bounds__(kSmallBlock)
-    inverse_small_kernel(const T* a, T* out, int64_t batch, int n, uint64_t* info) {
+    inverse_small_kernel(const T* a, T* out, int64_t batch, int n, uint64_t* info, bool nan_on_singular) {
   const int lane = static_cast<int>(threadIdx.x) % W;
   const int64_t slot = threadIdx.x / W;
   const int64_t per_block = blockDim.x / W;
@@ -173,12 +184,14 @@ __global__ void __launch_bounds__(kSmallBlock)
       if (lane == k) c = cp;
       if (lane == pk) c = ck;
     }
-    // out[i][j] = m[i][c[j]]: register s goes to the column j with c[j] == s.
+    // out[i][j] = m[i][c[j]]: register s goes to the column j with c[j] == s. A singular
+    // matrix (failed is the same in all its lanes) gets NaN instead when asked for.
+    const bool poison = nan_on_singular && failed >= 0;
     T* dst = out + (active ? b : 0) * nn + static_cast<int64_t>(row_ok ? lane : 0) * n;
 #pragma unroll
     for (int s = 0; s < W; ++s) {
       const unsigned ballot = (__ballot_sync(kFullMask, c == s) >> sub_shift) & sub_mask;
-      if (row_ok && s < n) dst[__ffs(static_cast<int>(ballot)) - 1] = r[s];
+      if (row_ok && s < n) dst[__ffs(static_cast<int>(ballot)) - 1] = poison ? quiet_nan<T>() : r[s];
     }
     if (active && lane == 0 && failed >= 0) report_singular(info, b, failed);
   }
@@ -235,7 +248,7 @@ __device__ int block_pivot_row(const T* m, int64_t ld, int k, int n, long long* 
 template <class T, bool IN_SHARED>
 __global__ void __launch_bounds__(IN_SHARED ? kSharedBlock : kGlobalBlock, 1)
     inverse_block_kernel(const T* a, T* out, int64_t batch, int n, int tpr, unsigned char* ws, int64_t ws_stride,
-                         uint64_t* info) {
+                         uint64_t* info, bool nan_on_singular) {
   __shared__ long long red_key[32];
   __shared__ int red_row[32];
   __shared__ int failed;
@@ -316,7 +329,12 @@ __global__ void __launch_bounds__(IN_SHARED ? kSharedBlock : kGlobalBlock, 1)
       if (failed >= 0) report_singular(info, b, failed);
     }
     __syncthreads();
-    if constexpr (IN_SHARED) {
+    if (nan_on_singular && failed >= 0) {
+      // `failed` is read by every thread after the barrier above and written again only after
+      // the next matrix's first barrier.
+      T* dst = out + b * nn;
+      for (int64_t i = tid; i < nn; i += blockDim.x) dst[i] = quiet_nan<T>();
+    } else if constexpr (IN_SHARED) {
       T* dst = out + b * nn;
       for (int i = r0; i < n; i += rows_per_pass) {
         for (int j = c0; j < n; j += tpr) dst[static_cast<int64_t>(i) * n + j] = m[i * ld + col[j]];
@@ -345,18 +363,18 @@ int64_t vector_bytes(int64_t n) {
 
 template <class T>
 cudaError_t launch_small(Stream stream, const DeviceInfo& dev, const T* a, T* out, int64_t batch, int n,
-                         uint64_t* info) {
+                         uint64_t* info, bool nan_on_singular) {
   const int w = next_pow2(n);
   const int64_t per_block = kSmallBlock / w;
   const int64_t blocks = std::min(ceil_div(batch, per_block), dev.sm_count * kMaxBlocksPerSm);
   const LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(kSmallBlock), 0, 1};
   switch (w) {
-    case 1: return launch(inverse_small_kernel<T, 1>, shape, stream, a, out, batch, n, info);
-    case 2: return launch(inverse_small_kernel<T, 2>, shape, stream, a, out, batch, n, info);
-    case 4: return launch(inverse_small_kernel<T, 4>, shape, stream, a, out, batch, n, info);
-    case 8: return launch(inverse_small_kernel<T, 8>, shape, stream, a, out, batch, n, info);
-    case 16: return launch(inverse_small_kernel<T, 16>, shape, stream, a, out, batch, n, info);
-    default: return launch(inverse_small_kernel<T, 32>, shape, stream, a, out, batch, n, info);
+    case 1: return launch(inverse_small_kernel<T, 1>, shape, stream, a, out, batch, n, info, nan_on_singular);
+    case 2: return launch(inverse_small_kernel<T, 2>, shape, stream, a, out, batch, n, info, nan_on_singular);
+    case 4: return launch(inverse_small_kernel<T, 4>, shape, stream, a, out, batch, n, info, nan_on_singular);
+    case 8: return launch(inverse_small_kernel<T, 8>, shape, stream, a, out, batch, n, info, nan_on_singular);
+    case 16: return launch(inverse_small_kernel<T, 16>, shape, stream, a, out, batch, n, info, nan_on_singular);
+    default: return launch(inverse_small_kernel<T, 32>, shape, stream, a, out, batch, n, info, nan_on_singular);
   }
 }
 
@@ -375,7 +393,7 @@ size_t inverse_workspace_bytes(int64_t batch, int64_t n) {
 
 template <class T>
 cudaError_t launch_inverse(cudaStream_t stream_handle, const T* a, T* out, int64_t batch, int64_t n, uint64_t* info,
-                           void* workspace, size_t workspace_bytes) {
+                           void* workspace, size_t workspace_bytes, bool nan_on_singular) {
   if (batch < 0 || n < 0 || n >= (int64_t{1} << kInverseInfoStepBits) ||
       batch >= (int64_t{1} << (63 - kInverseInfoStepBits)) || info == nullptr) {
     return cudaErrorInvalidValue;
@@ -393,10 +411,10 @@ cudaError_t launch_inverse(cudaStream_t stream_handle, const T* a, T* out, int64
     if (n == 2) {
       const int64_t blocks = std::min(ceil_div(batch, kSmallBlock), dev.sm_count * kMaxBlocksPerSm);
       const LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(kSmallBlock), 0, 1};
-      return launch(inverse_2x2_f32_kernel, shape, stream, a, out, batch, info);
+      return launch(inverse_2x2_f32_kernel, shape, stream, a, out, batch, info, nan_on_singular);
     }
   }
-  if (n <= kMaxRegisterN) return launch_small<T>(stream, dev, a, out, batch, ni, info);
+  if (n <= kMaxRegisterN) return launch_small<T>(stream, dev, a, out, batch, ni, info, nan_on_singular);
 
   const int tpr_shared = std::min(kSharedBlock, next_pow2(n));
   if (n <= kMaxSharedN) {
@@ -405,7 +423,7 @@ cudaError_t launch_inverse(cudaStream_t stream_handle, const T* a, T* out, int64
     const int64_t blocks = std::min(batch, dev.sm_count * kMaxBlocksPerSm);
     const LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(kSharedBlock), smem, 1};
     return launch(inverse_block_kernel<T, true>, shape, stream, a, out, batch, ni, tpr_shared,
-                  static_cast<unsigned char*>(nullptr), int64_t{0}, info);
+                  static_cast<unsigned char*>(nullptr), int64_t{0}, info, nan_on_singular);
   }
   const int64_t blocks = global_blocks<T>(batch);
   if (workspace == nullptr || workspace_bytes < static_cast<size_t>(blocks * vector_bytes<T>(n)) ||
@@ -415,14 +433,14 @@ cudaError_t launch_inverse(cudaStream_t stream_handle, const T* a, T* out, int64
   const int tpr = std::min(kGlobalBlock, next_pow2(n));
   const LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(kGlobalBlock), 0, 1};
   return launch(inverse_block_kernel<T, false>, shape, stream, a, out, batch, ni, tpr,
-                static_cast<unsigned char*>(workspace), vector_bytes<T>(n), info);
+                static_cast<unsigned char*>(workspace), vector_bytes<T>(n), info, nan_on_singular);
 }
 
 template size_t inverse_workspace_bytes<float>(int64_t, int64_t);
 template size_t inverse_workspace_bytes<double>(int64_t, int64_t);
 template cudaError_t launch_inverse<float>(cudaStream_t, const float*, float*, int64_t, int64_t, uint64_t*, void*,
-                                           size_t);
+                                           size_t, bool);
 template cudaError_t launch_inverse<double>(cudaStream_t, const double*, double*, int64_t, int64_t, uint64_t*,
-                                            void*, size_t);
+                                            void*, size_t, bool);
 
 }  // namespace opbridge::cuda

@@ -1,9 +1,11 @@
 // ORT CUDA op ai.opbridge::Inverse for the CUDAExecutionProvider (declaration, checks and shapes as
 // for the CPU op: cpp/ops/inverse/inverse_decl.cpp), queued on ORT's compute stream.
 //
-// A singular matrix is an error, as on the CPU: the kernel reports it in an 8-byte device word
-// that is read back after the launch, which synchronizes ORT's compute stream once per call
-// (torch.linalg.inv synchronizes for its error check the same way).
+// Attribute on_singular (since op version 2): "raise" (default): a singular matrix is an error, as
+// on the CPU: the kernel reports it in an 8-byte device word that is read back after the launch,
+// which synchronizes ORT's compute stream once per call (torch.linalg.inv synchronizes for its
+// error check the same way). "nan": a singular matrix's output is all NaN, nothing is read back
+// and nothing synchronizes.
 #include <string>
 #include <vector>
 
@@ -22,7 +24,7 @@ void check_cuda(cudaError_t err, const std::string& label, const char* what) {
 }
 
 template <class T>
-void launch(const OrtOpContext& ctx, const Input& x, void* out, const InverseDims& d) {
+void launch(const OrtOpContext& ctx, const Input& x, void* out, const InverseDims& d, bool nan_on_singular) {
   // One scratch block from the CUDA EP's allocator: the 8-byte report, then the workspace.
   constexpr size_t kInfoBytes = 16;  // keeps the workspace 16-byte aligned
   const size_t ws_bytes = cuda::inverse_workspace_bytes<T>(d.batch, d.n);
@@ -30,8 +32,10 @@ void launch(const OrtOpContext& ctx, const Input& x, void* out, const InverseDim
   auto* info = static_cast<uint64_t*>(scratch.get());
   void* ws = ws_bytes > 0 ? static_cast<char*>(scratch.get()) + kInfoBytes : nullptr;
   const auto stream = static_cast<cudaStream_t>(ctx.io.gpu_stream());
-  check_cuda(cuda::launch_inverse<T>(stream, x.as<T>(), static_cast<T*>(out), d.batch, d.n, info, ws, ws_bytes),
+  check_cuda(cuda::launch_inverse<T>(stream, x.as<T>(), static_cast<T*>(out), d.batch, d.n, info, ws, ws_bytes,
+                                     nan_on_singular),
              ctx.label, "CUDA launch");
+  if (nan_on_singular) return;  // nothing to read back: no synchronization
   uint64_t report = cuda::kInverseInfoOk;
   check_cuda(cudaMemcpyAsync(&report, info, sizeof report, cudaMemcpyDeviceToHost, stream), ctx.label,
              "reading the singular-matrix report");
@@ -42,17 +46,14 @@ void launch(const OrtOpContext& ctx, const Input& x, void* out, const InverseDim
 
 void inverse_cuda_compute(const OrtOpContext& ctx) {
   const Input& x = ctx.inputs[0];
-  if (ctx.call.attr_string("on_singular") != "raise") {
-    ctx.check(Status::NotImplemented("on_singular '" + ctx.call.attr_string("on_singular") +
-                                     "' is not implemented by this build"));
-  }
+  const bool nan_on_singular = ctx.call.attr_string("on_singular") == "nan";
   void* y = ctx.output(0);
   const InverseDims d = inverse_dims(x.shape);
   if (d.batch == 0) return;
   if (x.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT) {
-    launch<float>(ctx, x, y, d);
+    launch<float>(ctx, x, y, d, nan_on_singular);
   } else {
-    launch<double>(ctx, x, y, d);
+    launch<double>(ctx, x, y, d, nan_on_singular);
   }
 }
 

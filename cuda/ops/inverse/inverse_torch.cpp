@@ -1,9 +1,11 @@
 // torch op opbridge::inverse on CUDA tensors: same schema, checks and messages as the CPU
 // implementation (cpp/ops/inverse/inverse_torch.cpp), queued on torch's current stream.
 //
-// A singular matrix raises torch.linalg.LinAlgError, as on the CPU: the kernel's 8-byte report is read back with
-// .item(), which synchronizes the current stream once per call (as torch.linalg.inv's own
-// error check does).
+// on_singular="raise" (default): a singular matrix raises torch.linalg.LinAlgError, as on the CPU:
+// the kernel's 8-byte report is read back with .item(), which synchronizes the current stream
+// once per call (as torch.linalg.inv's own error check does).
+// on_singular="nan": a singular matrix's output is all NaN and the report is not read, so the call
+// never synchronizes (it can be captured in a CUDA graph).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -22,8 +24,7 @@ constexpr const char* kOp = "opbridge::inverse";
 
 at::Tensor inverse_cuda_impl(const at::Tensor& x, c10::string_view on_singular) {
   check_call(inverse_decl(), kOp, {x, on_singular});
-  TORCH_CHECK_NOT_IMPLEMENTED(on_singular == "raise", kOp, ": on_singular '", on_singular,
-                              "' is not implemented by this build");
+  const bool nan_on_singular = on_singular == "nan";
   const auto dt = x.scalar_type();
   const InverseDims d = inverse_dims({x.sizes().begin(), x.sizes().end()});
   const int64_t n = d.n, batch = d.batch;
@@ -42,11 +43,12 @@ at::Tensor inverse_cuda_impl(const at::Tensor& x, c10::string_view on_singular) 
     if (ws_bytes > 0) ws = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
     return cuda::launch_inverse<T>(stream, ptr<T>(xc), mutable_ptr<T>(y), batch, n,
                                    static_cast<uint64_t*>(info.mutable_data_ptr()),
-                                   ws_bytes > 0 ? ws.mutable_data_ptr() : nullptr, ws_bytes);
+                                   ws_bytes > 0 ? ws.mutable_data_ptr() : nullptr, ws_bytes, nan_on_singular);
   };
   const cudaError_t err = dt == at::kFloat ? launch(float{}) : launch(double{});
   TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA launch failed: ", cudaGetErrorName(err), " (",
               cudaGetErrorString(err), ")");
+  if (nan_on_singular) return y;
   int64_t index = 0, step = 0;
   if (cuda::inverse_info_singular(static_cast<uint64_t>(info.item<int64_t>()), &index, &step)) {
     // torch.linalg.LinAlgError, as on the CPU and as torch.linalg.inv raises.
