@@ -83,7 +83,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ms_deform_attn_backward_cuda_impl
   const Prepared p =
       prepare(value, spatial_shapes, level_start_index, sampling_locations, attention_weights, kBackwardOp);
   const MsDeformAttnDims& d = p.d;
-  check_same(grad_output, value, kBackwardOp, "grad_output");
+  TORCH_CHECK_TYPE(grad_output.scalar_type() == value.scalar_type(), kBackwardOp,
+                   ": grad_output must have the dtype of value (", value.scalar_type(), "), got ",
+                   grad_output.scalar_type());
+  TORCH_CHECK_VALUE(grad_output.device() == value.device(), kBackwardOp, ": grad_output must be on value's device (",
+                    value.device(), "), got ", grad_output.device());
   TORCH_CHECK_VALUE(grad_output.dim() == 3 && grad_output.size(0) == d.N && grad_output.size(1) == d.Lq &&
                         grad_output.size(2) == d.M * d.D,
                     kBackwardOp, ": grad_output must have the output's shape (N, Lq, M * D) = (", d.N, ", ", d.Lq,
