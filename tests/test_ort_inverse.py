@@ -21,7 +21,10 @@ from onnx_models import IR_VERSION, single_node_model
 from test_inverse import ISAS, SINGULAR_KINDS, assert_inverse_close, make_singular, needs_isa, random_matrices
 
 DTYPES = (np.float32, np.float64)
-SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 64, 130)
+# Every kernel family: closed forms (1, 2), the unrolled fixed sizes (3..8, AVX2 column kernels
+# from 5), one panel (9..16), several panels (17, 64); the AVX-512 kernel (n >= 128) has a test
+# of its own below.
+SIZES = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 64)
 
 
 def _core():
@@ -74,6 +77,18 @@ def test_core_nan_mode_marks_only_singular_matrices(rng, isa, dtype, n, kind):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
+def test_core_nan_mode_large_matrices(rng, isa, dtype):
+    # n = 130: the AVX-512 variant's own kernel (n >= 128), with a partial last panel.
+    needs_isa(isa)
+    n, bad = 130, (1, 2)
+    x = random_matrices(rng, (4,), n, dtype, cond=None)
+    for b in bad:
+        x[b] = make_singular(rng, "equal_rows" if b == 1 else "zero_col", n, dtype)
+    assert_nan_exactly_at(_core().inverse(x, isa=isa, on_singular="nan"), x, bad)
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("n", (3, 8, 40))
 def test_core_nan_mode_all_or_none_singular(rng, isa, n):
     needs_isa(isa)
@@ -113,7 +128,7 @@ def _session(dtype, on_singular=None, threads=2, name="inv"):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
-@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("n", SIZES + (130,))
 @pytest.mark.parametrize("threads", (1, 2))
 def test_ort_nan_mode_matches_reference(rng, dtype, n, threads):
     bad = (1, 6)
@@ -161,10 +176,11 @@ def test_ort_on_singular_of_another_type_fails_session_creation():
 
 
 def _kalman_gain_model(dtype, m, n):
-    """K = P H^T (H P H^T + R)^-1 for a batch of tracks: P (B, n, n), R (B, m, m), H (m, n)."""
+    """K = P H^T (H P H^T + R)^-1 for a batch of tracks: P (B, n, n), R (B, m, m), H (m, n), Ht = H^T."""
     t = TensorProto.FLOAT if dtype == np.float32 else TensorProto.DOUBLE
+    # H^T is an input of its own: ORT 1.17 fuses Transpose + MatMul into com.microsoft::FusedMatMul,
+    # which it has for float32 only.
     nodes = [
-        helper.make_node("Transpose", ["H"], ["Ht"], perm=[1, 0]),
         helper.make_node("MatMul", ["P", "Ht"], ["PHt"]),
         helper.make_node("MatMul", ["H", "PHt"], ["HPHt"]),
         helper.make_node("Add", ["HPHt", "R"], ["S"]),
@@ -175,7 +191,7 @@ def _kalman_gain_model(dtype, m, n):
     graph = helper.make_graph(
         nodes, "kalman_gain",
         [helper.make_tensor_value_info("P", t, ["B", n, n]), helper.make_tensor_value_info("R", t, ["B", m, m]),
-         helper.make_tensor_value_info("H", t, [m, n])],
+         helper.make_tensor_value_info("H", t, [m, n]), helper.make_tensor_value_info("Ht", t, [n, m])],
         [helper.make_tensor_value_info("K", t, ["B", n, m])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(opbridge.DOMAIN, 2)],
                              ir_version=IR_VERSION)
@@ -196,7 +212,8 @@ def test_ort_batched_kalman_gain_with_one_degenerate_track(rng, dtype):
     model = _kalman_gain_model(dtype, m, n)
     onnx.checker.check_model(model, full_check=True)
     sess = opbridge.InferenceSession(model)
-    k = sess.run(None, {"P": p.astype(dtype), "R": r.astype(dtype), "H": h.astype(dtype)})[0]
+    k = sess.run(None, {"P": p.astype(dtype), "R": r.astype(dtype), "H": h.astype(dtype),
+                        "Ht": np.ascontiguousarray(h.T).astype(dtype)})[0]
     assert np.isnan(k[3]).all()
     p64, r64, h64 = (v.astype(dtype).astype(np.float64) for v in (p, r, h))
     good = [i for i in range(tracks) if i != 3]
