@@ -325,3 +325,119 @@ def test_unknown_activation_is_a_clear_error_everywhere(rng):
         _core.group_norm(x.numpy(), 2, activation="relu")
     with pytest.raises(ValueError, match=r"activation must be 'none' or 'silu', got 'SiLU'"):
         opbridge.nn.GroupNorm(2, 4, activation="SiLU")
+
+
+# ---- ONNX export -------------------------------------------------------------------------------
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.gn = opbridge.nn.GroupNorm(4, 8, eps=3e-4, activation="silu")
+        self.gn2 = opbridge.nn.GroupNorm(2, 8)
+
+    def forward(self, x):
+        return self.gn2(self.gn(self.conv(x)))
+
+
+@pytest.mark.parametrize("lowering", ["custom", "standard"])
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_export_activation_and_run_in_ort(rng, tmp_path, dynamo, lowering):
+    import onnx
+    import onnxruntime as ort
+
+    import opbridge.onnx
+
+    model = _Net().eval()
+    with torch.no_grad():
+        model.gn.weight.uniform_(0.5, 1.5)
+        model.gn.bias.uniform_(-1, 1)
+    x = torch.from_numpy(rng.standard_normal((2, 3, 6, 7))).float().contiguous(memory_format=torch.channels_last)
+    path = tmp_path / "net.onnx"
+    proto = opbridge.onnx.export(model, (x,), path, dynamo=dynamo, lowering=lowering)
+    nodes = [n for n in proto.graph.node if n.domain == "ai.opbridge"]
+    if lowering == "custom":
+        assert [n.op_type for n in nodes] == ["GroupNorm", "GroupNorm"]
+        attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nodes]
+        # The attribute is written only where it differs from its default.
+        assert attrs[0]["activation"] == b"silu" and "activation" not in attrs[1]
+        assert not any(n.op_type == "Sigmoid" for n in proto.graph.node)
+        sess = opbridge.InferenceSession(str(path))
+    else:
+        assert not nodes and any(n.op_type == "Sigmoid" for n in proto.graph.node)
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])  # stock ORT
+    onnx.checker.check_model(proto, full_check=True)
+    for n in (2, 3):
+        xn = torch.from_numpy(rng.standard_normal((n, 3, 6, 7))).float()
+        y = sess.run(None, {sess.get_inputs()[0].name: xn.numpy()})[0]
+        np.testing.assert_allclose(y, model(xn).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_export_rejects_unknown_activation(rng, tmp_path):
+    import opbridge.onnx
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return opbridge.ops.group_norm(x, 2, activation="gelu")
+
+    with pytest.raises(Exception, match=r"activation must be 'none' or 'silu', got 'gelu'"):
+        opbridge.onnx.export(M(), (torch.randn(2, 4, 3),), tmp_path / "m.onnx")
+
+
+# ---- opbridge.nn.convert fusion ----------------------------------------------------------------
+
+
+def test_convert_fuses_groupnorm_silu_in_sequential(rng):
+    import copy
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 1), torch.nn.GroupNorm(4, 8), torch.nn.SiLU(),
+                                torch.nn.Conv2d(8, 8, 1), torch.nn.GroupNorm(2, 8), torch.nn.ReLU())
+    x = torch.from_numpy(rng.standard_normal((2, 3, 5, 5))).float().contiguous(memory_format=torch.channels_last)
+    ref = copy.deepcopy(model)
+    keys = set(model.state_dict())
+    opbridge.nn.convert(model)
+    assert model[1].activation == "silu" and isinstance(model[2], torch.nn.Identity)
+    assert model[4].activation == "none" and isinstance(model[5], torch.nn.ReLU)  # not a SiLU: kept
+    assert set(model.state_dict()) == keys
+    torch.testing.assert_close(model(x), ref(x))
+    unfused = opbridge.nn.convert(copy.deepcopy(ref), fuse_activations=False)
+    assert unfused[1].activation == "none" and isinstance(unfused[2], torch.nn.SiLU)
+
+
+def _fused_count(model):
+    return sum(1 for m in model.modules() if isinstance(m, opbridge.nn.GroupNorm) and m.activation == "silu")
+
+
+@pytest.mark.parametrize("kind", ["unet", "vae_decoder"])
+def test_convert_fuses_diffusers_blocks(rng, kind):
+    import copy
+
+    diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (optional 'models' extra)")
+    torch.manual_seed(int(rng.integers(1 << 31)))
+    if kind == "unet":
+        model = diffusers.UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+                                      block_out_channels=(32, 64), norm_num_groups=8,
+                                      down_block_types=("DownBlock2D", "DownBlock2D"),
+                                      up_block_types=("UpBlock2D", "UpBlock2D")).eval()
+        args = (torch.randn(2, 3, 16, 16), torch.tensor([10, 500]))
+    else:
+        model = diffusers.AutoencoderKL(block_out_channels=(32, 64), norm_num_groups=8, latent_channels=4,
+                                        down_block_types=("DownEncoderBlock2D",) * 2,
+                                        up_block_types=("UpDecoderBlock2D",) * 2).decoder.eval()
+        args = (torch.randn(1, 4, 8, 8),)
+    ref = copy.deepcopy(model)
+    keys = set(model.state_dict())
+    opbridge.nn.convert(model)
+    assert set(model.state_dict()) == keys
+    n_resnets = sum(1 for m in model.modules() if type(m).__name__ == "ResnetBlock2D")
+    # Two per ResnetBlock2D (norm1, norm2), one for conv_norm_out.
+    assert _fused_count(model) == 2 * n_resnets + 1
+    with torch.no_grad():
+        out = model(*args)
+        expected = ref(*args)
+        out, expected = (getattr(o, "sample", o) for o in (out, expected))
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        cl = tuple(a.contiguous(memory_format=torch.channels_last) if a.dim() == 4 else a for a in args)
+        out_cl = getattr(model(*cl), "sample", None)
+        torch.testing.assert_close(out_cl if out_cl is not None else model(*cl), expected, rtol=1e-4, atol=1e-4)

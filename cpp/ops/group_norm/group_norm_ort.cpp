@@ -59,9 +59,10 @@ class GroupNormKernel {
 void group_norm_infer(const InferIO& io) {
   const std::string label = std::string(kDomain) + "::" + kGroupNormOpType;
   int64_t num_groups = 0;
+  // `activation` is checked when the kernel is created (still at session creation), where the
+  // message can name the node.
   try {
     num_groups = io.attr_int("num_groups");
-    read_activation(io.attr_string("activation", "none"));
   } catch (const Error& e) {
     fail(ORT_INVALID_ARGUMENT, label + ": " + e.what());
   }

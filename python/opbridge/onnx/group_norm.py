@@ -96,8 +96,10 @@ def schemas() -> list[onnx.defs.OpSchema]:
         attributes=[
             S.Attribute("num_groups", S.AttrType.INT, "Number of groups; must divide C", required=True),
             S.Attribute("epsilon", onnx.helper.make_attribute("epsilon", 1e-5), "Added to the variance"),
-            S.Attribute("activation", onnx.helper.make_attribute("activation", "none"),
-                        "Applied after the affine: 'none' or 'silu'"),
+            # Optional without a declared default value: onnxscript writes declared defaults into
+            # every node, and a node should carry the attribute only where it is not "none".
+            S.Attribute("activation", S.AttrType.STRING, "Applied after the affine: 'none' (when absent) or 'silu'",
+                        required=False),
         ],
     )
     return [schema]
