@@ -178,9 +178,10 @@ def test_gradgradcheck(rng, layout, act, affine):
     # Second-order gradients (issue: the C++ backward has no derivative; under create_graph the
     # backward is computed by differentiable torch ops). Fails when the backward's own gradient
     # is missing or wrong.
-    x, w, b = _inputs(rng, (2, 6, 3, 4), torch.float64)
+    x, w, b = _inputs(rng, (2, 4, 2, 3), torch.float64)
     x = _to_layout(x, layout).requires_grad_()
     params = {"both": (w, b), "none": (None, None), "weight_only": (w, None), "bias_only": (None, b)}[affine]
+    groups = 2
     args = [x] + [p.requires_grad_() for p in params if p is not None]
 
     def fn(x, *p):
@@ -188,8 +189,8 @@ def test_gradgradcheck(rng, layout, act, affine):
         weight = next(it) if params[0] is not None else None
         bias = next(it) if params[1] is not None else None
         if act == "none":
-            return opbridge.ops.group_norm(x, 3, weight, bias, 1e-4)  # the 5-argument call
-        return opbridge.ops.group_norm(x, 3, weight, bias, 1e-4, act)
+            return opbridge.ops.group_norm(x, groups, weight, bias, 1e-4)  # the 5-argument call
+        return opbridge.ops.group_norm(x, groups, weight, bias, 1e-4, act)
 
     assert torch.autograd.gradgradcheck(fn, tuple(args))
 
