@@ -1,6 +1,8 @@
 """Quick side-by-side timing of opbridge vs torch and ONNX Runtime built-ins (2 threads, fp32,
 medians of plain calls; ORT through InferenceSession.run, so its Python overhead is included).
-The asv suite in this folder is the reference; this is a one-minute sanity check:
+GroupNorm is also shown against the memory floor, a same-size copy (x.clone()) timed in the same
+process: "1.05x copy" means 5% slower than copying the tensor, in both memory formats and with
+the fused SiLU. The asv suite in this folder is the reference; this is a one-minute sanity check:
 
     MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296 python benchmarks/quick_compare.py
 """
@@ -28,6 +30,27 @@ for shape in [(1,64,56,56),(8,256,32,32),(2,512,64,64)]:
     t_r=bench(lambda: s_ob.run(None,feed))
     t_21=bench(lambda: s_21.run(None,feed), 20)
     print(shape, f"torch {t_t:.0f}  ob-torch {t_o:.0f} ({t_t/t_o:.2f}x)  ob-ort {t_r:.0f} ({t_t/t_r:.2f}x vs torch, {t_21/t_r:.1f}x vs GN-21 {t_21:.0f})")
+def ratios(fns, rounds=15):
+    """Median over interleaved rounds of time(f) / time(fns[0]) for each f: ratios to the first."""
+    for f in fns.values():
+        for _ in range(3): f()
+    per = {k: [] for k in fns}
+    for _ in range(rounds):
+        t = {}
+        for k, f in fns.items():
+            t0 = time.perf_counter(); f(); f(); t[k] = (time.perf_counter() - t0) / 2
+        base = t[next(iter(fns))]
+        for k in fns: per[k].append(t[k] / base)
+    return {k: float(np.median(v)) for k, v in per.items()}
+F = torch.nn.functional
+for shape in [(8,256,32,32),(2,512,64,64),(2,128,64,64),(1,512,64,64)]:
+    for fmt in ("contiguous", "channels_last"):
+        for act in ("none", "silu"):
+            x=torch.randn(*shape); w=torch.randn(shape[1]); b=torch.randn(shape[1])
+            if fmt == "channels_last": x = x.contiguous(memory_format=torch.channels_last)
+            native = (lambda: F.silu(F.group_norm(x,32,w,b))) if act == "silu" else (lambda: F.group_norm(x,32,w,b))
+            r = ratios({"copy": lambda: x.clone(), "ob": lambda: opbridge.ops.group_norm(x,32,w,b,1e-5,act), "torch": native})
+            print(shape, fmt, act, f"copy {bench(lambda: x.clone()):.0f} us  opbridge {r['ob']:.2f}x copy  torch {r['torch']:.2f}x copy")
 for shape in [(4096,3,3),(1024,8,8),(64,64,64),(8,256,256)]:
     a=torch.randn(*shape)+torch.eye(shape[-1])*shape[-1]
     s_ob=sess([helper.make_node("Inverse",["X"],["Y"],domain="ai.opbridge")],["X"],17,9)

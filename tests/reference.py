@@ -29,8 +29,16 @@ def group_norm_stats(x, num_groups, eps=1e-5):
         return shift + dmean, 1.0 / np.sqrt(var + eps)
 
 
-def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
-    """GroupNorm in float64: x (N, C, *), per-channel weight/bias."""
+def silu(z):
+    """SiLU in float64: z * sigmoid(z), written z / (1 + exp(-z)) (so silu(-inf) = NaN, as torch)."""
+    z = np.asarray(z, dtype=np.float64)
+    with np.errstate(**_QUIET):
+        return z / (1.0 + np.exp(-z))
+
+
+def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5, activation="none"):
+    """GroupNorm in float64: x (N, C, *), per-channel weight/bias, then the activation ("none" or
+    "silu")."""
     x = np.asarray(x, dtype=np.float64)
     n, c = x.shape[:2]
     g = _groups(x, num_groups)
@@ -46,12 +54,16 @@ def group_norm(x, num_groups, weight=None, bias=None, eps=1e-5):
             y = y * np.asarray(weight, dtype=np.float64).reshape(bshape)
         if bias is not None:
             y = y + np.asarray(bias, dtype=np.float64).reshape(bshape)
+    if activation == "silu":
+        return silu(y)
+    assert activation == "none", activation
     return y
 
 
-def group_norm_backward(x, num_groups, weight, dy, eps=1e-5):
-    """Gradients (dx, dweight, dbias) of sum(group_norm(x, num_groups, weight, bias, eps) * dy)
-    in float64; weight None means 1 (dweight is then still returned, as for weight = 1)."""
+def group_norm_backward(x, num_groups, weight, dy, eps=1e-5, bias=None, activation="none"):
+    """Gradients (dx, dweight, dbias) of sum(group_norm(x, num_groups, weight, bias, eps,
+    activation) * dy) in float64; weight None means 1 (dweight is then still returned, as for
+    weight = 1). SiLU's derivative: s * (1 + z * (1 - s)), s = sigmoid(z), z the pre-activation."""
     x = np.asarray(x, dtype=np.float64)
     dy = np.asarray(dy, dtype=np.float64)
     n, c = x.shape[:2]
@@ -59,6 +71,12 @@ def group_norm_backward(x, num_groups, weight, dy, eps=1e-5):
     w = np.ones(c) if weight is None else np.asarray(weight, dtype=np.float64)
     mean, rstd = group_norm_stats(x, num_groups, eps)
     xhat = ((_groups(x, num_groups) - mean) * rstd).reshape(x.shape)
+    if activation == "silu":
+        z = xhat * w.reshape(bshape)
+        if bias is not None:
+            z = z + np.asarray(bias, dtype=np.float64).reshape(bshape)
+        s = 1.0 / (1.0 + np.exp(-z))
+        dy = dy * (s * (1.0 + z * (1.0 - s)))
     red = (0,) + tuple(range(2, x.ndim))
     dweight = (dy * xhat).sum(axis=red)
     dbias = dy.sum(axis=red)

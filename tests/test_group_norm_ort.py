@@ -8,6 +8,7 @@ import onnxruntime as ort
 import pytest
 
 import opbridge
+from onnx import helper as onnx_helper
 from onnx_models import single_node_model
 from reference import group_norm as ref_group_norm
 
@@ -147,3 +148,35 @@ def test_library_path_and_session_options():
     assert os.path.isabs(path) and os.path.isfile(path)
     so = opbridge.session_options()
     assert isinstance(so, ort.SessionOptions)
+
+
+# ---- activation attribute ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("activation", [None, "none", "silu"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_activation_attribute(rng, dtype, activation, threads):
+    shape, groups = (2, 12, 7, 5), 4
+    x = (rng.standard_normal(shape) * 2 - 0.5).astype(dtype)
+    w = rng.uniform(0.5, 2, shape[1]).astype(dtype)
+    b = rng.standard_normal(shape[1]).astype(dtype)
+    model = _model(dtype, shape, groups, 1e-5)
+    if activation is not None:
+        model.graph.node[0].attribute.append(onnx_helper.make_attribute("activation", activation))
+    y = _run(model, {"X": x, "scale": w, "bias": b}, threads)
+    ref = ref_group_norm(x, groups, w, b, 1e-5, activation or "none")
+    np.testing.assert_allclose(y, ref, rtol=TOL[dtype], atol=TOL[dtype] * 4)
+
+
+@pytest.mark.parametrize("value,match", [
+    ("relu", r"attribute 'activation': activation must be 'none' or 'silu', got 'relu'"),
+    ("SiLU", r"attribute 'activation': activation must be 'none' or 'silu', got 'SiLU'"),
+    (1, r"attribute 'activation' must be a string, got an int"),
+])
+def test_bad_activation_fails_session_creation_naming_node_op_and_attribute(value, match):
+    model = _model(np.float32, (2, 6, 3), 3)
+    model.graph.node[0].name = "gn_act"
+    model.graph.node[0].attribute.append(onnx_helper.make_attribute("activation", value))
+    with pytest.raises(Exception, match=r"ai\.opbridge::GroupNorm \(node 'gn_act'\): " + match):
+        opbridge.InferenceSession(model.SerializeToString())

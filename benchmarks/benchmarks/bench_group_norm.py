@@ -189,3 +189,55 @@ class GroupNorm16BitVsFloat32:
 
     def track_speedup(self, shape, dtype, impl):
         return measure_speedup(self.half, self.full)
+
+
+# ---- against the memory floor: a same-size copy -----------------------------------------------
+
+# Shapes of >= 1 MB (float32): where a group (NCHW) or a sample (NHWC) fits the per-core L2 (one
+# read from memory suffices), and where it does not (the statistics need a second read).
+FLOOR_SHAPES = ["8x256x32x32", "2x512x64x64", "2x128x64x64", "1x512x64x64", "4x512x128x128"]
+LAYOUTS = ["contiguous", "channels_last"]
+ACTIVATIONS = ["none", "silu"]
+
+
+def floor_fns(shape, layout, activation, seed=0):
+    """(opbridge's op, torch's F.group_norm (+ F.silu), a same-size copy) on the same input."""
+    torch = torch_or_skip()
+    op = opbridge_torch_op("group_norm")
+    x, w, b = inputs(shape, seed)
+    xt, wt, bt = (torch.from_numpy(a).float() for a in (x, w, b))
+    if layout == "channels_last":
+        xt = xt.contiguous(memory_format=torch.channels_last)
+    F = torch.nn.functional
+    if activation == "silu":
+        native = lambda: F.silu(F.group_norm(xt, GROUPS, wt, bt, EPS))  # noqa: E731
+    else:
+        native = lambda: F.group_norm(xt, GROUPS, wt, bt, EPS)  # noqa: E731
+    ours = lambda: op(xt, GROUPS, wt, bt, EPS, activation)  # noqa: E731
+    copy = lambda: xt.clone()  # noqa: E731  (keeps the memory format, allocates like the ops)
+    return ours, native, copy
+
+
+class GroupNormVsCopy:
+    """time(opbridge group_norm) / time(x.clone()) in one process, float32, THREADS threads: the
+    op's cost in units of the memory floor (goal: <= 1.10 where a group / sample fits the L2,
+    <= 1.6 otherwise). Lower is better."""
+
+    params = (FLOOR_SHAPES, LAYOUTS, ACTIVATIONS)
+    param_names = ["shape", "layout", "activation"]
+    unit = "x copy"
+    timeout = 300
+
+    def setup(self, shape, layout, activation):
+        self.ours, self.native, self.copy = floor_fns(parse_shape(shape), layout, activation)
+
+    def track_ratio_to_copy(self, shape, layout, activation):
+        # measure_speedup(a, b) = time(b) / time(a)
+        return measure_speedup(self.copy, self.ours)
+
+
+class TorchGroupNormVsCopy(GroupNormVsCopy):
+    """The same ratio for torch's own F.group_norm (+ F.silu), for comparison."""
+
+    def track_ratio_to_copy(self, shape, layout, activation):
+        return measure_speedup(self.copy, self.native)

@@ -196,7 +196,6 @@ class InferIO {
   int64_t attr_int(const char* name) const;  // required
   int64_t attr_int(const char* name, int64_t fallback) const;
   float attr_float(const char* name, float fallback) const;
-  std::string attr_string(const char* name, const std::string& fallback) const;
   // Output `out` gets input `in`'s element type and shape, symbolic dimensions included.
   // Does nothing when input `in` has rank 0 (unknown rank, see InferInput::shape): declaring a
   // scalar there would make ORT's downstream shape inference reject valid models.

@@ -1,4 +1,10 @@
+"""opbridge.nn.convert: swap torch.nn modules for their opbridge twins, and fuse a SiLU into the
+GroupNorm before it where the module structure shows that nothing else reads the GroupNorm's
+output (see docs/group_norm.md, "What convert fuses")."""
+
 from __future__ import annotations
+
+import inspect
 
 import torch
 
@@ -8,10 +14,17 @@ from .group_norm import GroupNorm
 _REPLACEMENTS = {torch.nn.GroupNorm: GroupNorm}
 
 
-def convert(model: torch.nn.Module) -> torch.nn.Module:
+def convert(model: torch.nn.Module, fuse_activations: bool = True) -> torch.nn.Module:
     """Replaces, in place, every torch.nn module that opbridge provides (e.g. nn.GroupNorm) by
     its opbridge twin sharing the same parameters, and returns the model (a new module when
-    ``model`` itself is one that gets replaced)."""
+    ``model`` itself is one that gets replaced).
+
+    With ``fuse_activations`` (default), a ``torch.nn.SiLU`` that is known to be applied to a
+    GroupNorm's output and nothing else is folded into that GroupNorm
+    (``opbridge.nn.GroupNorm(..., activation="silu")``) and replaced by ``torch.nn.Identity``:
+    in ``torch.nn.Sequential`` (a GroupNorm directly followed by a SiLU), and in diffusers'
+    ResnetBlock2D, Encoder, Decoder, UNet2DModel and UNet2DConditionModel (by their known
+    forward code, see docs/group_norm.md). Parameters, state_dict keys and results are unchanged."""
     repl = _REPLACEMENTS.get(type(model))
     if repl is not None:
         return repl.from_torch(model)
@@ -20,5 +33,103 @@ def convert(model: torch.nn.Module) -> torch.nn.Module:
         if repl is not None:
             setattr(model, name, repl.from_torch(child))
         else:
-            convert(child)
+            convert(child, fuse_activations)
+    if fuse_activations:
+        _fuse(model)
     return model
+
+
+def _is_gn(m) -> bool:
+    return isinstance(m, GroupNorm) and m.activation == "none"
+
+
+def _fused(gn: GroupNorm) -> GroupNorm:
+    return GroupNorm.from_torch(gn, activation="silu")
+
+
+def _fuse(model: torch.nn.Module) -> None:
+    if isinstance(model, torch.nn.Sequential):
+        _fuse_sequential(model)
+        return
+    rule = _DIFFUSERS_RULES.get(f"{type(model).__module__}.{type(model).__qualname__}")
+    if rule is not None:
+        rule(model)
+
+
+def _fuse_sequential(seq: torch.nn.Sequential) -> None:
+    # Sequential.forward feeds each module's output to the next one only.
+    names = list(seq._modules)
+    for a, b in zip(names, names[1:]):
+        gn, act = seq._modules[a], seq._modules[b]
+        if _is_gn(gn) and type(act) is torch.nn.SiLU:
+            seq._modules[a] = _fused(gn)
+            seq._modules[b] = torch.nn.Identity()
+
+
+class _SiLULinear(torch.nn.Linear):
+    """``Linear(SiLU(x))``, sharing a Linear's parameters (same state_dict keys): where a SiLU
+    module that also served other inputs is folded into GroupNorms, its use on this Linear's
+    input moves here."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(torch.nn.functional.silu(input), self.weight, self.bias)
+
+    @classmethod
+    def from_linear(cls, m: torch.nn.Linear) -> "_SiLULinear":
+        new = cls.__new__(cls)
+        new.__dict__.update(m.__dict__)
+        return new
+
+
+def _forward_source(model) -> str:
+    try:
+        return inspect.getsource(type(model).forward)
+    except (OSError, TypeError):
+        return ""
+
+
+def _fuse_resnet_block(block) -> None:
+    # diffusers' ResnetBlock2D.forward applies its one `nonlinearity` module three times:
+    #   norm1 -> nonlinearity;  temb -> nonlinearity -> time_emb_proj (unless skip_time_act);
+    #   norm2 (+ scale/shift for time_embedding_norm="scale_shift") -> nonlinearity.
+    # The shared module is not changed: the block's attribute is rebound to Identity after its
+    # uses move into norm1, norm2 and (for temb) a Linear that applies SiLU first. Only with
+    # the forward code this was written against (checked: three calls of self.nonlinearity), a
+    # SiLU nonlinearity, and no scale/shift between norm2 and the activation.
+    src = _forward_source(block)
+    if (src.count("self.nonlinearity(") != 3 or "hidden_states = self.norm1(hidden_states)\n" not in src
+            or type(getattr(block, "nonlinearity", None)) is not torch.nn.SiLU
+            or getattr(block, "time_embedding_norm", None) == "scale_shift"
+            or not (_is_gn(getattr(block, "norm1", None)) and _is_gn(getattr(block, "norm2", None)))):
+        return
+    proj = getattr(block, "time_emb_proj", None)
+    if proj is not None and not getattr(block, "skip_time_act", False):
+        if type(proj) is not torch.nn.Linear:
+            return
+        block.time_emb_proj = _SiLULinear.from_linear(proj)
+    block.norm1 = _fused(block.norm1)
+    block.norm2 = _fused(block.norm2)
+    block.nonlinearity = torch.nn.Identity()
+
+
+def _fuse_norm_out(model) -> None:
+    # Encoder / Decoder / UNet2DModel / UNet2DConditionModel: `sample = self.conv_norm_out(sample)`
+    # directly followed by `sample = self.conv_act(sample)`, conv_act's only use.
+    src = _forward_source(model)
+    lines = [ln.strip() for ln in src.splitlines() if ln.strip()]
+    uses = [i for i, ln in enumerate(lines) if "self.conv_act(" in ln]
+    if (len(uses) != 1 or uses[0] == 0 or "self.conv_norm_out(" not in lines[uses[0] - 1]
+            or not _is_gn(getattr(model, "conv_norm_out", None))
+            or type(getattr(model, "conv_act", None)) is not torch.nn.SiLU):
+        return
+    model.conv_norm_out = _fused(model.conv_norm_out)
+    model.conv_act = torch.nn.Identity()
+
+
+_DIFFUSERS_RULES = {
+    "diffusers.models.resnet.ResnetBlock2D": _fuse_resnet_block,
+    "diffusers.models.autoencoders.vae.Encoder": _fuse_norm_out,
+    "diffusers.models.autoencoders.vae.Decoder": _fuse_norm_out,
+    "diffusers.models.unets.unet_2d.UNet2DModel": _fuse_norm_out,
+    "diffusers.models.unets.unet_2d_condition.UNet2DConditionModel": _fuse_norm_out,
+}

@@ -3,19 +3,42 @@ from __future__ import annotations
 import torch
 
 from .. import ops
+from ..ops.group_norm import ACTIVATIONS
 
 
 class GroupNorm(torch.nn.GroupNorm):
     """Drop-in for ``torch.nn.GroupNorm``: same constructor, parameters and state_dict keys
     (``weight``, ``bias``), computed by ``opbridge.ops.group_norm`` and exported to ONNX as
-    ``ai.opbridge::GroupNorm``."""
+    ``ai.opbridge::GroupNorm``.
+
+    ``activation="silu"`` makes the module compute ``SiLU(GroupNorm(x))`` in one pass (what
+    ``torch.nn.Sequential(torch.nn.GroupNorm(...), torch.nn.SiLU())`` computes); the state_dict is
+    unchanged by it. The output keeps a channels-last input's memory format."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
+                 device=None, dtype=None, activation: str = "none") -> None:
+        _check_activation(activation)
+        super().__init__(num_groups, num_channels, eps, affine, device, dtype)
+        self.activation = activation
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return ops.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+        return ops.group_norm(input, self.num_groups, self.weight, self.bias, self.eps, self.activation)
+
+    def extra_repr(self) -> str:
+        r = super().extra_repr()
+        return r if self.activation == "none" else f"{r}, activation={self.activation!r}"
 
     @classmethod
-    def from_torch(cls, m: torch.nn.GroupNorm) -> "GroupNorm":
-        """A GroupNorm sharing ``m``'s parameters."""
+    def from_torch(cls, m: torch.nn.GroupNorm, activation: str = "none") -> "GroupNorm":
+        """A GroupNorm sharing ``m``'s parameters (and, for an opbridge GroupNorm, taking its
+        activation unless ``activation`` is given)."""
+        _check_activation(activation)
         new = cls.__new__(cls)
         new.__dict__.update(m.__dict__)
+        new.activation = activation if activation != "none" else getattr(m, "activation", "none")
         return new
+
+
+def _check_activation(activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"opbridge.nn.GroupNorm: activation must be 'none' or 'silu', got {activation!r}")
