@@ -1,5 +1,6 @@
 """Quick side-by-side timing of opbridge vs torch and ONNX Runtime built-ins (2 threads, fp32,
-medians of plain calls; ORT through InferenceSession.run, so its Python overhead is included).
+medians of plain calls; ORT through InferenceSession.run, so its Python overhead is included;
+MultiScaleDeformableAttention through IOBinding).
 GroupNorm is also shown against the memory floor, a same-size copy (x.clone()) timed in the same
 process: "1.05x copy" means 5% slower than copying the tensor, in both memory formats and with
 the fused SiLU. The asv suite in this folder is the reference; this is a one-minute sanity check:
@@ -59,3 +60,19 @@ for shape in [(4096,3,3),(1024,8,8),(64,64,64),(8,256,256)]:
     t_o=bench(lambda: opbridge.ops.inverse(a)); t_r=bench(lambda: s_ob.run(None,feed)); t_m=bench(lambda: s_ms.run(None,feed))
     t_t=bench(lambda: torch.linalg.inv(a)) if shape[-1] < 150 else float('nan')
     print(shape, f"torch.linalg.inv {t_t:.0f}  ob-torch {t_o:.0f} ({t_t/t_o:.2f}x)  ob-ort {t_r:.0f}  com.microsoft {t_m:.0f} ({t_m/t_r:.2f}x)")
+# MultiScaleDeformableAttention (benchmarks/benchmarks/bench_ms_deform_attn.py): one Deformable-DETR
+# encoder call (Lq = S = 5440) and one decoder call (Lq = 300), model-like and uniform locations;
+# baselines: the pure-PyTorch function in torch and its plain dynamo export in stock ORT (IOBinding).
+import os, sys, platform, subprocess
+os.environ.setdefault("OPBRIDGE_BENCH_THREADS", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import bench_ms_deform_attn as msda
+cpu = next((l.split(":", 1)[1].strip() for l in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines() if l.startswith("Model name")), platform.processor())
+print(f"MultiScaleDeformableAttention, 2 threads, float32, {cpu}; medians in ms")
+for shape in ("encoder", "decoder"):
+    for locs in ("model", "uniform"):
+        fns = {impl: msda.make_fn(impl, shape, locs) for impl in msda.IMPLS}
+        t = {impl: bench(fn, 30 if impl.startswith("opbridge") else 5) / 1e3 for impl, fn in fns.items()}
+        print(f"{shape} {locs}: pure-PyTorch {t['torch-pytorch']:.1f}  ob-torch {t['opbridge-torch']:.2f} "
+              f"({t['torch-pytorch']/t['opbridge-torch']:.1f}x)  ORT export {t['ort-pytorch-export']:.1f}  "
+              f"ob-ort {t['opbridge-ort']:.2f} ({t['ort-pytorch-export']/t['opbridge-ort']:.1f}x)")
