@@ -34,6 +34,7 @@ def _opbridge_group_norm_op():
 
     class GroupNorm(OpRun):
         op_domain = opbridge.DOMAIN
+        op_schema = None  # evaluate what the node says; onnx's name-only schema lookup is not needed
 
         def _run(self, X, scale=None, bias=None, num_groups=None, epsilon=None, activation=None):
             if isinstance(activation, bytes):

@@ -733,3 +733,16 @@ def test_export_without_fusion_or_with_standard_lowering_keeps_the_exporters_for
     for proto in (plain, standard):
         sess = opbridge.InferenceSession(proto)
         np.testing.assert_allclose(sess.run(None, {sess.get_inputs()[0].name: xs})[0], expect, rtol=1e-4, atol=1e-4)
+
+
+def test_microsoft_reference_when_opbridge_schemas_were_registered_first(tmp_path, rng):
+    """onnx's reference evaluator looks schemas up by op name across domains, fixed when it is
+    first imported: with ai.opbridge::GroupNorm registered before that, the com.microsoft
+    reference must still be used as itself (a fresh process, opbridge.onnx imported first)."""
+    model, _, _ = ms_model(rng)
+    src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
+    code = ("import sys, opbridge.onnx\n"
+            "from opbridge.cli import main\n"
+            f"sys.exit(main(['optimize', {src!r}, {dst!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -526,39 +526,37 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
     _infer_shapes(model)
     ms_rule_name = "opbridge.com_microsoft_group_norm"
 
-    stages: list[tuple[str, list]] = []
+    # (label, rules, what to run after them when they changed something)
+    stages: list[tuple[str, list, Callable[[Any], Any] | None]] = []
     if "decomposition" in sources:
         # Longest form first: each later rule would otherwise match a prefix of a longer one.
         for mul, add in ((True, True), (True, False), (False, True), (False, False)):
-            stages.append((LABEL_DECOMPOSITION,
-                           [Decomposition.rule(session, f"opbridge.decomposition.{int(mul)}{int(add)}", mul, add)]))
+            name = f"opbridge.decomposition.{int(mul)}{int(add)}"
+            stages.append((LABEL_DECOMPOSITION, [Decomposition.rule(session, name, mul, add)], None))
     if "gn21" in sources:
-        stages.append((LABEL_GN21, [GroupNormalization.rule(session, "opbridge.group_normalization_21", True)]))
+        stages.append((LABEL_GN21, [GroupNormalization.rule(session, "opbridge.group_normalization_21", True)], None))
     if "gn18" in sources:
-        stages.append((LABEL_GN18, [GroupNormalization.rule(session, "opbridge.group_normalization_18", False)]))
+        stages.append((LABEL_GN18, [GroupNormalization.rule(session, "opbridge.group_normalization_18", False)], None))
     if "com.microsoft" in sources:
-        stages.append((LABEL_MS, [MicrosoftGroupNorm.rule(session, ms_rule_name)]))
-        stages.append((LABEL_TRANSPOSES, [TransposePair.rule(ms_rule_name)]))
+        stages.append((LABEL_MS, [MicrosoftGroupNorm.rule(session, ms_rule_name)], None))
         # A cancelled pair on a graph input leaves an Identity (see TransposePair.rewrite).
-        stages.append(("", []))
+        stages.append((LABEL_TRANSPOSES, [TransposePair.rule(ms_rule_name)], passes.IdentityEliminationPass()))
     if silu:
-        stages.append((LABEL_SILU, [FuseSilu.rule(form) for form in ("sigmoid_mul", "swish", "quick_gelu", "div")]))
+        forms = ("sigmoid_mul", "swish", "quick_gelu", "div")
+        stages.append((LABEL_SILU, [FuseSilu.rule(form) for form in forms], None))
 
     counts: dict[str, int] = {}
-    for label, rules in stages:
-        if not rules:
-            if counts.get(LABEL_TRANSPOSES):
-                passes.IdentityEliminationPass()(model)
-            continue
-        ruleset = pattern.RewriteRuleSet(rules, commute=True)
-        counts[label] = counts.get(label, 0) + ruleset.apply_to_model(model)
+    for label, rules, after in stages:
+        n = pattern.RewriteRuleSet(rules, commute=True).apply_to_model(model)
+        counts[label] = counts.get(label, 0) + n
+        if n and after is not None:
+            after(model)
     if any(counts.values()):
         # What only the replaced nodes read (Shape(X), the grouping shape, per-group scales).
         passes.RemoveUnusedNodesPass()(model)
         passes.RemoveUnusedOpsetsPass()(model)
         _finish(model)
-    skipped = [k for k in session.skipped]
-    return RewriteResult(counts={k: v for k, v in counts.items()}, skipped=skipped)
+    return RewriteResult(counts=counts, skipped=list(session.skipped))
 
 
 def _infer_shapes(model: Any) -> None:
@@ -590,8 +588,6 @@ def _finish(model: Any) -> None:
     imports = model.graph.opset_imports
     if DOMAIN in imports and uses_activation:
         imports[DOMAIN] = max(int(imports[DOMAIN]), ACTIVATION_DOMAIN_VERSION)
-    if DOMAIN in imports:
-        model.opset_imports[DOMAIN] = imports[DOMAIN]
 
 
 def fuse_exported(proto: Any, *, silu: bool = True, base_dir: str | os.PathLike | None = None) -> Any:
@@ -645,6 +641,9 @@ def _reference_outputs(path: str, feeds: Mapping[str, np.ndarray], names: Sequen
 
     class GroupNorm(OpRun):
         op_domain = MS_DOMAIN
+        # Without this, OpRun looks schemas up by op name across domains and may find
+        # ai.opbridge::GroupNorm's (registered with onnx by opbridge.onnx).
+        op_schema = None
 
         def _run(self, X, gamma, beta, activation=None, channels_last=None, epsilon=None, groups=None):
             return (ms_group_norm_reference(X, gamma, beta, groups=int(groups),
@@ -878,6 +877,8 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
                 print(f"  {label:{width}s}  x{n}", file=out)
     else:
         print("no GroupNorm pattern found: the model is unchanged", file=out)
+        # Written as read (the rules' shape inference filled in value types it need not keep).
+        model = load(input_path)
     if result.skipped:
         print("left unchanged:", file=out)
         for note in result.skipped:
