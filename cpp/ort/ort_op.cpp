@@ -366,23 +366,6 @@ float InferIO::attr_float(const char* name, float fallback) const {
   return v;
 }
 
-std::string InferIO::attr_string(const char* name, const std::string& fallback) const {
-  const OrtOpAttr* attr = infer_attr(ctx_, name);
-  if (attr == nullptr) return fallback;
-  // A first call with no buffer reports the length (as an error status); strings are not
-  // NUL-terminated here.
-  size_t written = 0;
-  OrtStatus* st = api().ReadOpAttr(attr, ORT_OP_ATTR_STRING, nullptr, 0, &written);
-  if (st != nullptr) api().ReleaseStatus(st);
-  std::string v(written, '\0');
-  st = api().ReadOpAttr(attr, ORT_OP_ATTR_STRING, v.data(), v.size(), &written);
-  if (st != nullptr) {
-    api().ReleaseStatus(st);
-    fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be a string");
-  }
-  v.resize(std::min(written, v.size()));
-  return v;
-}
 namespace {
 // A symbolic dimension name no other dimension has (unique in the process).
 std::string fresh_symbol() {
