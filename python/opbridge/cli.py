@@ -1,4 +1,4 @@
-"""The ``opbridge`` command line: info, demo, check, --cmake-dir."""
+"""The ``opbridge`` command line: info, demo, check, new-op, --cmake-dir."""
 
 from __future__ import annotations
 
@@ -58,6 +58,19 @@ def _cmd_check(args: argparse.Namespace) -> int:
                       libraries=args.library, discover=not args.no_discover, stock=args.stock)
 
 
+def _cmd_new_op(args: argparse.Namespace) -> int:
+    from ._newop import new_op
+
+    try:
+        made = new_op(args.name, dir=args.dir, namespace=args.namespace, domain=args.domain, cuda=args.cuda)
+    except ValueError as e:
+        print(f"opbridge new-op: {e}", file=sys.stderr)
+        return 2
+    print(made)
+    print(f"next: pip install --no-build-isolation {made.dir} && python -m pytest -q {made.dir / 'tests'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="opbridge", description=__doc__)
     p.add_argument("--cmake-dir", action="store_true",
@@ -85,6 +98,17 @@ def main(argv: list[str] | None = None) -> int:
                         "'opbridge.libraries')")
     c.add_argument("--stock", action="store_true",
                    help="how the model fares on stock ONNX Runtime: no custom-op library registered")
+    n = sub.add_parser(
+        "new-op",
+        help="scaffold a project of your own op (declaration, CPU kernels, ORT and torch adapters, Python "
+        "package, tests), or add an op to such a project",
+    )
+    n.add_argument("name", help="the op's snake_case name, e.g. rms_norm")
+    n.add_argument("--dir", default=None, help="the project folder (default: ./NAME); an existing project gets the op added")
+    n.add_argument("--namespace", default=None,
+                   help="torch namespace, C++ namespace and Python package (default: the folder's name)")
+    n.add_argument("--domain", default=None, help="ONNX domain of the ops (default: com.example.NAMESPACE)")
+    n.add_argument("--cuda", action="store_true", help="also a CUDA launcher and its ORT and torch CUDA adapters")
     args = p.parse_args(argv)
     if args.cmake_dir:
         from ._cmake import cmake_dir
@@ -92,13 +116,15 @@ def main(argv: list[str] | None = None) -> int:
         print(cmake_dir())
         return 0
     if args.cmd is None:
-        p.error("a command is required (info, demo) unless --cmake-dir is given")
+        p.error("a command is required (info, demo, check, new-op) unless --cmake-dir is given")
     if args.cmd == "info":
         return _cmd_info(args)
     if args.cmd == "demo":
         return _cmd_demo(args)
     if args.cmd == "check":
         return _cmd_check(args)
+    if args.cmd == "new-op":
+        return _cmd_new_op(args)
     p.error(f"unknown command {args.cmd}")
     return 2
 
