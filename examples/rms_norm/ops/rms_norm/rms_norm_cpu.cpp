@@ -1,5 +1,6 @@
 // CPU kernels of myops::rms_norm (see rms_norm.h): framework-free, shared by the torch and ORT ops.
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "rms_norm.h"
@@ -13,14 +14,17 @@ int64_t grain(int64_t channels) { return std::max<int64_t>(1, 16384 / std::max<i
 }  // namespace
 
 template <class T>
-opbridge::Status rms_norm_cpu(const T* x, const T* weight, T* y, const RmsNormDims& d, double alpha,
+opbridge::Status rms_norm_cpu(const T* x, const T* weight, T* y, const RmsNormDims& d, double eps,
                           const opbridge::ParallelFor& pf) {
   const int64_t C = d.channels;
   pf(d.rows, grain(C), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * C;
       T* yr = y + r * C;
-      for (int64_t c = 0; c < C; ++c) yr[c] = static_cast<T>(alpha * xr[c] * weight[c]);
+      double sum_sq = 0;  // in double: rounding stays far below T's over long rows
+      for (int64_t c = 0; c < C; ++c) sum_sq += static_cast<double>(xr[c]) * xr[c];
+      const double rstd = 1 / std::sqrt(sum_sq / C + eps);
+      for (int64_t c = 0; c < C; ++c) yr[c] = static_cast<T>(xr[c] * rstd * weight[c]);
     }
   });
   return opbridge::Status::Ok();
@@ -28,19 +32,30 @@ opbridge::Status rms_norm_cpu(const T* x, const T* weight, T* y, const RmsNormDi
 
 template <class T>
 opbridge::Status rms_norm_backward_cpu(const T* grad, const T* x, const T* weight, T* grad_x, T* grad_weight,
-                                   const RmsNormDims& d, double alpha, const opbridge::ParallelFor& pf) {
+                                   const RmsNormDims& d, double eps, const opbridge::ParallelFor& pf) {
   const int64_t C = d.channels;
+  std::vector<double> rstd(static_cast<size_t>(d.rows));
+  // With r = rstd of the row and g = grad * weight: grad_x = r * g - x * r^3 * mean(g * x).
   pf(d.rows, grain(C), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      for (int64_t c = 0; c < C; ++c) grad_x[r * C + c] = static_cast<T>(alpha * grad[r * C + c] * weight[c]);
+      const T* xr = x + r * C;
+      const T* gr = grad + r * C;
+      double sum_sq = 0, sum_gx = 0;
+      for (int64_t c = 0; c < C; ++c) {
+        sum_sq += static_cast<double>(xr[c]) * xr[c];
+        sum_gx += static_cast<double>(gr[c]) * weight[c] * xr[c];
+      }
+      const double rs = 1 / std::sqrt(sum_sq / C + eps), k = rs * rs * rs * sum_gx / C;
+      rstd[r] = rs;
+      for (int64_t c = 0; c < C; ++c) grad_x[r * C + c] = static_cast<T>(rs * gr[c] * weight[c] - k * xr[c]);
     }
   });
   // Each channel sums over all rows: one task per range of channels, no atomics.
   pf(C, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, d.rows)), [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       double sum = 0;  // double: rows may be many
-      for (int64_t r = 0; r < d.rows; ++r) sum += static_cast<double>(grad[r * C + c]) * x[r * C + c];
-      grad_weight[c] = static_cast<T>(alpha * sum);
+      for (int64_t r = 0; r < d.rows; ++r) sum += static_cast<double>(grad[r * C + c]) * x[r * C + c] * rstd[r];
+      grad_weight[c] = static_cast<T>(sum);
     }
   });
   return opbridge::Status::Ok();

@@ -22,8 +22,8 @@ Status validate(const OpCall& call) {
     return Status::InvalidArgument("weight must have C = x.shape[-1] = " + std::to_string(x.dim(-1)) +
                                    " elements (one per channel), got " + std::to_string(w.dim(0)));
   }
-  const double alpha = call.attr_float("alpha");
-  if (!std::isfinite(alpha)) return Status::InvalidArgument("alpha must be finite, got " + std::to_string(alpha));
+  const double eps = call.attr_float("eps");
+  if (!(eps >= 0) || !std::isfinite(eps)) return Status::InvalidArgument("eps must be finite and >= 0, got " + std::to_string(eps));
   return Status::Ok();
 }
 
@@ -58,12 +58,12 @@ const opbridge::OpDecl& rms_norm_decl() {
   using namespace opbridge;
   static const OpDecl decl =
       OpDecl("rms_norm", "RmsNorm", 1)
-          .doc("y = alpha * x * weight, one weight per channel (the last dimension of x).")
-          .input("x", "T", "input").shape("(*, C)").min_rank(1)
-          .input("weight", "T", "one weight per channel").shape("(C,)").rank(1)
-          .attr_float("alpha", 1.0, "scale factor")
+          .doc("Y = X / sqrt(mean(X^2) + epsilon) * scale over the last dimension of X (RMSNormalization, axis -1).")
+          .input("x", "T", "input").onnx_name("X").shape("(*, C)").min_rank(1)
+          .input("weight", "T", "one weight per channel").onnx_name("scale").shape("(C,)").rank(1)
+          .attr_float("eps", 1e-5, "added to the mean square").onnx_name("epsilon")
           .types("T", kFloat32And64)
-          .output("y", "T", "x", "shape of x")
+          .output("Y", "T", "x", "shape of x")
           .check(validate);
   return decl;
 }
@@ -76,7 +76,7 @@ const opbridge::OpDecl& rms_norm_backward_decl() {
           .input("grad", "T", "gradient of y").shape("(*, C), the shape of x")
           .input("x", "T", "input").shape("(*, C)").min_rank(1)
           .input("weight", "T", "one weight per channel").shape("(C,)").rank(1)
-          .attr_float("alpha", 1.0, "scale factor")
+          .attr_float("eps", 1e-5, "added to the mean square").onnx_name("epsilon")
           .types("T", kFloat32And64)
           .output("grad_x", "T", "x", "shape of x")
           .output("grad_weight", "T", "weight", "shape of weight")

@@ -11,21 +11,21 @@ using namespace opbridge::ort;
 
 void rms_norm_compute(const OrtOpContext& ctx) {
   const RmsNormDims d = rms_norm_dims(ctx.call);
-  const double alpha = ctx.call.attr_float("alpha");
+  const double eps = ctx.call.attr_float("eps");
   ctx.check(opbridge::dispatch<float, double>(ctx.call.in("x").type, [&](auto tag) {
     using T = decltype(tag);
-    return rms_norm_cpu<T>(ctx.in("x").as<T>(), ctx.in("weight").as<T>(), ctx.output_as<T>(0), d, alpha,
+    return rms_norm_cpu<T>(ctx.in("x").as<T>(), ctx.in("weight").as<T>(), ctx.output_as<T>(0), d, eps,
                        ctx.io.parallel());
   }));
 }
 
 void rms_norm_backward_compute(const OrtOpContext& ctx) {
   const RmsNormDims d = rms_norm_dims(ctx.call);
-  const double alpha = ctx.call.attr_float("alpha");
+  const double eps = ctx.call.attr_float("eps");
   ctx.check(opbridge::dispatch<float, double>(ctx.call.in("x").type, [&](auto tag) {
     using T = decltype(tag);
     return rms_norm_backward_cpu<T>(ctx.in("grad").as<T>(), ctx.in("x").as<T>(), ctx.in("weight").as<T>(),
-                                ctx.output_as<T>(0), ctx.output_as<T>(1), d, alpha, ctx.io.parallel());
+                                ctx.output_as<T>(0), ctx.output_as<T>(1), d, eps, ctx.io.parallel());
   }));
 }
 

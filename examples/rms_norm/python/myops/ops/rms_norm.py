@@ -8,28 +8,28 @@ from opbridge.ops import register_autograd
 __all__ = ["rms_norm"]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-    """y = alpha * x * weight, one weight per channel (the last dimension of x); float32/float64.
-    Exports to ONNX as com.example.myops::RmsNorm."""
-    return torch.ops.myops.rms_norm.default(x, weight, alpha)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """x / sqrt(mean(x**2, -1) + eps) * weight, one weight per channel (the last dimension of x);
+    float32/float64. Exports to ONNX as com.example.myops::RmsNorm."""
+    return torch.ops.myops.rms_norm.default(x, weight, eps)
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, alpha = inputs
+    x, weight, eps = inputs
     ctx.save_for_backward(x, weight)
-    ctx.alpha = alpha
+    ctx.eps = eps
 
 
 def _backward(ctx, grad):
     # First-order gradients from the C++ backward kernel.
     x, weight = ctx.saved_tensors
-    grad_x, grad_weight = torch.ops.myops.rms_norm_backward.default(grad, x, weight, ctx.alpha)
+    grad_x, grad_weight = torch.ops.myops.rms_norm_backward.default(grad, x, weight, ctx.eps)
     return grad_x, grad_weight, None
 
 
-def _differentiable(x, weight, alpha=1.0):
+def _differentiable(x, weight, eps=1e-5):
     # The op in torch ops: higher-order gradients (double backward) differentiate this.
-    return alpha * x * weight
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 register_autograd("myops::rms_norm", _backward, setup_context=_setup_context, double_backward=_differentiable)
