@@ -4,14 +4,16 @@ ONNX Runtime (no torch needed)::
 
     sess = onnxruntime.InferenceSession("model.onnx", myops.session_options())
 
-torch: ``myops.<op>(...)`` (or ``import myops.ops``, then ``torch.ops.myops.<op>``) loads the torch
-extension and registers each op's fake kernel and autograd formula.
+torch: where torch is installed, importing the package loads the torch extension
+(``torch.ops.myops.<op>``, ``myops.<op>(...)``) and registers each op's fake kernel and autograd
+formula (``myops.ops``), as importing opbridge does for opbridge's ops.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.resources
+import importlib.util
 from typing import Any
 
 NAMESPACE = "myops"  # torch.ops.myops.*: CMakeLists.txt's NAMESPACE
@@ -59,8 +61,14 @@ def session_options(so: Any = None) -> Any:
     return opbridge.session_options(so)
 
 
+# The torch side loads with the package where torch is installed (an export must know the ops
+# before it traces the model); ONNX Runtime deployments without torch skip it.
+if importlib.util.find_spec("torch") is not None and torch_library_path() is not None:
+    from . import ops  # noqa: F401
+
+
 def __getattr__(name: str) -> Any:
-    # The torch side is imported on first use, so that ONNX Runtime deployments need no torch.
+    # The ops' Python functions (myops.<op>), from the torch side.
     if name.startswith("_"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     ops = importlib.import_module(".ops", __name__)

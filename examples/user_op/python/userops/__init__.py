@@ -5,13 +5,14 @@
     opbridge.onnx.export(model, (x,), "m.onnx")        # -> com.example.userops::LogCumSumExp
     so = userops.session_options()                      # ORT: userops' and opbridge's ops, no torch
 
-The ORT side needs no torch; ``userops.ops`` (imported on first use of an op) loads the torch
-extension and registers the fake kernel from the declaration.
+The ORT side needs no torch; where torch is installed, importing the package also imports
+``userops.ops``, which loads the torch extension and registers the fake kernel from the declaration.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,12 @@ def session_options(so: Any = None) -> Any:
 
     library()
     return opbridge.session_options(so)
+
+
+# The torch side loads with the package where torch is installed (an export must know the op
+# before it traces the model).
+if importlib.util.find_spec("torch") is not None and torch_library_path() is not None:
+    from . import ops  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
