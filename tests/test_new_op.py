@@ -126,6 +126,33 @@ def test_cli(tmp_path, capsys):
     assert "snake_case" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("change,match", [
+    (lambda root: (root / "ops/scaled_add/scaled_add_decl.cpp").unlink(), r"scaled_add_decl\.cpp does not exist"),
+    (lambda root: _edit(root / "CMakeLists.txt", "DOMAIN com.example.myops", "DOMAIN ai.opbridge"),
+     "DOMAIN ai.opbridge is opbridge's own"),
+    (lambda root: _edit(root / "CMakeLists.txt", "LIBRARY myops DOMAIN com.example.myops",
+                        "LIBRARY myops DOMAIN com.example.myops BOGUS"), "unknown arguments BOGUS"),
+    (lambda root: _edit(root / "CMakeLists.txt", ")\n\n# ---- the libraries",
+                        ")\nopbridge_add_op(scaled_add2 LIBRARY myops DOMAIN com.example.other)\n\n# ---- the libraries"),
+     "registers its ops in domain com.example.myops, not com.example.other"),
+])
+def test_opbridge_add_op_errors_name_the_problem(tmp_path, change, match):
+    """The one opbridge_add_op (installed with the CMake package) stops with a clear message."""
+    from cmake_helpers import configure
+
+    root = new_op("scaled_add", dir=tmp_path / "proj", namespace="myops", domain="com.example.myops").dir
+    change(root)
+    p = configure(root, tmp_path / "build", {"opbridge_DIR": opbridge.cmake_dir()}, check=False)
+    assert p.returncode != 0
+    assert re.search(match, re.sub(r"\s+", " ", p.stderr)), p.stderr[-3000:]
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
 # ---- end to end: built by pip, generated tests as generated -----------------------------------
 torch = pytest.importorskip("torch", reason="the scaffold's tests use torch")
 

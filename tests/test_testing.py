@@ -123,3 +123,25 @@ def test_report_lists_every_check():
     text = str(report)
     assert text.splitlines()[0].startswith("check_op(opbridge::inverse): 0 failed")
     assert np.all([c.status in ("ok", "skip") for c in report.checks])
+
+
+@pytest.mark.filterwarnings("ignore:Warning only once for all operators")
+def test_first_order_only_op_gets_the_second_order_guard_checked():
+    # Registered as first-order only, Inverse's gradients must not be silently differentiable:
+    # check_op verifies that differentiating them raises NotImplementedError, and runs no
+    # gradgradcheck. (Restored afterwards to its real registration, differentiable twice.)
+    import importlib
+
+    inv = importlib.import_module("opbridge.ops.inverse")
+    opbridge.ops.register_autograd("opbridge::inverse", inv._backward, setup_context=inv._setup_context,
+                                   double_backward=False)
+    try:
+        report = opbridge.testing.check_op(
+            "opbridge::inverse", lambda x, on_singular="raise": reference.inverse(x.numpy()),
+            [(_well_conditioned(3, 3),)], export=False, opcheck=False)
+    finally:
+        opbridge.ops.register_autograd("opbridge::inverse", inv._backward, setup_context=inv._setup_context,
+                                       double_backward=True)
+    names = {c.name: c.status for c in report.checks}
+    assert names["second-order gradients are a clear error, sample 0"] == "ok"
+    assert "gradgradcheck, sample 0" not in names

@@ -169,6 +169,19 @@ def test_ort_reports_bad_axis(userops, rng):
         sess.run(None, {"X": rng.standard_normal((2, 3)).astype(np.float32)})
 
 
+def test_unknown_attribute_is_caught_where_the_node_is_visible(userops):
+    # ORT cannot list a node's attributes: its kernel reads `axis` and never sees `reverse`.
+    # opbridge.InferenceSession and onnx.checker (through the OpSchema from the declaration) do.
+    m = single_node_model("LogCumSumExp", DOMAIN, [("X", np.float32, [2, 3])], {"axis": 1, "reverse": 1})
+    with pytest.raises(ValueError, match=r"LogCumSumExp \(node .*\): unknown attribute 'reverse'; LogCumSumExp has axis"):
+        opbridge.InferenceSession(m)
+    for d in (2, 3):  # the checker wants the output's shape
+        m.graph.output[0].type.tensor_type.shape.dim.add().dim_value = d
+    with pytest.raises(onnx.checker.ValidationError, match="Unrecognized attribute: reverse"):
+        onnx.checker.check_model(m)
+    assert opbridge.onnx.check_attributes(m)
+
+
 def test_ort_requires_the_axis_attribute(userops):
     m = single_node_model("LogCumSumExp", DOMAIN, [("X", np.float32, [2, 3])])
     with pytest.raises(Exception, match="axis"):

@@ -198,7 +198,8 @@ def new_op(name: str, dir: str | Path | None = None, namespace: str | None = Non
         last = list(_ADD_OP_RE.finditer(text))[-1]
         cmake_text = text[: last.end()] + f"\nopbridge_add_op({name} LIBRARY {lib})" + text[last.end():]
         if cuda and f"{ns.upper()}_WITH_CUDA" not in text:
-            cmake_text = cmake_text.replace("\nfind_package(opbridge", values["cuda_block"] + "\nfind_package(opbridge", 1)
+            anchor = "\nfind_package(opbridge"
+            cmake_text = cmake_text.replace(anchor, values["cuda_block"] + anchor, 1)
 
     for path, text in plan.items():
         path.parent.mkdir(parents=True, exist_ok=True)

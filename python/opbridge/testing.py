@@ -141,7 +141,8 @@ def _as_tuple(value: Any) -> tuple:
 
 def _to_numpy(value: Any) -> np.ndarray:
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().to(torch.float64).numpy() if value.is_floating_point() else value.detach().cpu().numpy()
+        value = value.detach().cpu()
+        return value.to(torch.float64).numpy() if value.is_floating_point() else value.numpy()
     return np.asarray(value)
 
 

@@ -23,7 +23,9 @@ Status validate(const OpCall& call) {
                                    " elements (one per channel), got " + std::to_string(w.dim(0)));
   }
   const double eps = call.attr_float("eps");
-  if (!(eps >= 0) || !std::isfinite(eps)) return Status::InvalidArgument("eps must be finite and >= 0, got " + std::to_string(eps));
+  if (!(eps >= 0) || !std::isfinite(eps)) {
+    return Status::InvalidArgument("eps must be finite and >= 0, got " + std::to_string(eps));
+  }
   return Status::Ok();
 }
 
