@@ -1,19 +1,44 @@
-# opbridge_add_op(<name>): adds one op's sources to every target, by the naming convention
-#   cpp/ops/<name>/<name>_decl.cpp   the op's declaration (op_decl.h)  -> opbridge_kernels
-#   cpp/ops/<name>/<name>_cpu.cpp    framework-free CPU kernel        -> opbridge_kernels
-#   cpp/ops/<name>/<name>_cpu_avx2.cpp, <name>_cpu_avx512.cpp (optional) the kernel's hot loops
-#                                    built with that instruction set   -> opbridge_kernels (x86)
-#   cpp/ops/<name>/<name>_ort.cpp    ORT CPU op                       -> opbridge_ort
-#   cpp/ops/<name>/<name>_torch.cpp  torch schema + CPU impl          -> opbridge_torch
-#   cpp/ops/<name>/<name>_py.cpp     numpy binding (optional)         -> _core
-#   cuda/ops/<name>/<name>_kernel.cu CUDA launcher (optional)         -> opbridge_cuda_kernels
-#   cuda/ops/<name>/<name>_ort.cpp   ORT CUDA op (optional)           -> opbridge_ort
-#   cuda/ops/<name>/<name>_torch.cpp torch CUDA impl (optional)       -> opbridge_torch (CUDA torch)
-# Registration is static (each file registers itself), so nothing else needs editing.
+# opbridge_add_op() - one op, declared once, built into an ORT custom-op library and a torch
+# extension. The same function builds opbridge's own ops (the superbuild) and users' ops (it is
+# part of the installed CMake package: find_package(opbridge) brings it).
+#
+#   opbridge_add_op(<op> [LIBRARY <lib>] [DOMAIN <domain>] [NAMESPACE <ns>]
+#                   [DIR <dir>] [CUDA_DIR <dir>] [NO_TORCH])
+#
+# The op's files are found by name in DIR (default: <ops dir>/<op>, see below):
+#   <op>_decl.cpp                 its declaration (opbridge/op_decl.h)        -> <lib>_kernels  required
+#   <op>_cpu.cpp                  framework-free CPU kernel                   -> <lib>_kernels
+#   <op>_cpu_avx2.cpp, <op>_cpu_avx512.cpp  hot loops built for that instruction set (x86-64;
+#                                 the kernel picks one at run time with opbridge::cpu_isa())
+#   <op>_ort.cpp                  ORT op (OPBRIDGE_ORT_OP)                    -> <lib>_ort      required
+#   <op>_torch.cpp                torch schema + CPU impl (define_op)         -> <lib>_torch
+#   <op>_py.cpp                   numpy binding                               -> the library's PY_MODULE
+# and, only where the project has enabled CUDA (enable_language(CUDA)), in CUDA_DIR (default DIR):
+#   <op>_kernel.cu                CUDA launcher                 -> <lib>_cuda_kernels if it exists, else <lib>_kernels
+#   <op>_cuda_ort.cpp             ORT CUDA op                   -> <lib>_ort
+#   <op>_cuda_torch.cpp           torch CUDA impl (CUDA torch)  -> <lib>_torch
+#   (in a CUDA_DIR of its own, as opbridge's cuda/ops/<op>/, also named <op>_ort.cpp, <op>_torch.cpp)
+# Every file registers itself (OPBRIDGE_ORT_OP, TORCH_LIBRARY_FRAGMENT), so adding an op is one
+# opbridge_add_op line: no list of ops is kept anywhere else.
+#
+# LIBRARY (default: <op>) names the targets, so that several ops share one library:
+#   <lib>_kernels  static, position-independent; links opbridge::kernels (<opbridge/op_decl.h>, ...)
+#   <lib>_ort      lib<lib>_ort.so, the ORT custom-op library: its RegisterCustomOps (generated)
+#                  registers every op of the library in DOMAIN; a version script exports only the
+#                  entry points, so it shares a process with libopbridge_ort.so
+#   <lib>_torch    lib<lib>_torch.so, for torch.ops.load_library(), built when an op has a
+#                  <op>_torch.cpp and neither the library nor the op says NO_TORCH (it needs the
+#                  torch opbridge was built against: opbridge_find_torch())
+# The first op of a library makes its targets (opbridge_add_op_library, DOMAIN required) unless
+# they exist already: opbridge's superbuild makes its own and declares them with
+# opbridge_add_op_library(). Later ops of the library may omit DOMAIN and NAMESPACE.
+# NAMESPACE (default: <lib>) is the torch namespace of the library's ops, the compile definition
+# OPBRIDGE_TORCH_NAMESPACE of <lib>_torch (torch_common.h: OPBRIDGE_TORCH_LIBRARY_FRAGMENT).
+include_guard(GLOBAL)
 
 # Run-time instruction-set dispatch (x86-64 with GCC or Clang): the *_cpu_<isa>.cpp files are
 # compiled with these flags into separately named functions, and opbridge::cpu_isa() picks one
-# at run time. Everything else stays at the compiler's baseline (no -march=native: the wheel
+# at run time. Everything else stays at the compiler's baseline (no -march=native: the library
 # must run on any x86-64 CPU). avx2 = x86-64-v3's vector subset; avx512 = x86-64-v4's.
 option(OPBRIDGE_CPU_DISPATCH "Build AVX2 / AVX-512 variants of hot CPU kernels (x86-64)" ON)
 set(OPBRIDGE_X86_DISPATCH OFF)
@@ -23,52 +48,288 @@ if(OPBRIDGE_CPU_DISPATCH AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd6
   set(OPBRIDGE_ISA_FLAGS_avx2 -mavx2 -mfma -mf16c)
   set(OPBRIDGE_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c)
 endif()
-function(opbridge_add_op name)
-  set(cpu ${PROJECT_SOURCE_DIR}/cpp/ops/${name})
-  if(NOT EXISTS ${cpu}/${name}_cpu.cpp)
-    message(FATAL_ERROR "opbridge_add_op(${name}): ${cpu}/${name}_cpu.cpp does not exist")
+
+# opbridge_add_op_library(<lib> DOMAIN <domain> [NAMESPACE <ns>] [OPS_DIR <dir>]
+#                         [CUDA_OPS_DIR <dir>] [PY_MODULE <target>] [NO_TORCH])
+# Declares the library <lib>: its ONNX domain, torch namespace (default <lib>), the folder that
+# holds one folder per op (default ${CMAKE_CURRENT_SOURCE_DIR}/ops) and the one for CUDA files
+# (default OPS_DIR), the nanobind module that gets the ops' <op>_py.cpp (none by default).
+# Makes <lib>_kernels and <lib>_ort where they do not exist (<lib>_torch: on first need).
+function(opbridge_add_op_library lib)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_TORCH" "DOMAIN;NAMESPACE;OPS_DIR;CUDA_OPS_DIR;PY_MODULE" "")
+  if(arg_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "opbridge_add_op_library(${lib}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
   endif()
-  target_sources(opbridge_kernels PRIVATE ${cpu}/${name}_cpu.cpp)
-  if(EXISTS ${cpu}/${name}_decl.cpp)
-    target_sources(opbridge_kernels PRIVATE ${cpu}/${name}_decl.cpp)
+  if(NOT lib MATCHES "^[A-Za-z_][A-Za-z0-9_]*$")
+    message(FATAL_ERROR "opbridge_add_op_library: library name '${lib}' must be a C identifier "
+                        "(it names targets and files)")
+  endif()
+  if(NOT arg_DOMAIN)
+    message(FATAL_ERROR "opbridge_add_op_library(${lib}): DOMAIN <onnx domain> is required (e.g. com.example.${lib})")
+  endif()
+  # The domain goes into a C string literal.
+  if(NOT arg_DOMAIN MATCHES "^[A-Za-z0-9_.-]+$")
+    message(FATAL_ERROR "opbridge_add_op_library(${lib}): DOMAIN '${arg_DOMAIN}' may only hold letters, "
+                        "digits, '.', '_' and '-'")
+  endif()
+  set(ns "${lib}")
+  if(arg_NAMESPACE)
+    set(ns "${arg_NAMESPACE}")
+  endif()
+  # TORCH_LIBRARY's namespace is a C++ identifier.
+  if(NOT ns MATCHES "^[A-Za-z_][A-Za-z0-9_]*$")
+    message(FATAL_ERROR "opbridge_add_op_library(${lib}): NAMESPACE '${ns}' must be a C identifier "
+                        "(torch.ops.<namespace>)")
+  endif()
+  set(ops_dir "${CMAKE_CURRENT_SOURCE_DIR}/ops")
+  if(arg_OPS_DIR)
+    get_filename_component(ops_dir "${arg_OPS_DIR}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
+  endif()
+  set(cuda_dir "${ops_dir}")
+  if(arg_CUDA_OPS_DIR)
+    get_filename_component(cuda_dir "${arg_CUDA_OPS_DIR}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
+  endif()
+
+  if(TARGET ${lib}_ort)
+    get_target_property(known ${lib}_ort OPBRIDGE_DOMAIN)
+    if(known)
+      message(FATAL_ERROR "opbridge_add_op_library(${lib}): the library is declared already (domain ${known})")
+    endif()
+  else()
+    if(arg_DOMAIN STREQUAL "ai.opbridge")
+      message(FATAL_ERROR "opbridge_add_op_library(${lib}): DOMAIN ai.opbridge is opbridge's own; "
+                          "use a domain of yours")
+    endif()
+    _opbridge_make_library(${lib} "${arg_DOMAIN}")
+  endif()
+  set_target_properties(${lib}_ort PROPERTIES
+    OPBRIDGE_DOMAIN "${arg_DOMAIN}" OPBRIDGE_NAMESPACE "${ns}" OPBRIDGE_OPS_DIR "${ops_dir}"
+    OPBRIDGE_CUDA_OPS_DIR "${cuda_dir}" OPBRIDGE_PY_MODULE "${arg_PY_MODULE}" OPBRIDGE_NO_TORCH "${arg_NO_TORCH}")
+  if(TARGET ${lib}_torch)
+    target_compile_definitions(${lib}_torch PRIVATE OPBRIDGE_TORCH_NAMESPACE=${ns})
+  endif()
+endfunction()
+
+# The targets of a library of users' ops (installed package: opbridge::* targets exist).
+function(_opbridge_make_library lib domain)
+  foreach(t kernels ort_adapter)
+    if(NOT TARGET opbridge::${t})
+      message(FATAL_ERROR "opbridge_add_op_library(${lib}): no target opbridge::${t}; "
+                          "call find_package(opbridge) first")
+    endif()
+  endforeach()
+  if(NOT TARGET ${lib}_kernels)
+    add_library(${lib}_kernels STATIC)
+    target_link_libraries(${lib}_kernels PUBLIC opbridge::kernels)
+    set_target_properties(${lib}_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON
+      CXX_VISIBILITY_PRESET hidden CUDA_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+    if(OPBRIDGE_X86_DISPATCH)
+      target_compile_definitions(${lib}_kernels PRIVATE OPBRIDGE_X86_DISPATCH=1)
+    endif()
+  endif()
+  add_library(${lib}_ort SHARED)
+  set(entry "${CMAKE_CURRENT_BINARY_DIR}/${lib}_ort_entry.cpp")
+  file(CONFIGURE OUTPUT "${entry}" @ONLY CONTENT [=[
+// Generated by opbridge_add_op_library(): entry points of lib@lib@_ort.so, ops in domain @domain@.
+#include <opbridge/ort/ort_op.h>
+#include <opbridge/ort/register_custom_ops.h>
+
+OPBRIDGE_ORT_LIBRARY_ENTRY("@domain@")
+]=])
+  target_sources(${lib}_ort PRIVATE "${entry}")
+  target_link_libraries(${lib}_ort PRIVATE ${lib}_kernels opbridge::ort_adapter)
+  # Export the entry points only: hidden visibility alone still leaks weak std:: symbols, and two
+  # libraries on opbridge's adapter in one process must not share its globals.
+  target_link_options(${lib}_ort PRIVATE
+    "LINKER:--version-script=${CMAKE_CURRENT_FUNCTION_LIST_DIR}/ort_exports.map" "LINKER:--no-undefined")
+  set_target_properties(${lib}_ort PROPERTIES
+    CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON OPBRIDGE_MADE_HERE ON
+    LINK_DEPENDS "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/ort_exports.map")
+endfunction()
+
+function(_opbridge_make_torch lib op)
+  if(NOT TARGET opbridge::torch_adapter)
+    message(FATAL_ERROR "opbridge_add_op(${op}): this opbridge was built without torch, so it cannot "
+                        "build ${lib}_torch; pass NO_TORCH to build only the ORT library")
+  endif()
+  opbridge_find_torch()
+  add_library(${lib}_torch SHARED)
+  target_link_libraries(${lib}_torch PRIVATE ${lib}_kernels opbridge::torch_adapter)
+  get_target_property(ns ${lib}_ort OPBRIDGE_NAMESPACE)
+  target_compile_definitions(${lib}_torch PRIVATE OPBRIDGE_TORCH_NAMESPACE=${ns})
+  set_target_properties(${lib}_torch PROPERTIES CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+endfunction()
+
+# Links the static CUDA runtime into a users' library once (like opbridge's own: the ORT library
+# then loads on machines without a CUDA install).
+function(_opbridge_link_cudart lib)
+  get_target_property(done ${lib}_kernels OPBRIDGE_CUDART)
+  if(NOT done)
+    find_package(CUDAToolkit REQUIRED)
+    target_link_libraries(${lib}_kernels PUBLIC CUDA::cudart_static)
+    target_compile_features(${lib}_kernels PRIVATE cuda_std_17)
+    set_target_properties(${lib}_kernels PROPERTIES OPBRIDGE_CUDART ON)
+  endif()
+endfunction()
+
+function(opbridge_add_op op)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_TORCH" "LIBRARY;DOMAIN;NAMESPACE;DIR;CUDA_DIR" "")
+  if(arg_UNPARSED_ARGUMENTS)
+    message(FATAL_ERROR "opbridge_add_op(${op}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
+  endif()
+  if(NOT op MATCHES "^[a-z_][a-z0-9_]*$")
+    message(FATAL_ERROR "opbridge_add_op: op name '${op}' must be snake_case (the files are named <op>_*.cpp)")
+  endif()
+  set(lib "${op}")
+  if(arg_LIBRARY)
+    set(lib "${arg_LIBRARY}")
+  endif()
+
+  # ---- the library: declared by the first op that names it, or by the project ----
+  set(declared "")
+  if(TARGET ${lib}_ort)
+    get_target_property(declared ${lib}_ort OPBRIDGE_DOMAIN)
+  endif()
+  if(NOT declared)
+    if(NOT arg_DOMAIN)
+      message(FATAL_ERROR "opbridge_add_op(${op}): DOMAIN <onnx domain> is required for the first op of "
+                          "library ${lib} (e.g. com.example.${lib})")
+    endif()
+    set(extra "")
+    if(arg_NAMESPACE)
+      list(APPEND extra NAMESPACE "${arg_NAMESPACE}")
+    endif()
+    opbridge_add_op_library(${lib} DOMAIN "${arg_DOMAIN}" ${extra})
+  endif()
+  get_target_property(domain ${lib}_ort OPBRIDGE_DOMAIN)
+  get_target_property(ns ${lib}_ort OPBRIDGE_NAMESPACE)
+  if(arg_DOMAIN AND NOT arg_DOMAIN STREQUAL domain)
+    message(FATAL_ERROR "opbridge_add_op(${op}): library ${lib} registers its ops in domain ${domain}, "
+                        "not ${arg_DOMAIN} (one domain per library)")
+  endif()
+  if(arg_NAMESPACE AND NOT arg_NAMESPACE STREQUAL ns)
+    message(FATAL_ERROR "opbridge_add_op(${op}): library ${lib} has torch namespace ${ns}, not ${arg_NAMESPACE}")
+  endif()
+
+  get_target_property(ops_dir ${lib}_ort OPBRIDGE_OPS_DIR)
+  get_target_property(cuda_ops_dir ${lib}_ort OPBRIDGE_CUDA_OPS_DIR)
+  set(dir "${ops_dir}/${op}")
+  if(arg_DIR)
+    get_filename_component(dir "${arg_DIR}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
+  endif()
+  set(cuda_dir "${cuda_ops_dir}/${op}")
+  if(arg_CUDA_DIR)
+    get_filename_component(cuda_dir "${arg_CUDA_DIR}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
+  elseif(arg_DIR AND cuda_ops_dir STREQUAL ops_dir)
+    set(cuda_dir "${dir}")
+  endif()
+
+  foreach(f ${op}_decl.cpp ${op}_ort.cpp)
+    if(NOT EXISTS "${dir}/${f}")
+      message(FATAL_ERROR "opbridge_add_op(${op}): ${dir}/${f} does not exist (every op has a declaration "
+                          "and an ORT op; see docs/cpp.md, \"Writing your own op\")")
+    endif()
+  endforeach()
+
+  get_property(langs GLOBAL PROPERTY ENABLED_LANGUAGES)
+  set(with_cuda OFF)
+  if("CUDA" IN_LIST langs)
+    set(with_cuda ON)
+  endif()
+  set(cu "${cuda_dir}/${op}_kernel.cu")
+  if(NOT EXISTS "${dir}/${op}_cpu.cpp" AND NOT (with_cuda AND EXISTS "${cu}"))
+    message(FATAL_ERROR "opbridge_add_op(${op}): no kernel: ${dir}/${op}_cpu.cpp does not exist"
+                        " (nor, with CUDA enabled, ${cu})")
+  endif()
+
+  # ---- kernels and the declaration ----
+  target_sources(${lib}_kernels PRIVATE "${dir}/${op}_decl.cpp")
+  if(EXISTS "${dir}/${op}_cpu.cpp")
+    target_sources(${lib}_kernels PRIVATE "${dir}/${op}_cpu.cpp")
   endif()
   if(OPBRIDGE_X86_DISPATCH)
     foreach(isa avx2 avx512)
-      set(src ${cpu}/${name}_cpu_${isa}.cpp)
-      if(EXISTS ${src})
-        target_sources(opbridge_kernels PRIVATE ${src})
-        set_source_files_properties(${src} TARGET_DIRECTORY opbridge_kernels
+      set(src "${dir}/${op}_cpu_${isa}.cpp")
+      if(EXISTS "${src}")
+        target_sources(${lib}_kernels PRIVATE "${src}")
+        set_source_files_properties("${src}" TARGET_DIRECTORY ${lib}_kernels
                                     PROPERTIES COMPILE_OPTIONS "${OPBRIDGE_ISA_FLAGS_${isa}}")
       endif()
     endforeach()
   endif()
-  target_sources(opbridge_ort PRIVATE ${cpu}/${name}_ort.cpp)
-  if(TARGET opbridge_torch)
-    target_sources(opbridge_torch PRIVATE ${cpu}/${name}_torch.cpp)
-  endif()
-  if(TARGET _core AND EXISTS ${cpu}/${name}_py.cpp)
-    target_sources(_core PRIVATE ${cpu}/${name}_py.cpp)
-  endif()
-  opbridge_add_cuda_op(${name})
-endfunction()
 
-# opbridge_add_cuda_op(<name>): only the CUDA part of opbridge_add_op (the files under
-# cuda/ops/<name>/, when CUDA is enabled); opbridge_add_op(<name>) calls it.
-function(opbridge_add_cuda_op name)
-  set(gpu ${PROJECT_SOURCE_DIR}/cuda/ops/${name})
-  if(OPBRIDGE_CUDA_ENABLED AND EXISTS ${gpu}/${name}_kernel.cu)
-    target_sources(opbridge_cuda_kernels PRIVATE ${gpu}/${name}_kernel.cu)
-    # The default-stream check re-runs when any of the op's CUDA files changes.
-    foreach(f ${name}.cuh ${name}_math.cuh ${name}_nhwc.cuh ${name}_kernel.cu ${name}_ort.cpp ${name}_torch.cpp)
-      if(EXISTS ${gpu}/${f})
-        set_property(TARGET opbridge_cuda_kernels APPEND PROPERTY OPBRIDGE_CHECKED_SOURCES ${gpu}/${f})
+  # ---- ORT ----
+  target_sources(${lib}_ort PRIVATE "${dir}/${op}_ort.cpp")
+
+  # ---- torch ----
+  get_target_property(lib_no_torch ${lib}_ort OPBRIDGE_NO_TORCH)
+  set(want_torch OFF)
+  if(EXISTS "${dir}/${op}_torch.cpp" AND NOT arg_NO_TORCH AND NOT lib_no_torch)
+    set(want_torch ON)
+    if(NOT TARGET ${lib}_torch)
+      _opbridge_make_torch(${lib} ${op})
+    endif()
+    target_sources(${lib}_torch PRIVATE "${dir}/${op}_torch.cpp")
+  endif()
+
+  # ---- numpy binding ----
+  get_target_property(py_module ${lib}_ort OPBRIDGE_PY_MODULE)
+  if(py_module AND EXISTS "${dir}/${op}_py.cpp")
+    if(TARGET "${py_module}")
+      target_sources(${py_module} PRIVATE "${dir}/${op}_py.cpp")
+    endif()
+  endif()
+
+  # ---- CUDA ----
+  if(NOT with_cuda)
+    get_target_property(made_here ${lib}_ort OPBRIDGE_MADE_HERE)
+    if(made_here AND (EXISTS "${cu}" OR EXISTS "${dir}/${op}_cuda_ort.cpp"))
+      message(STATUS "opbridge_add_op(${op}): CUDA is not enabled in this project; CUDA sources skipped")
+    endif()
+    return()
+  endif()
+  # Adapter names: <op>_cuda_ort.cpp next to the CPU files; <op>_ort.cpp in a CUDA folder of its own.
+  set(cuda_ort "${cuda_dir}/${op}_cuda_ort.cpp")
+  set(cuda_torch "${cuda_dir}/${op}_cuda_torch.cpp")
+  if(NOT cuda_dir STREQUAL dir)
+    if(NOT EXISTS "${cuda_ort}")
+      set(cuda_ort "${cuda_dir}/${op}_ort.cpp")
+    endif()
+    if(NOT EXISTS "${cuda_torch}")
+      set(cuda_torch "${cuda_dir}/${op}_torch.cpp")
+    endif()
+  endif()
+  set(cuda_kernels ${lib}_kernels)
+  if(TARGET ${lib}_cuda_kernels)
+    set(cuda_kernels ${lib}_cuda_kernels)  # opbridge's own: own architectures, default-stream check
+  else()
+    _opbridge_link_cudart(${lib})
+  endif()
+  if(EXISTS "${cu}")
+    target_sources(${cuda_kernels} PRIVATE "${cu}")
+  endif()
+  # The default-stream check (opbridge's superbuild) re-runs when any of the op's CUDA files changes.
+  get_target_property(checked ${cuda_kernels} OPBRIDGE_CHECKED_SOURCES)
+  if(checked)
+    foreach(f "${cuda_dir}/${op}.cuh" "${cu}" "${cuda_ort}" "${cuda_torch}")
+      if(EXISTS "${f}")
+        set_property(TARGET ${cuda_kernels} APPEND PROPERTY OPBRIDGE_CHECKED_SOURCES "${f}")
       endif()
     endforeach()
-    if(EXISTS ${gpu}/${name}_ort.cpp)
-      target_sources(opbridge_ort PRIVATE ${gpu}/${name}_ort.cpp)
+  endif()
+  if(EXISTS "${cuda_ort}")
+    target_sources(${lib}_ort PRIVATE "${cuda_ort}")
+  endif()
+  if(want_torch AND EXISTS "${cuda_torch}")
+    if(TARGET opbridge::torch)
+      get_target_property(torch_cuda opbridge::torch OPBRIDGE_TORCH_HAS_CUDA)
+    else()
+      set(torch_cuda "${OPBRIDGE_TORCH_HAS_CUDA}")  # opbridge's superbuild (opbridge_torch.cmake)
     endif()
-    if(TARGET opbridge_torch AND OPBRIDGE_TORCH_HAS_CUDA AND EXISTS ${gpu}/${name}_torch.cpp)
-      target_sources(opbridge_torch PRIVATE ${gpu}/${name}_torch.cpp)
+    if(torch_cuda)
+      target_sources(${lib}_torch PRIVATE "${cuda_torch}")
+    else()
+      message(STATUS "opbridge_add_op(${op}): torch is a CPU build; ${cuda_torch} skipped")
     endif()
   endif()
 endfunction()

@@ -90,7 +90,7 @@ write_basic_package_version_file("${CMAKE_CURRENT_BINARY_DIR}/opbridgeConfigVers
 install(FILES
   "${CMAKE_CURRENT_BINARY_DIR}/opbridgeConfig.cmake"
   "${CMAKE_CURRENT_BINARY_DIR}/opbridgeConfigVersion.cmake"
-  "${CMAKE_CURRENT_LIST_DIR}/opbridge_user_ops.cmake"
+  "${CMAKE_CURRENT_LIST_DIR}/opbridge_ops.cmake"
   "${CMAKE_CURRENT_LIST_DIR}/opbridge_find_torch.cmake"
   "${CMAKE_CURRENT_LIST_DIR}/ort_exports.map"
   DESTINATION "${_cmakedir}")

@@ -1,7 +1,8 @@
-"""Ops of your own on opbridge: examples/user_op (LogCumSumExp, which ONNX lacks) is built with
-CMake against the installed package (find_package + opbridge_add_op), then used from torch,
-exported with both exporters through opbridge.onnx.declare_op, and run in ONNX Runtime next to
-opbridge's own ops. References are float64 numpy."""
+"""Ops of your own on opbridge: examples/user_op (LogCumSumExp, which ONNX lacks, declared once in
+C++) is built with CMake against the installed package (find_package + opbridge_add_op), then used
+from torch, exported with both exporters (rules derived from its declaration) and run in ONNX
+Runtime next to opbridge's own ops; opbridge.testing.check_op checks it end to end. The legacy
+Python-only opbridge.onnx.declare_op keeps working. References are float64 numpy."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import onnxruntime as ort  # noqa: E402
 
 import opbridge.onnx  # noqa: E402
 import opbridge.ops  # noqa: E402
+import opbridge.testing  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "user_op"
 DOMAIN = "com.example.userops"
@@ -41,6 +43,7 @@ def userops(tmp_path_factory):
     sys.path.insert(0, str(root / "prefix"))
     try:
         import userops
+        import userops.ops  # noqa: F401  (the torch side: extension, fake kernel)
     finally:
         sys.path.remove(str(root / "prefix"))
     return userops
@@ -83,6 +86,31 @@ def test_torch_rejects_bad_input(userops):
         userops.log_cumsum_exp(torch.tensor(1.0), 0)
     with pytest.raises(TypeError, match="float32 or float64"):
         userops.log_cumsum_exp(torch.ones(2, 3, dtype=torch.int64), 0)
+
+
+def test_check_op(userops, rng):
+    # The reference takes the sample's float64 tensors; no gradient formula: gradcheck is skipped.
+    report = opbridge.testing.check_op(
+        "userops::log_cumsum_exp", lambda x, dim: lcse(x.numpy(), dim),
+        [(torch.randn(3, 5) * 40, 1), (torch.randn(2, 3, 4), 0), (torch.randn(6), -1)])
+    assert any(c.name == "gradcheck" and c.status == "skip" for c in report.checks)
+
+
+def test_backward_is_a_clear_error(userops):
+    x = torch.randn(2, 3, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="userops::log_cumsum_exp has no gradient formula"):
+        userops.log_cumsum_exp(x, 1).sum().backward()
+
+
+def test_fake_kernel_from_the_declaration(userops):
+    # torch.export needs the fake kernel; its checks are the C++ ones.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        y = torch.ops.userops.log_cumsum_exp(torch.empty(2, 5), -1)
+        assert y.shape == (2, 5)
+        with pytest.raises(ValueError, match=r"userops::log_cumsum_exp: dim must be in \[-2, 2\)"):
+            torch.ops.userops.log_cumsum_exp(torch.empty(2, 5), 2)
 
 
 def test_ort_library_exports_only_the_entry_points(userops):
@@ -136,8 +164,22 @@ def test_export_and_run_in_ort(userops, tmp_path, rng, dynamo, dtype):
 def test_ort_reports_bad_axis(userops, rng):
     m = single_node_model("LogCumSumExp", DOMAIN, [("X", np.float32, [2, 3])], {"axis": 5})
     sess = ort.InferenceSession(m.SerializeToString(), userops.session_options(), providers=["CPUExecutionProvider"])
-    with pytest.raises(Exception, match=r"com\.example\.userops::LogCumSumExp.*axis must be in \[-2, 2\)"):
+    # The declaration's one message (it names the argument as torch does: dim = ONNX axis).
+    with pytest.raises(Exception, match=r"com\.example\.userops::LogCumSumExp.*dim must be in \[-2, 2\)"):
         sess.run(None, {"X": rng.standard_normal((2, 3)).astype(np.float32)})
+
+
+def test_unknown_attribute_is_caught_where_the_node_is_visible(userops):
+    # ORT cannot list a node's attributes: its kernel reads `axis` and never sees `reverse`.
+    # opbridge.InferenceSession and onnx.checker (through the OpSchema from the declaration) do.
+    m = single_node_model("LogCumSumExp", DOMAIN, [("X", np.float32, [2, 3])], {"axis": 1, "reverse": 1})
+    with pytest.raises(ValueError, match=r"LogCumSumExp \(node .*\): unknown attribute 'reverse'; LogCumSumExp has axis"):
+        opbridge.InferenceSession(m)
+    for d in (2, 3):  # the checker wants the output's shape
+        m.graph.output[0].type.tensor_type.shape.dim.add().dim_value = d
+    with pytest.raises(onnx.checker.ValidationError, match="Unrecognized attribute: reverse"):
+        onnx.checker.check_model(m)
+    assert opbridge.onnx.check_attributes(m)
 
 
 def test_ort_requires_the_axis_attribute(userops):
@@ -146,7 +188,7 @@ def test_ort_requires_the_axis_attribute(userops):
         ort.InferenceSession(m.SerializeToString(), userops.session_options(), providers=["CPUExecutionProvider"])
 
 
-# ---- the declaration helper (uses opbridge's own torch op; no build needed) ----------------
+# ---- the legacy Python-only declaration helper (uses opbridge's own torch op; no build) -----
 def test_declare_op_derives_schema_from_torch():
     decl = opbridge.onnx.declare_op("opbridge::group_norm", domain="com.example.test", op_type="GN",
                                     attributes={"num_groups": "groups"}, register=False)

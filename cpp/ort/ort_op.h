@@ -12,6 +12,7 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "opbridge/dtype.h"
@@ -266,6 +267,13 @@ struct OrtOpContext {
   const OpCall& call;
   const std::string& label;         // "ai.opbridge::GroupNorm (node 'gn1')", for messages
   const std::vector<Input>& inputs;  // in declaration order; present == false when omitted
+
+  // Input `name` (its torch name in the declaration).
+  const Input& in(std::string_view name) const {
+    const int64_t i = call.decl().input_index(name);
+    if (i < 0) fail(ORT_FAIL, label + ": the declaration has no input named '" + std::string(name) + "'");
+    return inputs[static_cast<size_t>(i)];
+  }
 
   // Allocates output `index` with the shape the declaration's rule gives.
   void* output(size_t index) const { return io.output(index, output_shape(call, index)); }

@@ -183,6 +183,8 @@ void define_op(torch::Library& m, const OpDecl& decl) {
   m.def(schema.c_str(), {at::Tag::pt2_compliant_tag});
 }
 
+void CheckedCall::check(const Status& status) const { check_status(status, qualname.c_str()); }
+
 const at::Tensor* Arg::tensor() const {
   if (tensor_ != nullptr) return tensor_->defined() ? tensor_ : nullptr;
   if (opt_ != nullptr && opt_->has_value() && (*opt_)->defined()) return &**opt_;
@@ -190,7 +192,7 @@ const at::Tensor* Arg::tensor() const {
 }
 
 CheckedCall check_call(const OpDecl& decl, const char* qualname, std::initializer_list<Arg> args) {
-  CheckedCall out{OpCall(decl), {}};
+  CheckedCall out{OpCall(decl), {}, qualname};
   TORCH_CHECK(args.size() == decl.args().size(), qualname, ": expected ", decl.args().size(), " arguments, got ",
               args.size());
   const at::Tensor* first = nullptr;

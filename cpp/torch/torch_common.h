@@ -69,11 +69,39 @@ class Arg {
 struct CheckedCall {
   OpCall call;
   std::vector<at::Tensor> host;  // host_memory inputs, contiguous, on the CPU (declaration order)
+  std::string qualname;          // "namespace::op", the prefix of messages
+
+  // Throws a non-ok status (e.g. the kernel's) as the matching torch exception, prefixed with
+  // the op's name, as check_status does.
+  void check(const Status& status) const;
 };
 // Runs the declaration's checks on a call (arguments in schema order) and throws the matching
 // torch exception ("<qualname>: <message>") when they fail; tensor inputs other than
 // host_memory ones must be on the first input's device.
 CheckedCall check_call(const OpDecl& decl, const char* qualname, std::initializer_list<Arg> args);
+
+// ---- the library's torch namespace ----
+// opbridge_add_op() compiles a library's torch sources with OPBRIDGE_TORCH_NAMESPACE defined to
+// the library's NAMESPACE, so that op files need not restate it:
+//   OPBRIDGE_TORCH_LIBRARY_FRAGMENT(m) { define_op(m, my_op_decl()); }
+//   OPBRIDGE_TORCH_LIBRARY_IMPL(CPU, m) { m.impl("my_op", &my_op_cpu); }
+//   check_call(my_op_decl(), {x, weight, eps})   // messages start with "<namespace>::my_op: "
+#ifdef OPBRIDGE_TORCH_NAMESPACE
+#define OPBRIDGE_TORCH_STR_(x) #x
+#define OPBRIDGE_TORCH_STR(x) OPBRIDGE_TORCH_STR_(x)
+// One more level of macros, so that OPBRIDGE_TORCH_NAMESPACE is expanded before torch's macros
+// paste and stringify it.
+#define OPBRIDGE_TORCH_FRAGMENT_(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
+#define OPBRIDGE_TORCH_IMPL_(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+#define OPBRIDGE_TORCH_LIBRARY_FRAGMENT(m) OPBRIDGE_TORCH_FRAGMENT_(OPBRIDGE_TORCH_NAMESPACE, m)
+#define OPBRIDGE_TORCH_LIBRARY_IMPL(key, m) OPBRIDGE_TORCH_IMPL_(OPBRIDGE_TORCH_NAMESPACE, key, m)
+inline constexpr const char* kTorchNamespace = OPBRIDGE_TORCH_STR(OPBRIDGE_TORCH_NAMESPACE);
+// "<namespace>::<op>", the torch name of a declared op of this library.
+inline std::string qualname(const OpDecl& decl) { return std::string(kTorchNamespace) + "::" + decl.name(); }
+inline CheckedCall check_call(const OpDecl& decl, std::initializer_list<Arg> args) {
+  return check_call(decl, qualname(decl).c_str(), args);
+}
+#endif
 
 // at::parallel_for, so kernels follow torch.set_num_threads.
 ParallelFor torch_parallel();

@@ -18,6 +18,7 @@ import ctypes
 import functools
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -366,6 +367,11 @@ def register_library(ort_path: str | os.PathLike, namespace: str | None = None,
             if other.domain == lib.domain and os.path.realpath(other.path) != key:
                 raise ValueError(f"{lib.path} registers domain {lib.domain!r}, which {other.path} already uses")
         _registered[key] = lib
+        # Where opbridge.onnx is in use, onnx learns the new ops' OpSchemas now (onnx.checker,
+        # shape inference, the check for unknown attributes); its import registers the others.
+        script = sys.modules.get("opbridge.onnx._script")
+        if script is not None:
+            script.register_schemas()
     else:
         if namespace is not None and lib.namespace is None:
             lib.namespace = namespace

@@ -1,4 +1,4 @@
-"""The ``opbridge`` command line: info, demo, check, optimize, --cmake-dir."""
+"""The ``opbridge`` command line: info, demo, check, optimize, new-op, --cmake-dir."""
 
 from __future__ import annotations
 
@@ -70,6 +70,19 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
                          runs=args.runs, tolerance=args.tolerance, seed=args.seed)
 
 
+def _cmd_new_op(args: argparse.Namespace) -> int:
+    from ._newop import new_op
+
+    try:
+        made = new_op(args.name, dir=args.dir, namespace=args.namespace, domain=args.domain, cuda=args.cuda)
+    except ValueError as e:
+        print(f"opbridge new-op: {e}", file=sys.stderr)
+        return 2
+    print(made)
+    print(f"next: pip install --no-build-isolation {made.dir} && python -m pytest -q {made.dir / 'tests'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="opbridge", description=__doc__)
     p.add_argument("--cmake-dir", action="store_true",
@@ -116,6 +129,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="max |rewritten - original| allowed, relative to max(1, max |original|) per output "
                         "(default: 1e-3 for float32/float64, 2e-2 for float16, 5e-2 for bfloat16)")
     o.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
+    n = sub.add_parser(
+        "new-op",
+        help="scaffold a project of your own op (declaration, CPU kernels, ORT and torch adapters, Python "
+        "package, tests), or add an op to such a project",
+    )
+    n.add_argument("name", help="the op's snake_case name, e.g. rms_norm")
+    n.add_argument("--dir", default=None, help="the project folder (default: ./NAME); an existing project gets the op added")
+    n.add_argument("--namespace", default=None,
+                   help="torch namespace, C++ namespace and Python package (default: the folder's name)")
+    n.add_argument("--domain", default=None, help="ONNX domain of the ops (default: com.example.NAMESPACE)")
+    n.add_argument("--cuda", action="store_true", help="also a CUDA launcher and its ORT and torch CUDA adapters")
     args = p.parse_args(argv)
     if args.cmake_dir:
         from ._cmake import cmake_dir
@@ -124,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd is None:
         p.error("a command is required (info, demo, check, optimize) unless --cmake-dir is given")
+        p.error("a command is required (info, demo, check, new-op) unless --cmake-dir is given")
     if args.cmd == "info":
         return _cmd_info(args)
     if args.cmd == "demo":
@@ -132,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_check(args)
     if args.cmd == "optimize":
         return _cmd_optimize(args)
+    if args.cmd == "new-op":
+        return _cmd_new_op(args)
     p.error(f"unknown command {args.cmd}")
     return 2
 

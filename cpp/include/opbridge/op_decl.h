@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "opbridge/dtype.h"
 #include "opbridge/status.h"
 
 namespace opbridge {
@@ -65,6 +66,27 @@ const char* elem_type_name(ElemType t);
 inline const std::vector<ElemType> kFloatTypes = {ElemType::kFloat32, ElemType::kFloat64, ElemType::kFloat16,
                                                   ElemType::kBFloat16};
 inline const std::vector<ElemType> kFloat32And64 = {ElemType::kFloat32, ElemType::kFloat64};
+
+// The ElemType of a kernel element type: float, double, Half, BFloat16.
+template <class T> constexpr ElemType elem_type_of();
+template <> constexpr ElemType elem_type_of<float>() { return ElemType::kFloat32; }
+template <> constexpr ElemType elem_type_of<double>() { return ElemType::kFloat64; }
+template <> constexpr ElemType elem_type_of<Half>() { return ElemType::kFloat16; }
+template <> constexpr ElemType elem_type_of<BFloat16>() { return ElemType::kBFloat16; }
+
+// Runs the kernel instantiation for element type `t` among Ts, in adapters (torch and ORT alike):
+//   return dispatch<float, double>(call.in("x").type, [&](auto tag) {
+//     using T = decltype(tag);
+//     return my_op_cpu<T>(...);   // a Status
+//   });
+// Only the listed types are instantiated (kernels need not exist for others); a type not among
+// them is a TypeError (the declaration's types normally keep it out before this runs).
+template <class... Ts, class F>
+Status dispatch(ElemType t, F&& f) {
+  Status result = Status::TypeError(std::string("unsupported element type ") + elem_type_name(t));
+  (void)((t == elem_type_of<Ts>() ? (result = f(Ts{}), true) : false) || ...);
+  return result;
+}
 
 enum class AttrType : int32_t { kInt = 0, kFloat = 1, kString = 2, kBool = 3, kInts = 4, kFloats = 5 };
 const char* attr_type_name(AttrType t);  // "an int", "a float", "a string", ...

@@ -88,8 +88,19 @@ class DeclaredRules:
                                       f"the export uses {opset}")
         return fn, opset
 
+    def loaded(self) -> bool:
+        """Whether the torch op exists (a registered library's torch extension may not be loaded:
+        then no model can contain the op, and it needs no rules)."""
+        try:
+            self.overload()
+            return True
+        except (AttributeError, RuntimeError):
+            return False
+
     def translations(self, cfg: ExportConfig) -> dict:
         from ._declared import translation
+        if not self.loaded():
+            return {}
         if cfg.lowering_for(self.OPS) == "custom":
             return {self.overload(): translation(self.op)}
         fn, opset = self._standard(cfg, dynamo=True)
@@ -107,6 +118,8 @@ class DeclaredRules:
 
     def symbolics(self, cfg: ExportConfig) -> dict:
         from ._declared import _TS_DESC, symbolic
+        if not self.loaded():
+            return {}
         if cfg.lowering_for(self.OPS) == "custom":
             return {self.op.qualname: symbolic(self.op)}
         fn, _ = self._standard(cfg, dynamo=False)

@@ -14,7 +14,7 @@ from .._library import load_torch_library
 
 load_torch_library()
 
-__all__: list[str] = ["register_autograd"]
+__all__: list[str] = ["register_autograd", "register_library_ops"]
 for _m in pkgutil.iter_modules(__path__):
     if _m.name.startswith("_"):
         continue

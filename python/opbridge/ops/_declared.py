@@ -4,9 +4,10 @@
   through the ORT library) on every size that is known, and the output rule evaluated on the
   input sizes, so that symbolic sizes stay symbolic under torch.export / torch.compile;
 * autograd safety: :func:`register_autograd` registers a backward formula and, unless the
-  formula is itself differentiable, makes second-order gradients a clear error instead of
-  silently treating the first-order gradient as a constant; a declared op with no formula at
-  all raises a clear error on backward.
+  formula is itself differentiable (or a differentiable form of the op is given for higher
+  orders), makes second-order gradients a clear error instead of silently treating the
+  first-order gradient as a constant; a declared op with no formula at all raises a clear error
+  on backward. :func:`gradient_order` says which orders an op implements (opbridge.testing uses it).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from .._decl import CheckError, OpDecl, OpLibrary
 
-__all__ = ["register_autograd", "register_library_ops", "signature"]
+__all__ = ["gradient_order", "register_autograd", "register_library_ops", "signature"]
 
 _TORCH_ELEM = {
     torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6, torch.int64: 7,
@@ -28,6 +29,22 @@ _TORCH_ELEM = {
 
 _done: set[str] = set()
 _autograd: set[str] = set()
+# qualname -> the highest order of gradients implemented (0: none; 1: first; 2: any order).
+_orders: dict[str, int] = {}
+# qualname -> the differentiable form of the op given as double_backward (for opbridge.testing).
+_differentiable: dict[str, Callable] = {}
+
+
+def gradient_order(qualname: str) -> int | None:
+    """0 when the op has no gradient formula, 1 when only first-order gradients are implemented
+    (differentiating them raises NotImplementedError), 2 when gradients of every order are;
+    None when nothing registered with opbridge knows the op."""
+    return _orders.get(qualname)
+
+
+def differentiable_form(qualname: str) -> Callable | None:
+    """The torch-ops form of the op given to register_autograd(double_backward=...), if any."""
+    return _differentiable.get(qualname)
 
 
 def signature(op: OpDecl) -> inspect.Signature:
@@ -122,12 +139,22 @@ class _NoDoubleBackward(torch.autograd.Function):
 
 
 def register_autograd(qualname: str, backward: Callable, *, setup_context: Callable,
-                      double_backward: bool = False) -> None:
+                      double_backward: bool | Callable = False) -> None:
     """``torch.library.register_autograd`` for an op of ours or yours, never silently wrong at
-    second order: with ``double_backward=False`` (a backward computed by a kernel that has no
-    gradient of its own) differentiating the gradients raises NotImplementedError naming the op;
-    pass True only when ``backward`` is made of differentiable torch ops."""
-    if double_backward:
+    second order. ``double_backward``:
+
+    * False: ``backward`` runs a kernel that has no gradient of its own; differentiating the
+      gradients (``create_graph=True``) raises NotImplementedError naming the op;
+    * True: ``backward`` is made of differentiable torch ops;
+    * a function: the op written with differentiable torch ops, with the op's signature. First-order
+      gradients come from ``backward`` (your kernel); where the gradients must themselves be
+      differentiable (``create_graph=True``: double backward, Hessian-vector products), they are
+      computed by differentiating this function at the op's inputs instead.
+    """
+    if callable(double_backward):
+        _register_with_differentiable_form(qualname, backward, setup_context, double_backward)
+        _differentiable[qualname] = double_backward
+    elif double_backward:
         torch.library.register_autograd(qualname, backward, setup_context=setup_context)
     else:
 
@@ -151,6 +178,44 @@ def register_autograd(qualname: str, backward: Callable, *, setup_context: Calla
 
         torch.library.register_autograd(qualname, guarded, setup_context=setup_context)
     _autograd.add(qualname)
+    _orders[qualname] = 2 if double_backward else 1
+
+
+def _register_with_differentiable_form(qualname: str, backward: Callable, setup_context: Callable,
+                                       form: Callable) -> None:
+    def setup(ctx: Any, inputs: Any, output: Any) -> None:
+        setup_context(ctx, inputs, output)
+        # The inputs themselves (not detached copies): differentiating `form` at them connects
+        # the gradients to the graph that produced them. Their versions guard against in-place
+        # changes between forward and backward, as saved tensors are guarded.
+        ctx._opbridge_inputs = tuple(inputs)
+        ctx._opbridge_versions = tuple(t._version if isinstance(t, torch.Tensor) else None for t in inputs)
+
+    def wrapped(ctx: Any, *grads: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return backward(ctx, *grads)
+        inputs = ctx._opbridge_inputs
+        for t, v in zip(inputs, ctx._opbridge_versions):
+            if isinstance(t, torch.Tensor) and t._version != v:
+                raise RuntimeError(f"{qualname}: an input of the forward was modified in place before backward; "
+                                   "its gradients would be wrong")
+        wanted = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and ctx.needs_input_grad[i]]
+        result: list = [None] * len(inputs)
+        if not wanted:
+            return tuple(result)
+        with torch.enable_grad():
+            outs = form(*inputs)
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and isinstance(o, torch.Tensor) and o.requires_grad]
+        if not pairs:
+            return tuple(result)
+        got = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted], [g for _, g in pairs],
+                                  create_graph=True, allow_unused=True)
+        for i, g in zip(wanted, got):
+            result[i] = g
+        return tuple(result)
+
+    torch.library.register_autograd(qualname, wrapped, setup_context=setup)
 
 
 def _no_gradient(qualname: str) -> None:
@@ -161,14 +226,23 @@ def _no_gradient(qualname: str) -> None:
         raise NotImplementedError(f"{qualname} has no gradient formula (it is not differentiable in opbridge)")
 
     torch.library.register_autograd(qualname, backward, setup_context=setup)
+    _orders[qualname] = 0
 
 
 def register_library_ops(lib: OpLibrary, *, modules: dict[str, Any] | None = None) -> None:
     """Registers, for every declared op of ``lib`` whose torch op exists, the fake kernel from
     its declaration and — where nothing registered a gradient formula — a backward that raises.
-    Idempotent. ``modules``: op name -> the Python module that registered its formula (ours)."""
+    Loads the library's torch extension first where it has one (``torch_path``). Idempotent.
+    ``modules``: op name -> the Python module that registered its formula (ours)."""
     if lib.namespace is None:
         return
+    if lib.torch_path is not None:
+        lib.load_torch()
+        ns = getattr(torch.ops, lib.namespace)
+        if not any(hasattr(ns, op.name) for op in lib.ops.values()):
+            raise ValueError(f"{lib.torch_path} defines none of its library's ops ({', '.join(sorted(lib.ops))}) in "
+                             f"torch namespace {lib.namespace!r}: is the namespace the one the library was built "
+                             "with (opbridge_add_op's NAMESPACE)?")
     for op in lib.ops.values():
         qual = op.qualname
         if qual in _done:

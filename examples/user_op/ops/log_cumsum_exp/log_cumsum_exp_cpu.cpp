@@ -1,29 +1,10 @@
 // LogCumSumExp CPU kernel (framework-free).
 #include <algorithm>
 #include <cmath>
-#include <string>
 
-#include "userops/log_cumsum_exp.h"
+#include "log_cumsum_exp.h"
 
 namespace userops {
-
-opbridge::Status log_cumsum_exp_check(const std::vector<int64_t>& shape, int64_t axis, ScanDims* dims,
-                                      const char* axis_name) {
-  const int64_t rank = static_cast<int64_t>(shape.size());
-  if (rank < 1) return opbridge::Status::InvalidArgument("x must have rank >= 1, got a scalar");
-  if (axis < -rank || axis >= rank) {
-    return opbridge::Status::InvalidArgument(std::string(axis_name) + " must be in [-" + std::to_string(rank) + ", " +
-                                             std::to_string(rank) + ") for x of rank " + std::to_string(rank) +
-                                             ", got " + std::to_string(axis));
-  }
-  if (axis < 0) axis += rank;
-  ScanDims d;
-  for (int64_t i = 0; i < axis; ++i) d.outer *= shape[i];
-  d.len = shape[axis];
-  for (int64_t i = axis + 1; i < rank; ++i) d.inner *= shape[i];
-  *dims = d;
-  return opbridge::Status::Ok();
-}
 
 namespace {
 

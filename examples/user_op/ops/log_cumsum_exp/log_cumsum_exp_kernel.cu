@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "userops/log_cumsum_exp.cuh"
+#include "log_cumsum_exp.cuh"
 
 namespace userops {
 namespace {

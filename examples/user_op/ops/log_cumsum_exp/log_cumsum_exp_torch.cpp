@@ -1,42 +1,35 @@
-// torch op userops::log_cumsum_exp(Tensor x, int dim): schema and CPU implementation, on
-// opbridge's torch adapter helpers. Light headers only (compile time).
+// torch op userops::log_cumsum_exp(Tensor x, int dim): schema and checks from the declaration
+// (log_cumsum_exp_decl.cpp), CPU implementation here; the fake kernel comes from the declaration
+// too. Light headers only (compile time).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include <opbridge/torch/torch_common.h>
 
-#include "userops/log_cumsum_exp.h"
+#include "log_cumsum_exp.h"
 
 namespace userops {
 namespace {
 
-constexpr const char* kOp = "userops::log_cumsum_exp";
+using namespace opbridge::torch_adapter;
 
 at::Tensor log_cumsum_exp_cpu_impl(const at::Tensor& x, int64_t dim) {
-  TORCH_CHECK_TYPE(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, kOp,
-                   ": x must be float32 or float64, got ", x.scalar_type());
-  ScanDims dims;
-  opbridge::torch_adapter::check_status(log_cumsum_exp_check(x.sizes().vec(), dim, &dims, "dim"), kOp);
+  const CheckedCall c = check_call(log_cumsum_exp_decl(), {x, dim});
   const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
-  const auto pf = opbridge::torch_adapter::torch_parallel();
-  if (x.scalar_type() == at::kFloat) {
-    opbridge::torch_adapter::check_status(
-        log_cumsum_exp_cpu<float>(xc.const_data_ptr<float>(), y.mutable_data_ptr<float>(), dims, pf), kOp);
-  } else {
-    opbridge::torch_adapter::check_status(
-        log_cumsum_exp_cpu<double>(xc.const_data_ptr<double>(), y.mutable_data_ptr<double>(), dims, pf), kOp);
-  }
+  at::Tensor y = at::empty_like(xc);
+  const ScanDims d = log_cumsum_exp_dims(c.call);
+  c.check(opbridge::dispatch<float, double>(c.call.in("x").type, [&](auto tag) {
+    using T = decltype(tag);
+    return log_cumsum_exp_cpu<T>(ptr<T>(xc), mutable_ptr<T>(y), d, torch_parallel());
+  }));
   return y;
 }
 
 }  // namespace
 
-TORCH_LIBRARY(userops, m) {
-  m.def("log_cumsum_exp(Tensor x, int dim) -> Tensor", {at::Tag::pt2_compliant_tag});
-}
-
-TORCH_LIBRARY_IMPL(userops, CPU, m) { m.impl("log_cumsum_exp", &log_cumsum_exp_cpu_impl); }
+// The namespace (userops) is opbridge_add_op's NAMESPACE.
+OPBRIDGE_TORCH_LIBRARY_FRAGMENT(m) { define_op(m, log_cumsum_exp_decl()); }
+OPBRIDGE_TORCH_LIBRARY_IMPL(CPU, m) { m.impl("log_cumsum_exp", &log_cumsum_exp_cpu_impl); }
 
 }  // namespace userops

@@ -1,24 +1,24 @@
 """userops: LogCumSumExp, an op of our own built on opbridge (see examples/user_op/).
 
     import userops
-    y = userops.log_cumsum_exp(x, dim=-1)              # torch (CPU)
+    y = userops.log_cumsum_exp(x, dim=-1)              # torch (CPU); loads the torch side
     opbridge.onnx.export(model, (x,), "m.onnx")        # -> com.example.userops::LogCumSumExp
-    so = userops.session_options()                      # ORT: userops' and opbridge's ops
+    so = userops.session_options()                      # ORT: userops' and opbridge's ops, no torch
+
+The ORT side needs no torch; where torch is installed, importing the package also imports
+``userops.ops``, which loads the torch extension and registers the fake kernel from the declaration.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from pathlib import Path
+from typing import Any
 
-import torch
-
-import opbridge
-import opbridge.onnx
-
-DOMAIN = "com.example.userops"
+NAMESPACE = "userops"  # CMakeLists.txt's NAMESPACE
+DOMAIN = "com.example.userops"  # CMakeLists.txt's DOMAIN
 _HERE = Path(__file__).resolve().parent
-
-torch.ops.load_library(str(_HERE / "libuserops_torch.so"))
 
 
 def ort_library_path() -> str:
@@ -26,29 +26,34 @@ def ort_library_path() -> str:
     return str(_HERE / "libuserops_ort.so")
 
 
-def session_options(so=None):
+def torch_library_path() -> str | None:
+    path = _HERE / "libuserops_torch.so"
+    return str(path) if path.is_file() else None
+
+
+def library() -> Any:
+    """userops' library, registered with opbridge (exports, `opbridge check`, opbridge.testing)."""
+    from opbridge._decl import register_library
+
+    return register_library(ort_library_path(), namespace=NAMESPACE, torch_path=torch_library_path())
+
+
+def session_options(so: Any = None) -> Any:
     """onnxruntime.SessionOptions with userops' and opbridge's ops registered."""
-    so = opbridge.session_options(so)
-    so.register_custom_ops_library(ort_library_path())
-    return so
+    import opbridge
+
+    library()
+    return opbridge.session_options(so)
 
 
-def log_cumsum_exp(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """log(cumsum(exp(x), dim)), computed stably (like torch.logcumsumexp); float32/float64, CPU."""
-    return torch.ops.userops.log_cumsum_exp.default(x, dim)
+# The torch side loads with the package where torch is installed (an export must know the op
+# before it traces the model).
+if importlib.util.find_spec("torch") is not None and torch_library_path() is not None:
+    from . import ops  # noqa: F401
 
 
-@torch.library.register_fake("userops::log_cumsum_exp")
-def _log_cumsum_exp_fake(x, dim):
-    torch._check(x.dim() >= 1, lambda: "userops::log_cumsum_exp: x must have rank >= 1, got a scalar")
-    torch._check(-x.dim() <= dim < x.dim(),
-                 lambda: f"userops::log_cumsum_exp: dim must be in [-{x.dim()}, {x.dim()}), got {dim}")
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-# The export glue: torch's `dim` argument becomes the ONNX attribute `axis`.
-LOG_CUMSUM_EXP = opbridge.onnx.declare_op(
-    "userops::log_cumsum_exp", domain=DOMAIN, op_type="LogCumSumExp", attributes={"dim": "axis"},
-    dtypes=("tensor(float)", "tensor(double)"),
-    doc="log(cumsum(exp(X), axis)), computed stably (running maximum).",
-)
+def __getattr__(name: str) -> Any:
+    if name.startswith("_"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    ops = importlib.import_module(".ops", __name__)
+    return ops if name == "ops" else getattr(ops, name)

@@ -3,7 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "userops/log_cumsum_exp.h"
+#include "log_cumsum_exp.h"
 
 namespace userops {
 

@@ -6,31 +6,27 @@
 // the maximum grows, so every exp() it takes is of a value <= 0.
 //
 // Framework-free, like opbridge's own kernels: raw pointers, the caller's ParallelFor, a Status.
+// The op's contract (arguments, types, checks) is its declaration, log_cumsum_exp_decl.cpp.
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
-#include "opbridge/parallel.h"
-#include "opbridge/status.h"
+#include <opbridge/op_decl.h>
+#include <opbridge/parallel.h>
+#include <opbridge/status.h>
 
 namespace userops {
 
-// The ONNX op type in this library's domain: the contract with the Python export declaration.
-inline constexpr const char* kLogCumSumExpOpType = "LogCumSumExp";
+// The declaration: torch userops::log_cumsum_exp(Tensor x, int dim), ONNX
+// com.example.userops::LogCumSumExp(X) with attribute axis.
+const opbridge::OpDecl& log_cumsum_exp_decl();
 
 // x viewed as [outer, len, inner] around the scanned axis.
 struct ScanDims {
   int64_t outer = 1, len = 1, inner = 1;
 };
-
-// Validates the axis (-rank <= axis < rank; rank >= 1) and computes the [outer, len, inner] view.
-//   shape:     the dimensions of x
-//   axis:      the axis to scan; negative counts from the end
-//   dims:      output
-//   axis_name: how the caller's API names the axis in messages ("axis" in ONNX, "dim" in torch)
-opbridge::Status log_cumsum_exp_check(const std::vector<int64_t>& shape, int64_t axis, ScanDims* dims,
-                                      const char* axis_name = "axis");
+// The view of a call that passed the declaration's checks (torch and ORT both have one).
+ScanDims log_cumsum_exp_dims(const opbridge::OpCall& call);
 
 // CPU kernel. x and y: contiguous [outer, len, inner]; y may not alias x. T is float or double.
 template <class T>

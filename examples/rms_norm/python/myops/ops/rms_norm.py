@@ -1,0 +1,35 @@
+"""myops::rms_norm in torch: the Python function and the autograd formula."""
+
+from __future__ import annotations
+
+import torch
+from opbridge.ops import register_autograd
+
+__all__ = ["rms_norm"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """x / sqrt(mean(x**2, -1) + eps) * weight, one weight per channel (the last dimension of x);
+    float32/float64. Exports to ONNX as com.example.myops::RmsNorm."""
+    return torch.ops.myops.rms_norm.default(x, weight, eps)
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _backward(ctx, grad):
+    # First-order gradients from the C++ backward kernel.
+    x, weight = ctx.saved_tensors
+    grad_x, grad_weight = torch.ops.myops.rms_norm_backward.default(grad, x, weight, ctx.eps)
+    return grad_x, grad_weight, None
+
+
+def _differentiable(x, weight, eps=1e-5):
+    # The op in torch ops: higher-order gradients (double backward) differentiate this.
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+register_autograd("myops::rms_norm", _backward, setup_context=_setup_context, double_backward=_differentiable)

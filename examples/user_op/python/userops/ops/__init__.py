@@ -1,0 +1,20 @@
+"""The torch side of userops: loads the torch extension and registers the fake kernel of each
+declared op (from its declaration). LogCumSumExp has no gradient formula here: backward through
+it raises a clear NotImplementedError."""
+
+from __future__ import annotations
+
+import torch
+from opbridge.ops import register_library_ops
+
+from .. import library
+
+__all__ = ["log_cumsum_exp"]
+
+register_library_ops(library())
+
+
+def log_cumsum_exp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """log(cumsum(exp(x), dim)), computed stably (like torch.logcumsumexp); float32/float64, CPU.
+    Exports to ONNX as com.example.userops::LogCumSumExp (attribute axis = dim)."""
+    return torch.ops.userops.log_cumsum_exp.default(x, dim)

@@ -1,0 +1,479 @@
+"""``opbridge.testing.check_op``: what a test suite calls to check a declared op end to end.
+
+One call runs, for every sample and dtype:
+
+* the op against a float64 reference function you write (independently of the kernel);
+* ``torch.library.opcheck`` (schema, fake kernel, autograd registration, AOT dispatch);
+* ``torch.autograd.gradcheck`` where the op is differentiable, ``gradgradcheck`` where it is
+  differentiable twice, and otherwise that second-order gradients are a clear error;
+* export with both exporters (dynamo, TorchScript) in each lowering the op has ("custom", plus
+  "standard" where one is registered), the ONNX checker, and ONNX Runtime (CPU, and CUDA where this
+  onnxruntime has it) against torch;
+* the op on a CUDA device against the reference where torch has one.
+
+Failures are collected and reported together, one line each with the numbers that matter, in an
+:class:`OpCheckError` (an AssertionError, so pytest shows the report)::
+
+    import opbridge.testing
+    opbridge.testing.check_op("myops::rms_norm", reference, samples=[(x, weight, 1e-6), (x2, weight2)])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+__all__ = ["CheckReport", "OpCheckError", "check_op", "default_tolerances"]
+
+_ELEM_DTYPES = {1: torch.float32, 11: torch.float64, 10: torch.float16, 16: torch.bfloat16}
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float16: "float16",
+                torch.bfloat16: "bfloat16"}
+_NP = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
+
+
+def default_tolerances() -> dict:
+    """(rtol, atol) per dtype for comparisons with the float64 reference and between torch and
+    ONNX Runtime: a few units in the last place of each type, scaled for reductions."""
+    return {torch.float64: (1e-9, 1e-9), torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 1e-3),
+            torch.bfloat16: (2e-2, 1e-2)}
+
+
+class OpCheckError(AssertionError):
+    """check_op found problems; the message is the whole report."""
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # "ok", "FAIL", "skip"
+    detail: str = ""
+
+
+@dataclass
+class CheckReport:
+    """Every check check_op ran, in order."""
+
+    op: str
+    checks: list = field(default_factory=list)
+
+    @property
+    def failures(self) -> list:
+        return [c for c in self.checks if c.status == "FAIL"]
+
+    def add(self, name: str, status: str, detail: str = "") -> None:
+        self.checks.append(Check(name, status, detail))
+
+    def __str__(self) -> str:
+        n = {s: sum(c.status == s for c in self.checks) for s in ("ok", "FAIL", "skip")}
+        lines = [f"check_op({self.op}): {n['FAIL']} failed, {n['ok']} passed, {n['skip']} skipped"]
+        # Failures first: they are what the reader needs.
+        for c in sorted(self.checks, key=lambda c: {"FAIL": 0, "skip": 1, "ok": 2}[c.status]):
+            text = f"  {c.status:4s}  {c.name}"
+            if c.detail:
+                text += ": " + c.detail.replace("\n", "\n          ")
+            lines.append(text)
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _resolve(op: Any) -> tuple[Any, Any]:
+    """(OpDecl, torch OpOverload) of ``op``: "namespace::name", a torch op, or an OpDecl."""
+    from ._decl import OpDecl, libraries
+
+    if isinstance(op, OpDecl):
+        qualname = op.qualname
+    elif isinstance(op, str):
+        qualname = op
+    elif isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        qualname = op._qualified_op_name if hasattr(op, "_qualified_op_name") else op.name()
+        qualname = qualname.split(".")[0]
+    else:
+        raise TypeError(f"op must be 'namespace::name', a torch op or an OpDecl, got {type(op).__name__}")
+    if "::" not in qualname:
+        raise ValueError(f"op must be 'namespace::name' (e.g. 'opbridge::group_norm'), got {qualname!r}")
+    ns, name = qualname.split("::", 1)
+
+    def find() -> Any:
+        return next((lib.ops[name] for lib in libraries() if lib.namespace == ns and name in lib.ops), None)
+
+    decl = find()
+    if decl is None:  # perhaps a library an installed package announces
+        from ._decl import discover
+
+        discover()
+        decl = find()
+    if decl is None:
+        known = sorted(o.qualname for lib in libraries() if lib.namespace for o in lib.ops.values())
+        raise ValueError(f"{qualname} is not a declared op of any library opbridge knows ({', '.join(known)}); "
+                         "register its library first (opbridge._decl.register_library, or import the package "
+                         "that provides it)")
+    try:
+        overload = getattr(getattr(torch.ops, ns), name).default
+    except (AttributeError, RuntimeError) as e:
+        raise ValueError(f"{qualname}: no torch op of that name; import the module that loads the library's torch "
+                         "extension and registers its autograd (for a package made by `opbridge new-op`: "
+                         "<package>.ops)") from e
+    return decl, overload
+
+
+def _cast(args: Sequence[Any], dtype: torch.dtype, device: str = "cpu") -> tuple:
+    """Floating tensors to `dtype` and every tensor to `device`; other arguments as they are."""
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            a = a.detach().to(device)
+            if a.is_floating_point():
+                a = a.to(dtype)
+            out.append(a.clone())
+        else:
+            out.append(a)
+    return tuple(out)
+
+
+def _as_tuple(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        return value.to(torch.float64).numpy() if value.is_floating_point() else value.numpy()
+    return np.asarray(value)
+
+
+def _compare(got: Any, expected: Any, rtol: float, atol: float) -> str:
+    """"" when got matches expected (NaN where expected has NaN), else what differs."""
+    g = _to_numpy(got).astype(np.float64) if np.issubdtype(_to_numpy(got).dtype, np.floating) else _to_numpy(got)
+    e = np.asarray(_to_numpy(expected))
+    if g.shape != e.shape:
+        return f"shape {tuple(g.shape)}, expected {tuple(e.shape)}"
+    if g.size == 0:
+        return ""
+    e = e.astype(np.float64)
+    nan_g, nan_e = np.isnan(g), np.isnan(e)
+    if (nan_g != nan_e).any():
+        idx = tuple(int(i) for i in np.argwhere(nan_g != nan_e)[0])
+        return f"NaN where the other has none at index {idx} (got {g[idx]!r}, expected {e[idx]!r})"
+    ok = np.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+    if ok.all():
+        return ""
+    err = np.where(ok, 0.0, np.abs(g - e))
+    idx = tuple(int(i) for i in np.unravel_index(np.nanargmax(err), err.shape))
+    return (f"{int((~ok).sum())} of {ok.size} elements differ; worst at index {idx}: got {g[idx]:.8g}, "
+            f"expected {e[idx]:.8g} (|diff| {abs(g[idx] - e[idx]):.3g} > atol {atol:g} + rtol {rtol:g} * |expected|)")
+
+
+def _compare_all(got: Any, expected: Any, rtol: float, atol: float) -> str:
+    g, e = _as_tuple(got), _as_tuple(expected)
+    if len(g) != len(e):
+        return f"{len(g)} outputs, the reference gave {len(e)}"
+    problems = []
+    for k, (a, b) in enumerate(zip(g, e)):
+        p = _compare(a, b, rtol, atol)
+        if p:
+            problems.append(p if len(g) == 1 else f"output {k}: {p}")
+    return "; ".join(problems)
+
+
+def _error(e: BaseException, lines: int = 6) -> str:
+    text = f"{type(e).__name__}: {e}".strip()
+    parts = text.splitlines()
+    return "\n".join(parts[:lines]) + (" ..." if len(parts) > lines else "")
+
+
+def _differentiable_args(args: Sequence[Any]) -> list[int]:
+    """Positions of floating tensor arguments (the ones gradients are taken for)."""
+    return [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+
+
+class _OpModule(torch.nn.Module):
+    """The op as a model whose inputs are the sample's tensors (attributes are constants)."""
+
+    def __init__(self, overload: Any, args: Sequence[Any]) -> None:
+        super().__init__()
+        self.overload = overload
+        self.positions = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        self.template = [None if i in self.positions else a for i, a in enumerate(args)]
+
+    def forward(self, *tensors: torch.Tensor) -> Any:
+        args = list(self.template)
+        for i, t in zip(self.positions, tensors):
+            args[i] = t
+        return self.overload(*args)
+
+
+# ---------------------------------------------------------------- the checks
+
+
+def check_op(
+    op: Any,
+    reference: Callable,
+    samples: Iterable[Sequence[Any]],
+    *,
+    dtypes: Sequence[torch.dtype] | None = None,
+    tolerances: Mapping[torch.dtype, tuple[float, float]] | None = None,
+    opcheck: bool = True,
+    gradcheck: bool = True,
+    export: bool = True,
+    exporters: Sequence[str] = ("dynamo", "torchscript"),
+    lowerings: Sequence[str] | None = None,
+    export_samples: int = 1,
+    cuda: bool = True,
+    raise_on_failure: bool = True,
+) -> CheckReport:
+    """Checks a declared op (ours or yours) end to end; raises OpCheckError with the report when
+    anything fails, else returns the report.
+
+    op: ``"namespace::name"`` (e.g. ``"opbridge::group_norm"``, ``"myops::rms_norm"``), the torch op,
+        or its OpDecl. Its library must be known to opbridge (``register_library``; packages made
+        by ``opbridge new-op`` register theirs on import of their ``ops``).
+    reference: the float64 reference, called with each sample's arguments (floating tensors as
+        float64 CPU tensors, other arguments as given); returns a tensor or numpy array, or a
+        tuple of them for several outputs. Write it independently of the kernel.
+    samples: argument tuples in the op's argument order (trailing arguments with defaults may be
+        left out). Floating tensors are cast to each dtype; use fresh random values, not zeros.
+    dtypes: the floating dtypes to run (default: those the declaration allows).
+    tolerances: (rtol, atol) per dtype, overriding :func:`default_tolerances`; used against the
+        reference and between ONNX Runtime and torch.
+    opcheck / gradcheck / export / cuda: turn a group of checks off.
+    exporters: "dynamo" and/or "torchscript".
+    lowerings: default "custom", plus "standard" where the op has a standard lowering.
+    export_samples: how many samples (the first ones) to export per dtype, exporter and lowering.
+    raise_on_failure: False returns the report even when checks failed.
+    """
+    decl, overload = _resolve(op)
+    report = CheckReport(decl.qualname)
+    samples = [tuple(s) for s in samples]
+    if not samples:
+        raise ValueError("check_op: give at least one sample (a tuple of the op's arguments)")
+    tol = default_tolerances()
+    tol.update(dict(tolerances or {}))
+    allowed = sorted({_ELEM_DTYPES[t] for types in decl.types.values() for t in types if t in _ELEM_DTYPES},
+                     key=lambda d: list(_DTYPE_NAMES).index(d))
+    dtypes = list(dtypes) if dtypes is not None else allowed
+    for dt in dtypes:
+        if dt not in allowed:
+            report.add(f"dtype {_DTYPE_NAMES.get(dt, dt)}", "FAIL",
+                       f"the declaration of {decl.qualname} allows {[_DTYPE_NAMES[d] for d in allowed]}")
+    dtypes = [d for d in dtypes if d in allowed]
+
+    _check_forward(report, overload, reference, samples, dtypes, tol, "cpu")
+    if cuda and torch.cuda.is_available():
+        _check_forward(report, overload, reference, samples, dtypes, tol, "cuda")
+    elif cuda:
+        report.add("forward on CUDA", "skip", "no CUDA device (torch.cuda.is_available() is False)")
+    if opcheck:
+        _check_opcheck(report, decl, overload, samples, dtypes)
+    if gradcheck:
+        _check_gradients(report, decl, overload, samples)
+    if export:
+        _check_export(report, decl, overload, samples, dtypes, tol, exporters, lowerings, export_samples)
+    if report.failures and raise_on_failure:
+        raise OpCheckError(str(report))
+    return report
+
+
+def _check_forward(report: CheckReport, overload: Any, reference: Callable, samples: list, dtypes: list,
+                   tol: Mapping, device: str) -> None:
+    where = "" if device == "cpu" else f" on {device}"
+    for k, sample in enumerate(samples):
+        try:
+            expected = reference(*_cast(sample, torch.float64))
+        except Exception as e:  # the reference itself failing is the user's to see
+            report.add(f"reference, sample {k}", "FAIL", _error(e))
+            continue
+        for dt in dtypes:
+            name = f"forward {_DTYPE_NAMES[dt]}{where}, sample {k}"
+            try:
+                got = overload(*_cast(sample, dt, device))
+            except NotImplementedError as e:
+                if device != "cpu":
+                    report.add(name, "skip", f"no {device} kernel: {_error(e, 1)}")
+                    return
+                report.add(name, "FAIL", _error(e))
+                continue
+            except Exception as e:
+                report.add(name, "FAIL", _error(e))
+                continue
+            bad = [f"output {i} has dtype {o.dtype}, expected {dt}" for i, o in enumerate(_as_tuple(got))
+                   if isinstance(o, torch.Tensor) and o.is_floating_point() and o.dtype != dt]
+            problem = "; ".join(bad) or _compare_all(got, expected, *tol[dt])
+            report.add(name, "FAIL" if problem else "ok", problem)
+
+
+def _requires_grad(args: Sequence[Any], positions: Sequence[int]) -> tuple:
+    out = list(args)
+    for i in positions:
+        out[i] = out[i].detach().clone().requires_grad_(True)
+    return tuple(out)
+
+
+def _check_opcheck(report: CheckReport, decl: Any, overload: Any, samples: list, dtypes: list) -> None:
+    from .ops._declared import gradient_order
+
+    order = gradient_order(decl.qualname) or 0
+    for k, sample in enumerate(samples):
+        dt = torch.float32 if torch.float32 in dtypes else dtypes[0]
+        args = _cast(sample, dt)
+        if order >= 1:
+            args = _requires_grad(args, _differentiable_args(args))
+        name = f"torch.library.opcheck {_DTYPE_NAMES[dt]}, sample {k}"
+        try:
+            torch.library.opcheck(overload, args)
+            report.add(name, "ok")
+        except Exception as e:
+            report.add(name, "FAIL", _error(e, 10))
+
+
+def _check_gradients(report: CheckReport, decl: Any, overload: Any, samples: list) -> None:
+    from .ops._declared import differentiable_form, gradient_order
+
+    order = gradient_order(decl.qualname)
+    if not order:
+        report.add("gradcheck", "skip", f"{decl.qualname} has no gradient formula")
+        return
+    form = differentiable_form(decl.qualname)
+    for k, sample in enumerate(samples):
+        args = _cast(sample, torch.float64)
+        positions = _differentiable_args(args)
+        if not positions:
+            report.add(f"gradcheck, sample {k}", "skip", "no floating tensor argument")
+            continue
+
+        def fn(*tensors: torch.Tensor, args: tuple = args, positions: list = positions) -> Any:
+            full = list(args)
+            for i, t in zip(positions, tensors):
+                full[i] = t
+            return overload(*full)
+
+        inputs = tuple(args[i].detach().clone().requires_grad_(True) for i in positions)
+        # Fast mode (random projections of the Jacobian) for bigger samples: the full numerical
+        # Jacobian costs one forward per input element.
+        fast = sum(t.numel() for t in inputs) > 512
+        try:
+            torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=fast)
+            report.add(f"gradcheck, sample {k}", "ok")
+        except Exception as e:
+            report.add(f"gradcheck, sample {k}", "FAIL", _error(e, 12))
+            continue
+        if form is not None:
+            # The torch-ops form that higher-order gradients differentiate must be the op.
+            problem = _compare_all(form(*args), overload(*args), 1e-9, 1e-9)
+            report.add(f"differentiable form matches the op, sample {k}", "FAIL" if problem else "ok", problem)
+        if order >= 2:
+            try:
+                torch.autograd.gradgradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-4, fast_mode=fast)
+                report.add(f"gradgradcheck, sample {k}", "ok")
+            except Exception as e:
+                report.add(f"gradgradcheck, sample {k}", "FAIL", _error(e, 12))
+        else:
+            name = f"second-order gradients are a clear error, sample {k}"
+            try:
+                outs = [o for o in _as_tuple(fn(*inputs)) if isinstance(o, torch.Tensor) and o.requires_grad]
+                grads = torch.autograd.grad([o.sum() for o in outs], inputs, create_graph=True, allow_unused=True)
+                total = sum(g.sum() for g in grads if g is not None and g.requires_grad)
+                if isinstance(total, torch.Tensor):
+                    total.backward()
+                report.add(name, "FAIL", "differentiating the gradients succeeded although the op declares first-order "
+                           "gradients only: they would be silently wrong (pass double_backward=True or a "
+                           "differentiable form to register_autograd if they are right)")
+            except NotImplementedError:
+                report.add(name, "ok")
+            except Exception as e:
+                report.add(name, "FAIL", f"expected NotImplementedError, got {_error(e, 3)}")
+
+
+def _lowerings(decl: Any, requested: Sequence[str] | None) -> list[str]:
+    from .onnx._registry import _modules, _standard
+
+    _modules()  # opbridge's own standard lowerings register when their modules are imported
+    has_standard = decl.qualname in _standard
+    if requested is None:
+        return ["custom", "standard"] if has_standard else ["custom"]
+    return list(requested)
+
+
+def _custom_domains() -> set[str]:
+    from ._decl import libraries
+
+    return {lib.domain for lib in libraries()}
+
+
+def _check_export(report: CheckReport, decl: Any, overload: Any, samples: list, dtypes: list, tol: Mapping,
+                  exporters: Sequence[str], lowerings: Sequence[str] | None, export_samples: int) -> None:
+    try:
+        import onnx
+        import onnxruntime as ort
+
+        import opbridge.onnx
+    except ImportError as e:
+        report.add("export", "skip", f"needs onnx, onnxscript and onnxruntime: {e}")
+        return
+    from ._session import InferenceSession
+
+    providers = ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        providers.append("CUDAExecutionProvider")
+    for lowering in _lowerings(decl, lowerings):
+        for exporter in exporters:
+            if exporter not in ("dynamo", "torchscript"):
+                raise ValueError(f"exporters: expected 'dynamo' and/or 'torchscript', got {exporter!r}")
+            for dt in dtypes:
+                for k, sample in enumerate(samples[:export_samples]):
+                    label = f"{exporter} export, lowering {lowering}, {_DTYPE_NAMES[dt]}, sample {k}"
+                    args = _cast(sample, dt)
+                    model = _OpModule(overload, args).eval()
+                    tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+                    try:
+                        # Static shapes: a sample's tensors need not share a batch dimension.
+                        proto = opbridge.onnx.export(model, tensors, dynamo=exporter == "dynamo",
+                                                     lowering={decl.qualname: lowering}, dynamic_batch=False)
+                    except Exception as e:
+                        report.add(label, "FAIL", _error(e, 8))
+                        continue
+                    problem = _graph_problem(proto, decl, lowering)
+                    if not problem:
+                        try:
+                            onnx.checker.check_model(proto, full_check=True)
+                        except Exception as e:
+                            problem = f"onnx.checker: {_error(e, 4)}"
+                    report.add(label, "FAIL" if problem else "ok", problem)
+                    if problem:
+                        continue
+                    with torch.no_grad():
+                        expected = model(*tensors)
+                    feeds = {i.name: t.numpy() for i, t in zip(proto.graph.input, tensors)}
+                    for provider in providers:
+                        name = f"ONNX Runtime {provider.replace('ExecutionProvider', '')} vs torch, {label}"
+                        try:
+                            if lowering == "standard":
+                                # Stock ONNX Runtime: no custom-op library registered.
+                                sess = ort.InferenceSession(proto.SerializeToString(), providers=[provider])
+                            else:
+                                sess = InferenceSession(proto, providers=[provider])
+                            got = sess.run(None, feeds)
+                        except Exception as e:
+                            report.add(name, "FAIL", _error(e, 6))
+                            continue
+                        problem = _compare_all(tuple(got), expected, *tol[dt])
+                        report.add(name, "FAIL" if problem else "ok", problem)
+
+
+def _graph_problem(proto: Any, decl: Any, lowering: str) -> str:
+    nodes = [n for n in proto.graph.node]
+    ours = [n for n in nodes if n.domain == decl.domain and n.op_type == decl.onnx_type]
+    if lowering == "custom":
+        if len(ours) != 1:
+            kinds = sorted({f"{n.domain or 'ai.onnx'}::{n.op_type}" for n in nodes})
+            return f"expected one {decl.domain}::{decl.onnx_type} node, the graph has {kinds}"
+        return ""
+    custom = [n for n in nodes if n.domain in _custom_domains()]
+    if custom:
+        return (f"lowering 'standard' left nodes that need a custom-op library: "
+                f"{sorted({f'{n.domain}::{n.op_type}' for n in custom})}")
+    return ""

@@ -1,0 +1,254 @@
+"""`opbridge new-op`: the scaffold of a project of your own ops. Its files (pins, comments,
+placeholders), adding a second op, refusing bad names and overwrites; and, end to end, that
+`pip install --no-build-isolation DIR` builds it and its generated tests pass as generated, and
+that `opbridge check` finds its library through the entry point the project announces."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+import opbridge
+from opbridge._newop import new_op, pascal
+from opbridge.cli import main as cli_main
+from scaffold_helpers import pip_install, run_project_tests, run_python
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    tomllib = None
+
+
+def test_scaffold_files(tmp_path):
+    made = new_op("scaled_add", dir=tmp_path / "proj", namespace="myops", domain="com.example.myops")
+    root = made.dir
+    rel = sorted(str(p.relative_to(root)) for p in made.files)
+    assert rel == sorted([
+        ".gitignore", "CMakeLists.txt", "README.md", "pyproject.toml",
+        "ops/scaled_add/scaled_add.h", "ops/scaled_add/scaled_add_decl.cpp", "ops/scaled_add/scaled_add_cpu.cpp",
+        "ops/scaled_add/scaled_add_ort.cpp", "ops/scaled_add/scaled_add_torch.cpp",
+        "python/myops/__init__.py", "python/myops/ops/__init__.py", "python/myops/ops/scaled_add.py",
+        "tests/test_scaled_add.py"])
+    for f in made.files:
+        text = f.read_text()
+        assert not re.search(r"@[A-Za-z_]+@", text), f"placeholder left in {f}"
+    decl = (root / "ops/scaled_add/scaled_add_decl.cpp").read_text()
+    assert 'OpDecl("scaled_add", "ScaledAdd", 1)' in decl and 'OpDecl("scaled_add_backward", "ScaledAddBackward", 1)' in decl
+    cmake = (root / "CMakeLists.txt").read_text()
+    assert re.findall(r"^opbridge_add_op\(.*\)$", cmake, re.M) == [
+        "opbridge_add_op(scaled_add LIBRARY myops DOMAIN com.example.myops NAMESPACE myops)"]
+    major, minor = opbridge.__version__.split(".")[:2]
+    assert f"find_package(opbridge {major}.{minor} CONFIG REQUIRED)" in cmake
+
+
+@pytest.mark.skipif(tomllib is None, reason="tomllib needs Python 3.11")
+def test_pyproject_pins_and_comments(tmp_path):
+    root = new_op("scaled_add", dir=tmp_path / "proj", namespace="myops").dir
+    text = (root / "pyproject.toml").read_text()
+    meta = tomllib.loads(text)
+    major, minor = (int(v) for v in opbridge.__version__.split(".")[:2])
+    deps = meta["project"]["dependencies"]
+    # SameMinorVersion CMake package: this minor version only.
+    assert f"opbridge>={major}.{minor},<{major}.{minor + 1}" in deps
+    torch_version = (opbridge.build_info().get("torch_version") or "").split("+")[0]
+    if torch_version:
+        assert f"torch=={torch_version}" in deps
+        assert f"torch=={torch_version}" in meta["build-system"]["requires"]
+    assert meta["build-system"]["build-backend"] == "scikit_build_core.build"
+    assert meta["project"]["entry-points"]["opbridge.libraries"] == {"myops": "myops:library_spec"}
+    assert meta["tool"]["scikit-build"]["wheel"]["packages"] == ["python/myops"]
+    # Every [tool.scikit-build] key has a one-line comment saying why, right above it.
+    section = text.split("[tool.scikit-build]", 1)[1].split("\n[", 1)[0]
+    lines = [line for line in section.splitlines() if line.strip()]
+    keys = [i for i, line in enumerate(lines) if re.match(r"^[a-z][\w.-]* =", line)]
+    assert len(keys) >= 6
+    for i in keys:
+        assert lines[i - 1].startswith("# "), f"no comment above {lines[i]!r}"
+
+
+def test_defaults_from_the_folder(tmp_path):
+    root = new_op("rms_norm", dir=tmp_path / "fused_ops").dir
+    assert (root / "python/fused_ops/ops/rms_norm.py").is_file()
+    assert "opbridge_add_op(rms_norm LIBRARY fused_ops DOMAIN com.example.fused_ops NAMESPACE fused_ops)" in \
+        (root / "CMakeLists.txt").read_text()
+    assert pascal("rms_norm") == "RmsNorm" and pascal("ms_deform_attn2d") == "MsDeformAttn2d"
+
+
+def test_second_op_joins_the_project(tmp_path):
+    root = new_op("first_op", dir=tmp_path / "proj", namespace="myops").dir
+    made = new_op("second_op", dir=root, cuda=True)
+    assert not made.created_project
+    cmake = (root / "CMakeLists.txt").read_text()
+    assert re.findall(r"^opbridge_add_op\(.*\)$", cmake, re.M) == [
+        "opbridge_add_op(first_op LIBRARY myops DOMAIN com.example.myops NAMESPACE myops)",
+        "opbridge_add_op(second_op LIBRARY myops)"]
+    assert "enable_language(CUDA)" in cmake  # --cuda on the second op brings the CUDA option
+    for f in ("second_op_kernel.cu", "second_op.cuh", "second_op_cuda_ort.cpp", "second_op_cuda_torch.cpp"):
+        assert (root / "ops/second_op" / f).is_file()
+    assert (root / "python/myops/ops/second_op.py").is_file() and (root / "tests/test_second_op.py").is_file()
+    with pytest.raises(ValueError, match="would overwrite"):
+        new_op("second_op", dir=root)
+    with pytest.raises(ValueError, match="namespace 'myops', not 'other'"):
+        new_op("third_op", dir=root, namespace="other")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(name="RmsNorm"), "snake_case"),
+    (dict(name="rms__norm"), "snake_case"),
+    (dict(name="rms_norm", namespace="my-ops"), "identifier"),
+    (dict(name="rms_norm", namespace="opbridge"), "taken"),
+    (dict(name="rms_norm", domain="ai.opbridge"), "not yours"),
+    (dict(name="rms_norm", domain="bad domain"), "domain may only hold"),
+])
+def test_bad_names_are_refused(tmp_path, kwargs, match):
+    name = kwargs.pop("name")
+    with pytest.raises(ValueError, match=match):
+        new_op(name, dir=tmp_path / "proj", **kwargs)
+    assert not (tmp_path / "proj").exists()
+
+
+def test_refuses_a_folder_that_is_not_a_project(tmp_path):
+    (tmp_path / "stuff").mkdir()
+    (tmp_path / "stuff" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not a project made by `opbridge new-op`"):
+        new_op("rms_norm", dir=tmp_path / "stuff")
+
+
+def test_cli(tmp_path, capsys):
+    assert cli_main(["new-op", "rms_norm", "--dir", str(tmp_path / "p"), "--namespace", "myops"]) == 0
+    out = capsys.readouterr().out
+    assert "created" in out and "pip install --no-build-isolation" in out
+    assert cli_main(["new-op", "Bad", "--dir", str(tmp_path / "q")]) == 2
+    assert "snake_case" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda root: (root / "ops/scaled_add/scaled_add_decl.cpp").unlink(), r"scaled_add_decl\.cpp does not exist"),
+    (lambda root: _edit(root / "CMakeLists.txt", "DOMAIN com.example.myops", "DOMAIN ai.opbridge"),
+     "DOMAIN ai.opbridge is opbridge's own"),
+    (lambda root: _edit(root / "CMakeLists.txt", "LIBRARY myops DOMAIN com.example.myops",
+                        "LIBRARY myops DOMAIN com.example.myops BOGUS"), "unknown arguments BOGUS"),
+    (lambda root: _edit(root / "CMakeLists.txt", ")\n\n# ---- the libraries",
+                        ")\nopbridge_add_op(scaled_add2 LIBRARY myops DOMAIN com.example.other)\n\n# ---- the libraries"),
+     "registers its ops in domain com.example.myops, not com.example.other"),
+])
+def test_opbridge_add_op_errors_name_the_problem(tmp_path, change, match):
+    """The one opbridge_add_op (installed with the CMake package) stops with a clear message."""
+    from cmake_helpers import configure
+
+    root = new_op("scaled_add", dir=tmp_path / "proj", namespace="myops", domain="com.example.myops").dir
+    change(root)
+    p = configure(root, tmp_path / "build", {"opbridge_DIR": opbridge.cmake_dir()}, check=False)
+    assert p.returncode != 0
+    assert re.search(match, re.sub(r"\s+", " ", p.stderr)), p.stderr[-3000:]
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+# ---- end to end: built by pip, generated tests as generated -----------------------------------
+torch = pytest.importorskip("torch", reason="the scaffold's tests use torch")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    if not opbridge.build_info().get("torch_version"):
+        pytest.skip("opbridge was built without torch: the scaffold's torch extension cannot be built")
+    root = tmp_path_factory.mktemp("new_op")
+    project = new_op("scaled_mul", dir=root / "myproj", namespace="myproj").dir
+    pip_install(project, root / "site", root / "build")
+    return project, root / "site"
+
+
+def test_generated_project_builds_and_its_tests_pass(built):
+    project, site = built
+    out = run_project_tests(project, site)
+    assert re.search(r"\b4 passed\b", out), out
+
+
+def test_opbridge_check_discovers_the_library(built, tmp_path):
+    project, site = built
+    model = tmp_path / "m.onnx"
+    run_python(["-c", f"""
+import torch, opbridge.onnx, myproj
+class M(torch.nn.Module):
+    def forward(self, x):
+        return myproj.scaled_mul(x, torch.full((4,), 1.5), -2.0) + 1
+opbridge.onnx.export(M(), (torch.randn(2, 4),), {str(model)!r})
+"""], site, project)
+    # Found through the project's `opbridge.libraries` entry point: no --library needed.
+    ok = run_python(["-m", "opbridge", "check", model], site, project, check=False)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "com.example.myproj::ScaledMul" in ok.stdout and "libmyproj_ort.so" in ok.stdout
+    missing = run_python(["-m", "opbridge", "check", "--no-discover", model], site, project, check=False)
+    assert missing.returncode == 1, missing.stdout
+
+
+def _nvcc():
+    default = Path("/usr/local/cuda/bin/nvcc")
+    return shutil.which("nvcc") or (str(default) if default.exists() else None)
+
+
+@pytest.mark.slow
+def test_cuda_scaffold_compiles(tmp_path):
+    """--cuda: the launcher and the ORT CUDA op compile with nvcc and link into the ORT library;
+    the torch CUDA adapter is syntax-checked (building it needs a CUDA torch)."""
+    from cmake_helpers import build, configure
+
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("no nvcc: the CUDA sources cannot be compiled here")
+    project = new_op("scaled_mul", dir=tmp_path / "cudaproj", namespace="cudaproj", cuda=True).dir
+    configure(project, tmp_path / "build", {"opbridge_DIR": opbridge.cmake_dir(), "CUDAPROJ_WITH_CUDA": "ON",
+                                            "CMAKE_CUDA_COMPILER": nvcc, "CMAKE_CUDA_ARCHITECTURES": "90"})
+    build(tmp_path / "build", "--target", "cudaproj_ort")
+    lib = tmp_path / "build" / "libcudaproj_ort.so"
+    assert lib.is_file()
+    _syntax_check_torch_cuda_adapter(project / "ops/scaled_mul/scaled_mul_cuda_torch.cpp", tmp_path / "stub")
+    # The library with CUDA compiled in still loads and runs its CPU op on a machine without a GPU.
+    import numpy as np
+    import onnxruntime as ort
+    from onnx_models import single_node_model
+
+    m = single_node_model("ScaledMul", "com.example.cudaproj", [("x", np.float64, [3, 4]), ("weight", np.float64, [4])],
+                          {"alpha": 0.5})
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(str(lib))
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng()
+    x, w = rng.standard_normal((3, 4)), rng.standard_normal(4)
+    np.testing.assert_allclose(sess.run(None, {"x": x, "weight": w})[0], 0.5 * x * w, rtol=1e-12)
+
+
+def _syntax_check_torch_cuda_adapter(source: Path, stub: Path) -> None:
+    """Compiles the torch CUDA adapter without code generation. A CPU torch wheel ships c10/cuda's
+    headers but not the one its CMake build generates (cuda_cmake_macros.h): a stand-in with the
+    shared-library define supplies it."""
+    import subprocess
+    import torch.utils.cpp_extension as ext
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    (stub / "c10/cuda/impl").mkdir(parents=True)
+    (stub / "c10/cuda/impl/cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    include = Path(opbridge.cmake_dir()).parents[2] / "include"
+    roots = {Path(_nvcc()).parent.parent, Path(_nvcc()).resolve().parent.parent, Path("/usr/local/cuda")}
+    if ext.CUDA_HOME:
+        roots.add(Path(ext.CUDA_HOME))
+    found = [h.parent for r in roots for h in [*r.glob("include/cuda_runtime.h"), *r.glob("targets/*/include/cuda_runtime.h")]]
+    if not found:
+        pytest.skip("cuda_runtime.h not found next to nvcc")
+    cuda_include = found[0]
+    cmd = [cxx, "-std=c++20", "-fsyntax-only", f"-I{stub}", *[f"-I{p}" for p in ext.include_paths()], f"-I{include}",
+           f"-I{cuda_include}", "-DOPBRIDGE_TORCH_NAMESPACE=cudaproj",
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", str(source)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-4000:]
