@@ -56,7 +56,7 @@ def test_standard_lowering_float64_computes_in_float32(rng, dynamo):
     model = _attn_module()
     levels = [(4, 3), (2, 2)]
     args = make_inputs(rng, levels, 2, 2, 4, 5, 2, "float64")
-    proto = opbridge.onnx.export(model, _torch(args), dynamo=dynamo, lowering="standard", opset_version=17)
+    proto = opbridge.onnx.export(model, _torch(args), dynamo=dynamo, lowering="standard", opset_version=17, dynamic_batch=False)
     sess = _stock_session(proto)
     got = sess.run(None, dict(zip([i.name for i in sess.get_inputs()], args)))[0]
     assert got.dtype == np.float64
@@ -97,4 +97,5 @@ def test_standard_lowering_below_opset_16_is_refused(rng):
     model = _attn_module()
     args = make_inputs(rng, [(2, 2)], 1, 1, 2, 3, 1, "float32")
     with pytest.raises(NotImplementedError, match="opset >= 16"):
-        opbridge.onnx.export(model, _torch(args), dynamo=False, lowering="standard", opset_version=15)
+        opbridge.onnx.export(model, _torch(args), dynamo=False, lowering="standard", opset_version=15,
+                             dynamic_batch=False)

@@ -54,10 +54,14 @@ def standard(b: Any, value: Any, spatial_shapes: Any, level_start_index: Any, sa
 
     value, loc, weights = cast(value), cast(sampling_locations), cast(attention_weights)
     grid = b.op("Sub", b.op("Mul", loc, b.const(compute, [], [2.0])), b.const(compute, [], [1.0]))
-    d = b.op("Shape", value, start=3, end=4)
-    n = b.op("Shape", value, start=0, end=1)
-    lq = b.op("Shape", loc, start=1, end=2)
-    p = b.op("Shape", loc, start=4, end=5)
+
+    def size(x: Any, axis: int) -> Any:
+        # Gather, not Shape(start, end): the TorchScript exporter's shape inference ignores
+        # Shape's start/end for static shapes, infers a wrong rank downstream and crashes.
+        return b.op("Gather", b.op("Shape", x), b.const_ints([axis]), axis=0)
+
+    n, d = size(value, 0), size(value, 3)
+    lq, p = size(loc, 1), size(loc, 4)
     minus_one = b.const_ints([-1])
     grid_shape = b.op("Concat", minus_one, lq, p, b.const_ints([2]), axis=0)
     weight_shape = b.op("Concat", b.const_ints([-1, 1]), lq, p, axis=0)
@@ -79,5 +83,5 @@ def standard(b: Any, value: Any, spatial_shapes: Any, level_start_index: Any, sa
         term = b.op("ReduceSum", b.op("Mul", sampled, w_l), b.const_ints([3]), keepdims=0)  # (N*M, D, Lq)
         out = term if out is None else b.op("Add", out, term)
     out = b.op("Reshape", out, b.op("Concat", n, minus_one, lq, axis=0))  # (N, M*D, Lq)
-    out = b.op("Transpose", out, perm=[0, 2, 1])
+    out = b.op("Transpose", out, perm=[0, 2, 1])  # (N, Lq, M*D)
     return out if elem == compute else b.op("Cast", out, to=elem)
