@@ -5,19 +5,32 @@ output (see docs/group_norm.md, "What convert fuses")."""
 from __future__ import annotations
 
 import inspect
+import warnings
 
 import torch
 
+from . import ms_deform_attn as _msda
 from .group_norm import GroupNorm
 
 # torch.nn module type -> its opbridge replacement (which has a from_torch classmethod).
 _REPLACEMENTS = {torch.nn.GroupNorm: GroupNorm}
 
 
+def _replacement(m: torch.nn.Module) -> torch.nn.Module | None:
+    repl = _REPLACEMENTS.get(type(m))
+    if repl is not None:
+        return repl.from_torch(m)
+    return _msda.replacement_for(m)
+
+
 def convert(model: torch.nn.Module, fuse_activations: bool = True) -> torch.nn.Module:
-    """Replaces, in place, every torch.nn module that opbridge provides (e.g. nn.GroupNorm) by
-    its opbridge twin sharing the same parameters, and returns the model (a new module when
-    ``model`` itself is one that gets replaced).
+    """Replaces, in place, every module that opbridge provides a twin for by that twin sharing the
+    same parameters, buffers and submodules (state_dict unchanged), and returns the model (a new
+    module when ``model`` itself is one that gets replaced). Covered: torch.nn.GroupNorm and the
+    multi-scale deformable attention modules of transformers, mmcv and Deformable-DETR (see
+    docs/ms_deform_attn.md). Only the model changes: no library function is patched.
+    Deformable-attention modules of other, unrecognised designs are left as they are and named in
+    one warning.
 
     With ``fuse_activations`` (default), a ``torch.nn.SiLU`` that is known to be applied to a
     GroupNorm's output and nothing else is folded into that GroupNorm
@@ -25,18 +38,36 @@ def convert(model: torch.nn.Module, fuse_activations: bool = True) -> torch.nn.M
     in ``torch.nn.Sequential`` (a GroupNorm directly followed by a SiLU), and in diffusers'
     ResnetBlock2D, Encoder, Decoder, UNet2DModel and UNet2DConditionModel (by their known
     forward code, see docs/group_norm.md). Parameters, state_dict keys and results are unchanged."""
-    repl = _REPLACEMENTS.get(type(model))
-    if repl is not None:
-        return repl.from_torch(model)
-    for name, child in model.named_children():
-        repl = _REPLACEMENTS.get(type(child))
-        if repl is not None:
-            setattr(model, name, repl.from_torch(child))
-        else:
-            convert(child, fuse_activations)
-    if fuse_activations:
-        _fuse(model)
+    unknown: list[str] = []
+    new = _replacement(model)
+    if new is not None:
+        return new
+    if not _convert(model, "", unknown, fuse_activations) and _msda.looks_like_msda(model):
+        unknown.append(type(model).__qualname__)
+    if unknown:
+        names = sorted(set(unknown))
+        warnings.warn("opbridge.nn.convert: left unconverted (deformable-attention modules of a form opbridge does "
+                      f"not recognise; they run as before): {', '.join(names)}", stacklevel=2)
     return model
+
+
+def _convert(module: torch.nn.Module, prefix: str, unknown: list[str], fuse: bool) -> bool:
+    """Converts module's descendants; True when any was replaced. A deformable-attention-looking
+    module with nothing replaced inside it goes to ``unknown``."""
+    converted = False
+    for name, child in module.named_children():
+        new = _replacement(child)
+        if new is not None:
+            setattr(module, name, new)
+            converted = True
+            continue
+        inner = _convert(child, f"{prefix}{name}.", unknown, fuse)
+        if not inner and _msda.looks_like_msda(child):
+            unknown.append(type(child).__qualname__)
+        converted = converted or inner
+    if fuse:
+        _fuse(module)
+    return converted
 
 
 def _is_gn(m) -> bool:
