@@ -13,11 +13,13 @@
 # The sanitized package is installed with `pip install --target build/sanitize/site` (its own
 # build dir build/sanitize/<tag>, so the normal build is untouched) and put first on PYTHONPATH.
 # Python itself is not instrumented, so libasan is preloaded. Any ASan or UBSan report aborts the
-# process, which fails the run. LeakSanitizer is on, limited to opbridge's leaks: the interpreter,
-# numpy and ORT leave memory behind on purpose, so instead of LSan's at-exit check the pytest
-# process (at the end of the session) and the fuzz workers (when closed) ask for a report and keep
-# the leaks whose allocation stack passes through opbridge's native code (tests/lsan.py); any such
-# leak fails the run. Processes that tests start with subprocess.run are not leak-checked.
+# process, which fails the run. With --ort-only, LeakSanitizer is on, limited to opbridge's leaks:
+# the interpreter, numpy and ORT leave memory behind on purpose, so instead of LSan's at-exit check
+# the pytest process (at the end of the session) and the fuzz workers (when closed) ask for a report
+# and keep the leaks whose allocation stack passes through opbridge's native code (tests/lsan.py);
+# any such leak fails the run. Not leak-checked: processes that tests start with subprocess.run, and
+# the full run with the torch extension (LSan there has not been validated against torch's own
+# intentional leaks and registries; tests/test_leaks.py's RSS checks cover the torch op).
 # Needs the environment the normal tests need (requirements/test.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,17 +64,22 @@ done
 # libstdc++ is preloaded too: python does not link it, and ASan's __cxa_throw interceptor must
 # find the real one when it starts ("CHECK failed: real___cxa_throw != 0" on the first throw).
 export LD_PRELOAD="$libasan $libstdcxx"
-# detect_leaks=1:leak_check_at_exit=0: LSan's bookkeeping on, its fatal at-exit check off (see
-# above; tests/lsan.py runs the check). alloc_dealloc_mismatch=0: libraries built without ASan
-# (torch) allocate with one operator and free with another legitimately through their own wrappers.
-export ASAN_OPTIONS="detect_leaks=1:leak_check_at_exit=0:alloc_dealloc_mismatch=0:abort_on_error=1:print_summary=1:strict_string_checks=1"
+# alloc_dealloc_mismatch=0: libraries built without ASan (torch) allocate with one operator and free
+# with another legitimately through their own wrappers.
+asan_options="alloc_dealloc_mismatch=0:abort_on_error=1:print_summary=1:strict_string_checks=1"
+if [ "$ort_only" = 1 ]; then
+  # detect_leaks=1:leak_check_at_exit=0: LSan's bookkeeping on, its fatal at-exit check off (see
+  # above; tests/lsan.py runs the check, found as a plugin on the tests/ path).
+  export ASAN_OPTIONS="detect_leaks=1:leak_check_at_exit=0:$asan_options"
+  # Every Python object from malloc: LSan scans malloc'd memory for pointers, but not pymalloc's
+  # mmap'd arenas, so live memory referenced only from Python objects would look leaked.
+  export PYTHONMALLOC=malloc
+  export OPBRIDGE_LSAN_DIR="$PWD/build/sanitize/lsan"
+  rm -rf "$OPBRIDGE_LSAN_DIR"
+else
+  export ASAN_OPTIONS="detect_leaks=0:$asan_options"
+fi
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
-# Every Python object from malloc: LSan scans malloc'd memory for pointers, but not pymalloc's mmap'd
-# arenas, so live memory referenced only from Python objects would look leaked.
-export PYTHONMALLOC=malloc
-export OPBRIDGE_LSAN_DIR="$PWD/build/sanitize/lsan"
-rm -rf "$OPBRIDGE_LSAN_DIR"
-# tests/ on the path for the LSan plugin (-p lsan below).
 export PYTHONPATH="$PWD/$site:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 
 # The tests must see the sanitized build, not the normally installed one.
@@ -103,5 +110,11 @@ fi
 "$PYTHON" -m pytest -q -p no:cacheprovider -p lsan "${tests[@]}" ${pytest_args[@]+"${pytest_args[@]}"}
 if [ "$fuzz" -gt 0 ]; then
   "$PYTHON" -m tests.fuzz.run --cases "$fuzz" --kind "$kinds" --out build/sanitize/fuzz-failures
+  # The fuzz workers' leak reports (the pytest run checked its own).
+  if [ "$ort_only" = 1 ] && compgen -G "$OPBRIDGE_LSAN_DIR/leaks.*.txt" > /dev/null; then
+    echo "LeakSanitizer: opbridge code leaked memory during fuzzing:" >&2
+    cat "$OPBRIDGE_LSAN_DIR"/leaks.*.txt >&2
+    exit 1
+  fi
 fi
 echo "::: sanitizers clean; build $((built - start)) s, tests $(( $(date +%s) - built )) s"
