@@ -124,7 +124,7 @@ def classify(model: Any, providers: Sequence[str], stock: bool = False) -> list[
             who = "opbridge" if domain == DOMAIN else f"library {os.path.basename(lib.path)}"
             if decl is None:
                 names = ", ".join(sorted(d.onnx_type for d in lib.ops.values())) or "no ops"
-                use.note = f"the {who} provides {names} in {domain}"
+                use.note = f"{'this opbridge' if domain == DOMAIN else 'the ' + who} provides {names} in {domain}"
             elif opsets.get(domain, 1) > lib.domain_version:
                 use.note = (f"the model imports {domain} version {opsets[domain]}; the {who} implements up to "
                             f"version {lib.domain_version}: upgrade it")
