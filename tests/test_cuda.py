@@ -378,8 +378,8 @@ def test_group_norm_backward_composite_matches_cpu_kernel(rng, dtype, shape, gro
     x = _rounded(rng, shape, td)
     g = _rounded(rng, shape, td)
     w = _rounded(rng, (shape[1],), td) if with_weight else None
-    want = torch.ops.opbridge.group_norm_backward(g, x, groups, w, 1e-5)
-    got = gn._group_norm_backward_composite(g, x, groups, w, 1e-5)
+    want = torch.ops.opbridge.group_norm_backward(g, x, groups, w, None, 1e-5)
+    got = gn._group_norm_backward_composite(g, x, groups, w, None, 1e-5)
     tol = {"float64": 1e-10, "float32": 1e-4, "float16": 4e-3, "bfloat16": 3e-2}[dtype]
     for a, b in zip(got, want):
         assert a.dtype == td and a.shape == b.shape and a.is_contiguous()
