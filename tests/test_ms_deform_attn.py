@@ -33,14 +33,17 @@ def needs_isa(isa):
 
 
 # Shapes: (name, levels or level count, N, M, D, Lq, P). The kernel rearranges value per head
-# when a head's queries gather at least S rows (Lq * L * P * 4 >= S: the "packed" path) and
-# reads it in place otherwise ("direct"); D is split into vectors of 16 / 8 lanes, the samples
-# of a query into steps of 16 / 8: the cases cover full and partial steps on both paths.
+# when a head's queries gather many times as many rows as it has (Lq * L * P * 4 >= 16 S: the
+# "packed" path) and reads it in place otherwise ("direct"); D is split into vectors of 16 / 8
+# lanes, the samples of a query into steps of 16 / 8: the cases cover full and partial steps on
+# both paths.
 CASES = [
-    ("packed", 3, 2, 2, 8, 40, 2),
-    ("packed-wide-D", 2, 1, 1, 37, 30, 5),
-    ("packed-many-samples", 4, 1, 2, 16, 12, 20),
-    ("packed-D1", 3, 2, 3, 1, 25, 3),
+    ("packed", [(4, 3), (2, 2), (1, 1)], 2, 2, 8, 40, 2),
+    ("packed-wide-D", [(3, 3), (2, 1)], 1, 1, 37, 30, 5),
+    ("packed-many-samples", [(4, 4), (3, 2), (2, 2), (1, 1)], 1, 2, 16, 12, 20),
+    ("packed-D1", [(3, 4), (2, 2), (1, 1)], 2, 3, 1, 25, 3),
+    ("direct-random-levels", 3, 2, 2, 8, 1, 2),
+    ("direct-queries", [(9, 7), (4, 5), (1, 1)], 2, 2, 8, 6, 2),
     ("direct", [(9, 13), (5, 7), (1, 1)], 2, 2, 8, 1, 3),
     ("direct-wide-D", [(20, 20), (3, 1)], 1, 2, 70, 2, 2),
     ("direct-many-samples", [(16, 16), (8, 8), (4, 4), (2, 2)], 1, 1, 4, 1, 20),
@@ -49,10 +52,17 @@ CASES = [
 CASE_IDS = [c[0] for c in CASES]
 
 
+def takes_packed_path(levels, Lq, P):
+    """Mirrors use_packed() in cpp/ops/ms_deform_attn/ms_deform_attn_simd.h (keeps the cases honest)."""
+    S = sum(h * w for h, w in levels)
+    return Lq * len(levels) * P * 4 >= 16 * S
+
+
 def case_inputs(rng, case, dtype):
-    _, levels, N, M, D, Lq, P = case
+    name, levels, N, M, D, Lq, P = case
     if isinstance(levels, int):
         levels = random_levels(rng, levels)
+    assert takes_packed_path(levels, Lq, P) == name.startswith("packed"), f"case {name} takes the other path"
     return make_inputs(rng, levels, N, M, D, Lq, P, dtype)
 
 
@@ -209,7 +219,8 @@ def ort_feeds(args, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("Lq", [1, 37], ids=["direct", "packed"])
 def test_ort_matches_reference(rng, dtype, threads, Lq):
-    args = make_inputs(rng, random_levels(rng, 3), 2, 2, 8, Lq, 3, dtype)
+    levels = [(3, 2), (2, 2), (1, 1)] if Lq > 1 else random_levels(rng, 3)
+    args = make_inputs(rng, levels, 2, 2, 8, Lq, 3, dtype)
     sess = ort_session(ort_model(dtype), threads)
     out = sess.run(None, ort_feeds(args, dtype))[0]
     if dtype == "bfloat16":
