@@ -49,9 +49,14 @@ mkdir -p "$dist"
 # A leftover wheel of this version from an earlier run must not be mistaken for this one.
 name=$(basename "$wheel")
 rm -f "$dist/${name%%-cp*}"-*.whl
-"$py" -m auditwheel repair -w "$dist" \
-  --exclude 'libtorch*.so*' --exclude 'libc10*.so*' --exclude 'libgomp*.so*' --exclude 'libonnxruntime*.so*' \
-  "$wheel" 2>&1 | grep -v '^INFO:' || true
+if ! "$py" -m auditwheel repair -w "$dist" \
+    --exclude 'libtorch*.so*' --exclude 'libc10*.so*' --exclude 'libgomp*.so*' --exclude 'libonnxruntime*.so*' \
+    "$wheel" > "$raw/repair.log" 2>&1; then
+  cat "$raw/repair.log"
+  echo "build_wheel.sh: auditwheel repair failed" >&2
+  exit 1
+fi
+grep -v '^INFO:' "$raw/repair.log" || true
 repaired=$(ls "$dist/${name%%-cp*}"-*manylinux*.whl 2>/dev/null || true)
 if [ -z "$repaired" ]; then
   echo "build_wheel.sh: auditwheel repair produced no manylinux wheel in $dist" >&2

@@ -36,7 +36,13 @@ t0=$SECONDS
 echo "== fresh venv: $(basename "$wheel")[export,test], binary wheels only"
 "${PYTHON:-python3}" -m venv "$dir/venv"
 py=$dir/venv/bin/python
-"$py" -m pip install -q --only-binary :all: "$wheel[export,test]" 2>&1 | grep -v "^WARNING: Location" || true
+# Byte-compiled at install (pip's default): the tests start many interpreters, and with
+# PYTHONDONTWRITEBYTECODE each would compile torch's modules again.
+if ! "$py" -m pip install -q --only-binary :all: "$wheel[export,test]" > "$dir/pip.log" 2>&1; then
+  cat "$dir/pip.log"
+  echo "wheel_smoke.sh: pip install failed" >&2
+  exit 1
+fi
 "$py" - <<'PY'
 import importlib.metadata as md, sys
 import opbridge

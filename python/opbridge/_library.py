@@ -109,16 +109,13 @@ def load_torch_library() -> None:
 
 def register_torch_ops_if_compatible() -> None:
     """``import opbridge`` in a process that has already imported torch: registers the torch ops
-    (import opbridge.ops), unless the torch version does not match, which only warns here so
-    that the ONNX Runtime side stays usable; opbridge.ops raises the error when it is used."""
-    import torch
-
+    (import opbridge.ops). When they cannot be registered (another torch version, an extension
+    that does not load), this only warns, so that the ONNX Runtime side stays usable;
+    ``import opbridge.ops`` raises the error where the torch ops are asked for."""
     try:
-        check_torch_version(torch.__version__)
-    except TorchVersionError as e:
+        importlib.import_module("opbridge.ops")
+    except ImportError as e:
         warnings.warn(f"opbridge: torch ops not registered. {e}", RuntimeWarning, stacklevel=2)
-        return
-    importlib.import_module("opbridge.ops")
 
 
 def build_info() -> dict:
