@@ -311,7 +311,8 @@ function(opbridge_add_op op)
   # The default-stream check (opbridge's superbuild) re-runs when any of the op's CUDA files changes.
   get_target_property(checked ${cuda_kernels} OPBRIDGE_CHECKED_SOURCES)
   if(checked)
-    foreach(f "${cuda_dir}/${op}.cuh" "${cu}" "${cuda_ort}" "${cuda_torch}")
+    foreach(f "${cuda_dir}/${op}.cuh" "${cuda_dir}/${op}_math.cuh" "${cuda_dir}/${op}_nhwc.cuh" "${cu}" "${cuda_ort}"
+              "${cuda_torch}")
       if(EXISTS "${f}")
         set_property(TARGET ${cuda_kernels} APPEND PROPERTY OPBRIDGE_CHECKED_SOURCES "${f}")
       endif()
