@@ -57,7 +57,7 @@ def _many_levels(count):
 # (id, mutation, message core, exception type in torch / _core, checked by shapes alone)
 CASES = [
     ("value-dtype", _replace(0, lambda a: a.astype(np.int32)),
-     r"value must be a floating tensor \(float32, float64, float16 or bfloat16\), got int32", TypeError, True),
+     r"value must be a float32, float64, float16 or bfloat16 tensor, got int32", TypeError, True),
     ("loc-dtype", _replace(3, lambda a: a.astype(np.float64)),
      r"sampling_locations must have the dtype of value \(float32\), got float64", TypeError, True),
     ("weights-dtype", _replace(4, lambda a: a.astype(np.float16)),

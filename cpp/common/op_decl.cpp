@@ -548,8 +548,11 @@ Status check_call(const OpCall& call) {
       bool ok = false;
       for (ElemType e : tv.types) ok = ok || e == t.type;
       if (!ok) {
-        return Status(StatusCode::kTypeError, a->name + " must be a " + type_list(tv.types) + " tensor, got " +
-                                                  elem_type_name(t.type));
+        const std::string list = type_list(tv.types);
+        // "an int64 tensor", "a float32 tensor"
+        const char* article = list[0] == 'i' ? "an " : "a ";
+        return Status(StatusCode::kTypeError,
+                      a->name + " must be " + article + list + " tensor, got " + elem_type_name(t.type));
       }
       if (first == nullptr) {
         first = &t;
