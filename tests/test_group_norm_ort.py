@@ -23,7 +23,7 @@ def _run(model, feeds, threads=None):
     return sess.run(None, feeds)[0]
 
 
-def _model(dtype, shape, num_groups=None, epsilon=None, scale=True, bias=True):
+def _model(dtype, shape, num_groups=None, epsilon=None, scale=True, bias=True, domain_version=1):
     attrs = {}
     if num_groups is not None:
         attrs["num_groups"] = num_groups
@@ -35,7 +35,7 @@ def _model(dtype, shape, num_groups=None, epsilon=None, scale=True, bias=True):
               ("bias", dtype, [c]) if bias else None]
     while inputs and inputs[-1] is None:
         inputs.pop()
-    return single_node_model("GroupNorm", "ai.opbridge", inputs, attrs)
+    return single_node_model("GroupNorm", "ai.opbridge", inputs, attrs, domain_version=domain_version)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -161,7 +161,8 @@ def test_activation_attribute(rng, dtype, activation, threads):
     x = (rng.standard_normal(shape) * 2 - 0.5).astype(dtype)
     w = rng.uniform(0.5, 2, shape[1]).astype(dtype)
     b = rng.standard_normal(shape[1]).astype(dtype)
-    model = _model(dtype, shape, groups, 1e-5)
+    # activation exists since ai.opbridge version 2 (a version-1 model using it is refused).
+    model = _model(dtype, shape, groups, 1e-5, domain_version=2 if activation is not None else 1)
     if activation is not None:
         model.graph.node[0].attribute.append(onnx_helper.make_attribute("activation", activation))
     y = _run(model, {"X": x, "scale": w, "bias": b}, threads)
@@ -170,12 +171,12 @@ def test_activation_attribute(rng, dtype, activation, threads):
 
 
 @pytest.mark.parametrize("value,match", [
-    ("relu", r"attribute 'activation': activation must be 'none' or 'silu', got 'relu'"),
-    ("SiLU", r"attribute 'activation': activation must be 'none' or 'silu', got 'SiLU'"),
+    ("relu", r"activation must be 'none' or 'silu', got 'relu'"),
+    ("SiLU", r"activation must be 'none' or 'silu', got 'SiLU'"),
     (1, r"attribute 'activation' must be a string, got an int"),
 ])
 def test_bad_activation_fails_session_creation_naming_node_op_and_attribute(value, match):
-    model = _model(np.float32, (2, 6, 3), 3)
+    model = _model(np.float32, (2, 6, 3), 3, domain_version=2)
     model.graph.node[0].name = "gn_act"
     model.graph.node[0].attribute.append(onnx_helper.make_attribute("activation", value))
     with pytest.raises(Exception, match=r"ai\.opbridge::GroupNorm \(node 'gn_act'\): " + match):
