@@ -53,7 +53,7 @@ Status check_types(const MsDeformAttnArg& value, const MsDeformAttnArg& spatial_
                    const MsDeformAttnArg& level_start_index, const MsDeformAttnArg& sampling_locations,
                    const MsDeformAttnArg& attention_weights, const MsDeformAttnArg* grad_output) {
   if (value.dtype != nullptr && !is_float_type(value.dtype)) {
-    return Status::TypeError(std::string("value must be a floating tensor (float32, float64, float16 or bfloat16), got ") +
+    return Status::TypeError(std::string("value must be a float32, float64, float16 or bfloat16 tensor, got ") +
                              value.dtype);
   }
   const std::pair<const MsDeformAttnArg*, const char*> same[] = {
@@ -66,7 +66,7 @@ Status check_types(const MsDeformAttnArg& value, const MsDeformAttnArg& spatial_
     }
     if (value.dtype == nullptr && !is_float_type(arg->dtype)) {
       return Status::TypeError(std::string(name) +
-                               " must be a floating tensor (float32, float64, float16 or bfloat16), got " + arg->dtype);
+                               " must be a float32, float64, float16 or bfloat16 tensor, got " + arg->dtype);
     }
   }
   const std::pair<const MsDeformAttnArg*, const char*> ints[] = {{&spatial_shapes, "spatial_shapes"},

@@ -60,7 +60,7 @@ def _check_shapes(op, value, spatial_shapes, level_start_index, sampling_locatio
     its messages: the fake kernels run it (values of spatial_shapes / level_start_index are not
     available there). Symbolic dimensions stay symbolic: equalities become deferred runtime
     assertions (torch._check_*), never specializations."""
-    floats = "a floating tensor (float32, float64, float16 or bfloat16)"
+    floats = "a float32, float64, float16 or bfloat16 tensor"
     torch._check_type(value.dtype in _FLOAT, lambda: f"{op}: value must be {floats}, got {_name(value.dtype)}")
     for t, name in ((sampling_locations, "sampling_locations"), (attention_weights, "attention_weights"),
                     (grad_output, "grad_output")):

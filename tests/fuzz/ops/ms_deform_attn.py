@@ -37,7 +37,7 @@ MAX_LEVELS = 16
 MAX_NUMEL = 6000
 
 RULES = {
-    "value_dtype": r"value must be a floating tensor \(float32, float64, float16 or bfloat16\), got \S+",
+    "value_dtype": r"value must be a float32, float64, float16 or bfloat16 tensor, got \S+",
     "loc_dtype": r"sampling_locations must have the dtype of value \(\S+\), got \S+",
     "aw_dtype": r"attention_weights must have the dtype of value \(\S+\), got \S+",
     "shapes_dtype": r"spatial_shapes must be an int64 tensor, got \S+",
