@@ -810,8 +810,8 @@ void msda_forward_direct_large(const FwdArgs<T>& a, const ParallelFor& pf) {
 }
 
 // dot[k] = sum_d go[d] * rows[k][d] for the four tap rows, in one pass over D.
-template <class S, class T>
-inline void dot4(const T* go, const T* const* rows, int64_t D, double* dot) {
+template <class S, class G, class T>
+inline void dot4(const G* go, const T* const* rows, int64_t D, double* dot) {
   using V = typename S::V;
   constexpr int W = S::W;
   V acc[4] = {S::zero(), S::zero(), S::zero(), S::zero()};
@@ -845,9 +845,6 @@ inline void axpy(acc_t<T>* gv, acc_t<T> c, const T* go, int64_t D) {
 template <class S, class T>
 void msda_backward(const BwdArgs<T>& a, const ParallelFor& pf) {
   using A = acc_t<T>;
-  // float and double accumulate grad_value in place; the 16-bit types in a float copy of the
-  // unit's rows, rounded once at the end.
-  constexpr bool kInPlace = std::is_same_v<T, A>;
   const MsDeformAttnDims& d = a.d;
   const int64_t row = d.M * d.D;
   const int64_t LP = d.L * d.P;
@@ -855,40 +852,46 @@ void msda_backward(const BwdArgs<T>& a, const ParallelFor& pf) {
   Level<A> lv[kMsDeformAttnMaxLevels];
   load_levels(a.spatial_shapes, a.level_start_index, d.L, lv);
   const bool want_dots = a.grad_sampling_locations != nullptr || a.grad_attention_weights != nullptr;
+  const bool want_value = a.grad_value != nullptr && d.D > 0;
   const int64_t units = d.N * d.M * d.L;
+  // Unit (n, m, l): the level's value rows of head m are copied into a contiguous buffer (in the
+  // accumulation type) and grad_value is accumulated in another, written back once: in place,
+  // a head's rows are D elements out of every M * D, a stride that maps them onto few cache sets
+  // (as in the forward's packed path), and the 16-bit types need a float accumulator anyway.
   pf(units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<A> scratch;
+    std::vector<A> vbuf, gbuf, go(static_cast<size_t>(d.D));
     for (int64_t u = begin; u < end; ++u) {
       const int64_t l = u % d.L;
       const int64_t nm = u / d.L;
       const int64_t m = nm % d.M, n = nm / d.M;
       const Level<A>& lev = lv[l];
       const int64_t hw = lev.H * lev.W;
-      const T* vb = a.value + n * d.S * row + m * d.D;
-      // Where tap row `pix` (a row of value's S axis) accumulates its gradient:
-      // gv + (pix - origin) * gstride.
-      A* gv = nullptr;
-      int64_t gstride = 0, origin = 0;
-      if (a.grad_value != nullptr && d.D > 0) {
-        if constexpr (kInPlace) {
-          gv = a.grad_value + n * d.S * row + m * d.D;
-          gstride = row;
-          for (int64_t i = 0; i < hw; ++i) std::fill_n(gv + (lev.start + i) * row, d.D, A(0));
-        } else {
-          scratch.assign(static_cast<size_t>(hw * d.D), 0.f);
-          gv = scratch.data();
-          gstride = d.D;
-          origin = lev.start;
-        }
+      const T* vhead = a.value + (n * d.S + lev.start) * row + m * d.D;  // row i of the level: vhead + i * row
+      // The copy pays when the level's rows are tapped at least once each on average (not for a
+      // few hundred decoder queries over a 64 x 64 map): otherwise the rows are read in place.
+      const bool copy_rows = want_dots && d.Lq * d.P * 4 >= hw;
+      if (copy_rows) {
+        vbuf.resize(static_cast<size_t>(hw * d.D));
+        for (int64_t i = 0; i < hw; ++i) to_acc<S, T>(vhead + i * row, vbuf.data() + i * d.D, d.D);
       }
-      for (int64_t q = 0; q < d.Lq; ++q) {
+      if (want_value) gbuf.assign(static_cast<size_t>(hw * d.D), A(0));
+      for (int64_t q = 0; q < d.Lq && (want_dots || want_value); ++q) {
         const int64_t nqm = (n * d.Lq + q) * d.M + m;
         const int64_t first = nqm * LP + l * d.P;  // sample index of (n, q, m, l, 0)
-        const T* go = a.grad_output + nqm * d.D;
+        if (q + kPrefetchUnits < d.Lq) {
+          // Consecutive queries are M * L * P samples apart: prefetch as in the forward.
+          const int64_t ahead = nqm + kPrefetchUnits * d.M;
+          const int64_t far = ahead * LP + l * d.P;
+          prefetch_unit(a.sampling_locations + far * 2, a.attention_weights + far, d.P);
+          prefetch_unit(a.grad_output + ahead * d.D, a.grad_output + ahead * d.D, (d.D + 1) / 2);
+          if (a.grad_sampling_locations != nullptr) __builtin_prefetch(a.grad_sampling_locations + far * 2, 1);
+          if (a.grad_attention_weights != nullptr) __builtin_prefetch(a.grad_attention_weights + far, 1);
+        }
         const T* loc = a.sampling_locations + first * 2;
         const T* aw = a.attention_weights + first;
         T* gloc = a.grad_sampling_locations != nullptr ? a.grad_sampling_locations + first * 2 : nullptr;
         T* gaw = a.grad_attention_weights != nullptr ? a.grad_attention_weights + first : nullptr;
+        bool have_go = false;
         for (int64_t p = 0; p < d.P; ++p) {
           const Sample<A> s = locate(static_cast<A>(to_float(loc[2 * p])), static_cast<A>(to_float(loc[2 * p + 1])), lev);
           if (!s.inside) {
@@ -896,17 +899,29 @@ void msda_backward(const BwdArgs<T>& a, const ParallelFor& pf) {
             if (gaw != nullptr) gaw[p] = from_acc<T>(A(0));
             continue;
           }
+          if (!have_go) {  // the query's grad_output row, once per query that has an inside sample
+            to_acc<S, T>(a.grad_output + nqm * d.D, go.data(), d.D);
+            have_go = true;
+          }
           const A w = static_cast<A>(to_float(aw[p]));
           const bool on[4] = {s.t00, s.t01, s.t10, s.t11};
-          const int64_t pix[4] = {s.pix, s.pix + 1, s.pix + lev.W, s.pix + lev.W + 1};
+          // Rows within the level (pixel - start): on-map taps only.
+          const int64_t pix0 = s.pix - lev.start;
+          const int64_t pix[4] = {pix0, pix0 + 1, pix0 + lev.W, pix0 + lev.W + 1};
           const A gx = A(1) - s.fx, gy = A(1) - s.fy;
           const A bw[4] = {gy * gx, gy * s.fx, s.fy * gx, s.fy * s.fx};
           if (want_dots) {
-            // Off-map taps read grad_output itself (valid memory) and their dots are dropped.
-            const T* rows[4];
-            for (int k = 0; k < 4; ++k) rows[k] = on[k] ? vb + pix[k] * row : go;
+            // Off-map taps read some valid row (the level's first) and their dots are dropped.
             double dot[4];
-            dot4<S, T>(go, rows, d.D, dot);
+            if (copy_rows) {
+              const A* rows[4];
+              for (int k = 0; k < 4; ++k) rows[k] = vbuf.data() + (on[k] ? pix[k] : 0) * d.D;
+              dot4<S>(go.data(), rows, d.D, dot);
+            } else {
+              const T* rows[4];
+              for (int k = 0; k < 4; ++k) rows[k] = vhead + (on[k] ? pix[k] : 0) * row;
+              dot4<S>(go.data(), rows, d.D, dot);
+            }
             A g[4];
             for (int k = 0; k < 4; ++k) g[k] = on[k] ? static_cast<A>(dot[k]) : A(0);
             if (gaw != nullptr) gaw[p] = from_acc<T>(bw[0] * g[0] + bw[1] * g[1] + bw[2] * g[2] + bw[3] * g[3]);
@@ -917,23 +932,21 @@ void msda_backward(const BwdArgs<T>& a, const ParallelFor& pf) {
               gloc[2 * p + 1] = from_acc<T>(w * (gx * (g[2] - g[0]) + s.fx * (g[3] - g[1])) * lev.hf);
             }
           }
-          if (gv != nullptr) {
+          if (want_value) {
             for (int k = 0; k < 4; ++k) {
-              if (on[k]) axpy<S, T>(gv + (pix[k] - origin) * gstride, w * bw[k], go, d.D);
+              if (on[k]) axpy<S, A>(gbuf.data() + pix[k] * d.D, w * bw[k], go.data(), d.D);
             }
           }
         }
       }
-      if constexpr (!kInPlace) {
-        if (gv != nullptr) {
-          T* dst = a.grad_value + n * d.S * row + m * d.D;
-          for (int64_t i = 0; i < hw; ++i) {
-            const A* src = scratch.data() + i * d.D;
-            T* out = dst + (lev.start + i) * row;
-            int64_t d0 = 0;
-            for (; d0 + S::W <= d.D; d0 += S::W) S::store(out + d0, S::load(src + d0));
-            if (d0 < d.D) S::store_n(out + d0, S::load_n(src + d0, static_cast<int>(d.D - d0)), static_cast<int>(d.D - d0));
-          }
+      if (want_value) {
+        T* ghead = a.grad_value + (n * d.S + lev.start) * row + m * d.D;
+        for (int64_t i = 0; i < hw; ++i) {
+          const A* src = gbuf.data() + i * d.D;
+          T* dst = ghead + i * row;
+          int64_t d0 = 0;
+          for (; d0 + S::W <= d.D; d0 += S::W) S::store(dst + d0, S::load(src + d0));
+          if (d0 < d.D) S::store_n(dst + d0, S::load_n(src + d0, static_cast<int>(d.D - d0)), static_cast<int>(d.D - d0));
         }
       }
     }
