@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <type_traits>
 #include <vector>
 
@@ -237,6 +238,41 @@ void chunks(const T* vb, const int64_t* off, const acc_t<T>* wt, int ntaps, int6
     default: OPBRIDGE_MSDA_CHUNK(4)
   }
 #undef OPBRIDGE_MSDA_CHUNK
+}
+
+// A unit (n, m, q) of the forward, q fastest, and its row in the (N, Lq, M) arrays.
+struct Unit {
+  int64_t n, m, q;
+  int64_t nqm(const MsDeformAttnDims& d) const { return (n * d.Lq + q) * d.M + m; }
+  Unit next(const MsDeformAttnDims& d) const {
+    Unit u = *this;
+    if (++u.q == d.Lq) {
+      u.q = 0;
+      if (++u.m == d.M) {
+        u.m = 0;
+        ++u.n;
+      }
+    }
+    return u;
+  }
+  static Unit of(int64_t u, const MsDeformAttnDims& d) {
+    const int64_t nm = u / d.Lq;
+    return {nm / d.M, nm % d.M, u % d.Lq};
+  }
+};
+
+// Queries ahead whose locations and weights are prefetched: consecutive queries of a head are
+// M * L * P values apart (1 KB and 512 B for Deformable DETR), a stride that defeats the
+// hardware prefetchers at every page boundary; 8 queries (a few hundred ns of work each) hide
+// the memory latency.
+constexpr int64_t kPrefetchUnits = 8;
+
+template <class T>
+inline void prefetch_unit(const T* loc, const T* aw, int64_t LP) {
+  const char* l = reinterpret_cast<const char*>(loc);
+  const char* w = reinterpret_cast<const char*>(aw);
+  for (int64_t b = 0; b < LP * 2 * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(l + b);
+  for (int64_t b = 0; b < LP * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(w + b);
 }
 
 // Queries per parallel task at the least: about 64 KB of gathered values (a task of a few
@@ -578,8 +614,14 @@ void msda_forward_packed(const FwdArgs<T>& a, const ParallelFor& pf) {
   const int64_t row = d.M * d.D;
   const int64_t head_rows = d.S + 1;  // the head's rows and its zero row
   const int64_t head_size = head_rows * d.D;
-  // Not value-initialized (every element is written below): zeroing it would cost a pass.
-  std::unique_ptr<A[]> packed(new A[static_cast<size_t>(d.N * d.M * head_size)]);
+  // 64-byte aligned, so that a row of 16 floats is one cache line and vector loads never split
+  // lines (new[] gives 16 bytes: half the time of the gather went to split loads); not
+  // value-initialized (every element is written below: zeroing would cost a pass).
+  struct AlignedFree {
+    void operator()(A* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<A[], AlignedFree> packed(static_cast<A*>(
+      ::operator new[](static_cast<size_t>(d.N * d.M * head_size) * sizeof(A), std::align_val_t{64})));
   // 1. Rearrange: value[n, s, :, :] is read contiguously (a block of rows per task) and
   //    scattered into the M heads' blocks.
   constexpr int64_t kRowsPerTask = 64;
@@ -613,10 +655,12 @@ void msda_forward_packed(const FwdArgs<T>& a, const ParallelFor& pf) {
     std::vector<int32_t> offs(2 * taps);
     std::vector<A> wts(2 * taps);
     std::vector<A> conv(std::is_same_v<T, A> ? 0 : static_cast<size_t>(3 * LP));
-    const auto build = [&](int64_t u) {
-      const int64_t q = u % d.Lq;
-      const int64_t nm = u / d.Lq;
-      const int64_t nqm = (nm / d.M * d.Lq + q) * d.M + nm % d.M;
+    const auto build = [&](int64_t u, const Unit& un, const Unit& ahead) {
+      const int64_t nqm = un.nqm(d);
+      if (u + kPrefetchUnits < end) {
+        const int64_t far = ahead.nqm(d);
+        prefetch_unit(a.sampling_locations + far * LP * 2, a.attention_weights + far * LP, LP);
+      }
       const A* loc;
       const A* aw;
       if constexpr (std::is_same_v<T, A>) {
@@ -631,16 +675,17 @@ void msda_forward_packed(const FwdArgs<T>& a, const ParallelFor& pf) {
       const size_t buf = static_cast<size_t>(u & 1) * taps;
       build_taps<false>(loc, aw, LP, lv, D32, zero_off, offs.data() + buf, wts.data() + buf);
     };
-    build(begin);
+    // The unit being gathered, the one being built (next) and the one prefetched (ahead).
+    Unit cur = Unit::of(begin, d), ahead = Unit::of(std::min(begin + kPrefetchUnits, units - 1), d);
+    build(begin, cur, ahead);
     for (int64_t u = begin; u < end; ++u) {
-      if (u + 1 < end) build(u + 1);
-      const int64_t q = u % d.Lq;
-      const int64_t nm = u / d.Lq;
-      const int64_t m = nm % d.M, n = nm / d.M;
-      const int64_t nqm = (n * d.Lq + q) * d.M + m;
+      const Unit next = cur.next(d);
+      ahead = ahead.next(d);
+      if (u + 1 < end) build(u + 1, next, ahead);
       const size_t buf = static_cast<size_t>(u & 1) * taps;
-      gather_all<S, T>(packed.get() + (n * d.M + m) * head_size, d.D, offs.data() + buf, wts.data() + buf, 4 * LP,
-                       a.output + nqm * d.D);
+      gather_all<S, T>(packed.get() + (cur.n * d.M + cur.m) * head_size, d.D, offs.data() + buf, wts.data() + buf,
+                       4 * LP, a.output + cur.nqm(d) * d.D);
+      cur = next;
     }
   });
 }
@@ -664,10 +709,12 @@ void msda_forward_direct(const FwdArgs<T>& a, const ParallelFor& pf) {
     std::vector<A> wts(2 * taps);
     int64_t count[2] = {0, 0};
     std::vector<A> conv(std::is_same_v<T, A> ? 0 : static_cast<size_t>(3 * LP));
-    const auto build = [&](int64_t u) {
-      const int64_t q = u % d.Lq;
-      const int64_t nm = u / d.Lq;
-      const int64_t nqm = (nm / d.M * d.Lq + q) * d.M + nm % d.M;
+    const auto build = [&](int64_t u, const Unit& un, const Unit& ahead) {
+      const int64_t nqm = un.nqm(d);
+      if (u + kPrefetchUnits < end) {
+        const int64_t far = ahead.nqm(d);
+        prefetch_unit(a.sampling_locations + far * LP * 2, a.attention_weights + far * LP, LP);
+      }
       const A* loc;
       const A* aw;
       if constexpr (std::is_same_v<T, A>) {
@@ -683,16 +730,16 @@ void msda_forward_direct(const FwdArgs<T>& a, const ParallelFor& pf) {
       count[u & 1] = build_taps<true>(loc, aw, LP, lv, static_cast<int32_t>(row), 0, offs.data() + buf,
                                       wts.data() + buf);
     };
-    build(begin);
+    Unit cur = Unit::of(begin, d), ahead = Unit::of(std::min(begin + kPrefetchUnits, units - 1), d);
+    build(begin, cur, ahead);
     for (int64_t u = begin; u < end; ++u) {
-      if (u + 1 < end) build(u + 1);
-      const int64_t q = u % d.Lq;
-      const int64_t nm = u / d.Lq;
-      const int64_t m = nm % d.M, n = nm / d.M;
-      const int64_t nqm = (n * d.Lq + q) * d.M + m;
+      const Unit next = cur.next(d);
+      ahead = ahead.next(d);
+      if (u + 1 < end) build(u + 1, next, ahead);
       const size_t buf = static_cast<size_t>(u & 1) * taps;
-      gather_all<S, T>(a.value + n * d.S * row + m * d.D, d.D, offs.data() + buf, wts.data() + buf, count[u & 1],
-                       a.output + nqm * d.D);
+      gather_all<S, T>(a.value + cur.n * d.S * row + cur.m * d.D, d.D, offs.data() + buf, wts.data() + buf,
+                       count[u & 1], a.output + cur.nqm(d) * d.D);
+      cur = next;
     }
   });
 }
@@ -763,8 +810,8 @@ void msda_forward_direct_large(const FwdArgs<T>& a, const ParallelFor& pf) {
 }
 
 // dot[k] = sum_d go[d] * rows[k][d] for the four tap rows, in one pass over D.
-template <class S, class T>
-inline void dot4(const T* go, const T* const* rows, int64_t D, double* dot) {
+template <class S, class G, class T>
+inline void dot4(const G* go, const T* const* rows, int64_t D, double* dot) {
   using V = typename S::V;
   constexpr int W = S::W;
   V acc[4] = {S::zero(), S::zero(), S::zero(), S::zero()};
@@ -798,9 +845,6 @@ inline void axpy(acc_t<T>* gv, acc_t<T> c, const T* go, int64_t D) {
 template <class S, class T>
 void msda_backward(const BwdArgs<T>& a, const ParallelFor& pf) {
   using A = acc_t<T>;
-  // float and double accumulate grad_value in place; the 16-bit types in a float copy of the
-  // unit's rows, rounded once at the end.
-  constexpr bool kInPlace = std::is_same_v<T, A>;
   const MsDeformAttnDims& d = a.d;
   const int64_t row = d.M * d.D;
   const int64_t LP = d.L * d.P;
@@ -808,40 +852,46 @@ void msda_backward(const BwdArgs<T>& a, const ParallelFor& pf) {
   Level<A> lv[kMsDeformAttnMaxLevels];
   load_levels(a.spatial_shapes, a.level_start_index, d.L, lv);
   const bool want_dots = a.grad_sampling_locations != nullptr || a.grad_attention_weights != nullptr;
+  const bool want_value = a.grad_value != nullptr && d.D > 0;
   const int64_t units = d.N * d.M * d.L;
+  // Unit (n, m, l): the level's value rows of head m are copied into a contiguous buffer (in the
+  // accumulation type) and grad_value is accumulated in another, written back once: in place,
+  // a head's rows are D elements out of every M * D, a stride that maps them onto few cache sets
+  // (as in the forward's packed path), and the 16-bit types need a float accumulator anyway.
   pf(units, 1, [&](int64_t begin, int64_t end) {
-    std::vector<A> scratch;
+    std::vector<A> vbuf, gbuf, go(static_cast<size_t>(d.D));
     for (int64_t u = begin; u < end; ++u) {
       const int64_t l = u % d.L;
       const int64_t nm = u / d.L;
       const int64_t m = nm % d.M, n = nm / d.M;
       const Level<A>& lev = lv[l];
       const int64_t hw = lev.H * lev.W;
-      const T* vb = a.value + n * d.S * row + m * d.D;
-      // Where tap row `pix` (a row of value's S axis) accumulates its gradient:
-      // gv + (pix - origin) * gstride.
-      A* gv = nullptr;
-      int64_t gstride = 0, origin = 0;
-      if (a.grad_value != nullptr && d.D > 0) {
-        if constexpr (kInPlace) {
-          gv = a.grad_value + n * d.S * row + m * d.D;
-          gstride = row;
-          for (int64_t i = 0; i < hw; ++i) std::fill_n(gv + (lev.start + i) * row, d.D, A(0));
-        } else {
-          scratch.assign(static_cast<size_t>(hw * d.D), 0.f);
-          gv = scratch.data();
-          gstride = d.D;
-          origin = lev.start;
-        }
+      const T* vhead = a.value + (n * d.S + lev.start) * row + m * d.D;  // row i of the level: vhead + i * row
+      // The copy pays when the level's rows are tapped at least once each on average (not for a
+      // few hundred decoder queries over a 64 x 64 map): otherwise the rows are read in place.
+      const bool copy_rows = want_dots && d.Lq * d.P * 4 >= hw;
+      if (copy_rows) {
+        vbuf.resize(static_cast<size_t>(hw * d.D));
+        for (int64_t i = 0; i < hw; ++i) to_acc<S, T>(vhead + i * row, vbuf.data() + i * d.D, d.D);
       }
-      for (int64_t q = 0; q < d.Lq; ++q) {
+      if (want_value) gbuf.assign(static_cast<size_t>(hw * d.D), A(0));
+      for (int64_t q = 0; q < d.Lq && (want_dots || want_value); ++q) {
         const int64_t nqm = (n * d.Lq + q) * d.M + m;
         const int64_t first = nqm * LP + l * d.P;  // sample index of (n, q, m, l, 0)
-        const T* go = a.grad_output + nqm * d.D;
+        if (q + kPrefetchUnits < d.Lq) {
+          // Consecutive queries are M * L * P samples apart: prefetch as in the forward.
+          const int64_t ahead = nqm + kPrefetchUnits * d.M;
+          const int64_t far = ahead * LP + l * d.P;
+          prefetch_unit(a.sampling_locations + far * 2, a.attention_weights + far, d.P);
+          prefetch_unit(a.grad_output + ahead * d.D, a.grad_output + ahead * d.D, (d.D + 1) / 2);
+          if (a.grad_sampling_locations != nullptr) __builtin_prefetch(a.grad_sampling_locations + far * 2, 1);
+          if (a.grad_attention_weights != nullptr) __builtin_prefetch(a.grad_attention_weights + far, 1);
+        }
         const T* loc = a.sampling_locations + first * 2;
         const T* aw = a.attention_weights + first;
         T* gloc = a.grad_sampling_locations != nullptr ? a.grad_sampling_locations + first * 2 : nullptr;
         T* gaw = a.grad_attention_weights != nullptr ? a.grad_attention_weights + first : nullptr;
+        bool have_go = false;
         for (int64_t p = 0; p < d.P; ++p) {
           const Sample<A> s = locate(static_cast<A>(to_float(loc[2 * p])), static_cast<A>(to_float(loc[2 * p + 1])), lev);
           if (!s.inside) {
@@ -849,17 +899,29 @@ void msda_backward(const BwdArgs<T>& a, const ParallelFor& pf) {
             if (gaw != nullptr) gaw[p] = from_acc<T>(A(0));
             continue;
           }
+          if (!have_go) {  // the query's grad_output row, once per query that has an inside sample
+            to_acc<S, T>(a.grad_output + nqm * d.D, go.data(), d.D);
+            have_go = true;
+          }
           const A w = static_cast<A>(to_float(aw[p]));
           const bool on[4] = {s.t00, s.t01, s.t10, s.t11};
-          const int64_t pix[4] = {s.pix, s.pix + 1, s.pix + lev.W, s.pix + lev.W + 1};
+          // Rows within the level (pixel - start): on-map taps only.
+          const int64_t pix0 = s.pix - lev.start;
+          const int64_t pix[4] = {pix0, pix0 + 1, pix0 + lev.W, pix0 + lev.W + 1};
           const A gx = A(1) - s.fx, gy = A(1) - s.fy;
           const A bw[4] = {gy * gx, gy * s.fx, s.fy * gx, s.fy * s.fx};
           if (want_dots) {
-            // Off-map taps read grad_output itself (valid memory) and their dots are dropped.
-            const T* rows[4];
-            for (int k = 0; k < 4; ++k) rows[k] = on[k] ? vb + pix[k] * row : go;
+            // Off-map taps read some valid row (the level's first) and their dots are dropped.
             double dot[4];
-            dot4<S, T>(go, rows, d.D, dot);
+            if (copy_rows) {
+              const A* rows[4];
+              for (int k = 0; k < 4; ++k) rows[k] = vbuf.data() + (on[k] ? pix[k] : 0) * d.D;
+              dot4<S>(go.data(), rows, d.D, dot);
+            } else {
+              const T* rows[4];
+              for (int k = 0; k < 4; ++k) rows[k] = vhead + (on[k] ? pix[k] : 0) * row;
+              dot4<S>(go.data(), rows, d.D, dot);
+            }
             A g[4];
             for (int k = 0; k < 4; ++k) g[k] = on[k] ? static_cast<A>(dot[k]) : A(0);
             if (gaw != nullptr) gaw[p] = from_acc<T>(bw[0] * g[0] + bw[1] * g[1] + bw[2] * g[2] + bw[3] * g[3]);
@@ -870,23 +932,21 @@ void msda_backward(const BwdArgs<T>& a, const ParallelFor& pf) {
               gloc[2 * p + 1] = from_acc<T>(w * (gx * (g[2] - g[0]) + s.fx * (g[3] - g[1])) * lev.hf);
             }
           }
-          if (gv != nullptr) {
+          if (want_value) {
             for (int k = 0; k < 4; ++k) {
-              if (on[k]) axpy<S, T>(gv + (pix[k] - origin) * gstride, w * bw[k], go, d.D);
+              if (on[k]) axpy<S, A>(gbuf.data() + pix[k] * d.D, w * bw[k], go.data(), d.D);
             }
           }
         }
       }
-      if constexpr (!kInPlace) {
-        if (gv != nullptr) {
-          T* dst = a.grad_value + n * d.S * row + m * d.D;
-          for (int64_t i = 0; i < hw; ++i) {
-            const A* src = scratch.data() + i * d.D;
-            T* out = dst + (lev.start + i) * row;
-            int64_t d0 = 0;
-            for (; d0 + S::W <= d.D; d0 += S::W) S::store(out + d0, S::load(src + d0));
-            if (d0 < d.D) S::store_n(out + d0, S::load_n(src + d0, static_cast<int>(d.D - d0)), static_cast<int>(d.D - d0));
-          }
+      if (want_value) {
+        T* ghead = a.grad_value + (n * d.S + lev.start) * row + m * d.D;
+        for (int64_t i = 0; i < hw; ++i) {
+          const A* src = gbuf.data() + i * d.D;
+          T* dst = ghead + i * row;
+          int64_t d0 = 0;
+          for (; d0 + S::W <= d.D; d0 += S::W) S::store(dst + d0, S::load(src + d0));
+          if (d0 < d.D) S::store_n(dst + d0, S::load_n(src + d0, static_cast<int>(d.D - d0)), static_cast<int>(d.D - d0));
         }
       }
     }

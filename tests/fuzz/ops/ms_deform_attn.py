@@ -277,7 +277,8 @@ def ort_cases(draw):
         else:
             graph_inputs.append(helper.make_tensor_value_info(name, S.onnx_type(t), dims))
             # int64 level data as is (S.feed_array clips integers, which would break valid cases)
-            feeds[name] = np.asarray(data, np.int64) if t == "int64" else S.feed_array(np.asarray(data, np.float64), t)
+            level_data = name in ("spatial_shapes", "level_start_index") and t == "int64"
+            feeds[name] = np.asarray(data, np.int64) if level_data else S.feed_array(np.asarray(data, np.float64), t)
         node_inputs.append(name)
     if structure == "extra_input":
         node_inputs.append("value")
