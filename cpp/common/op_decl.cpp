@@ -658,13 +658,7 @@ std::string json_string(const std::string& s) {
 }
 
 std::string json_double(double v) {
-  // Shortest representation that reads back to the same double.
-  char buf[32];
-  for (int prec = 1; prec <= 17; ++prec) {
-    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  std::string s = buf;
+  std::string s = shortest_double(v);
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;
 }
@@ -689,6 +683,8 @@ std::string json_value(const AttrValue& v) {
   return "null";
 }
 
+}  // namespace
+
 const char* attr_type_key(AttrType t) {
   switch (t) {
     case AttrType::kInt: return "int";
@@ -701,7 +697,14 @@ const char* attr_type_key(AttrType t) {
   return "?";
 }
 
-}  // namespace
+std::string shortest_double(double v) {
+  char buf[32];
+  for (int prec = 1; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
 
 std::string describe_ops_json(const std::vector<const OpDecl*>& ops, const std::string& domain, int domain_version) {
   std::ostringstream j;

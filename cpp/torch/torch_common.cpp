@@ -59,12 +59,7 @@ namespace opbridge::torch_adapter {
 namespace {
 
 std::string float_literal(double v) {
-  char buf[32];
-  for (int prec = 1; prec <= 17; ++prec) {
-    std::snprintf(buf, sizeof buf, "%.*g", prec, v);
-    if (std::strtod(buf, nullptr) == v) break;
-  }
-  std::string s = buf;
+  std::string s = shortest_double(v);
   if (s.find_first_of(".eE") == std::string::npos) s += ".";
   return s;
 }
@@ -90,17 +85,6 @@ std::string default_literal(const ArgDecl& a) {
   return "";
 }
 
-const char* torch_type(AttrType t) {
-  switch (t) {
-    case AttrType::kInt: return "int";
-    case AttrType::kFloat: return "float";
-    case AttrType::kString: return "str";
-    case AttrType::kBool: return "bool";
-    case AttrType::kInts: return "int[]";
-    case AttrType::kFloats: return "float[]";
-  }
-  return "";
-}
 
 ElemType elem_type(at::ScalarType t) {
   switch (t) {
@@ -166,7 +150,7 @@ std::string torch_schema(const OpDecl& decl) {
     if (a.is_input) {
       s += a.optional ? "Tensor? " + a.name + "=None" : "Tensor " + a.name;
     } else {
-      s += std::string(torch_type(a.attr_type)) + " " + a.name;
+      s += std::string(attr_type_key(a.attr_type)) + " " + a.name;
       if (a.has_default) s += "=" + default_literal(a);
     }
   }

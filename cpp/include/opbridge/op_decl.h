@@ -90,6 +90,11 @@ Status dispatch(ElemType t, F&& f) {
 
 enum class AttrType : int32_t { kInt = 0, kFloat = 1, kString = 2, kBool = 3, kInts = 4, kFloats = 5 };
 const char* attr_type_name(AttrType t);  // "an int", "a float", "a string", ...
+// The torch schema's spelling of an attribute type ("int", "float", "str", "bool", "int[]",
+// "float[]"); also the type's key in the JSON description.
+const char* attr_type_key(AttrType t);
+// The shortest decimal form that reads back as exactly `v` ("1e-05", "0.5").
+std::string shortest_double(double v);
 
 // An attribute value (the member its type names is meaningful).
 struct AttrValue {
