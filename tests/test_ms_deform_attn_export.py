@@ -12,6 +12,8 @@ import opbridge
 from msda_inputs import assert_within, f64, forward_allowance, make_inputs
 
 EXPORTERS = pytest.mark.parametrize("dynamo", (True, False), ids=["dynamo", "torchscript"])
+# The dynamo exporter notes that the Dims it was given are named as given (torch 2.13).
+pytestmark = pytest.mark.filterwarnings("ignore:# The axis name:UserWarning")
 NAMES = ["value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"]
 
 

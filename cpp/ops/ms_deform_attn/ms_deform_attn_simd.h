@@ -3,15 +3,19 @@
 // (ms_deform_attn_cpu.cpp, ms_deform_attn_cpu_avx2.cpp, ms_deform_attn_cpu_avx512.cpp), so
 // everything here has internal linkage (see common/simd_avx512.h for why).
 //
-// Forward, per (n, m, q): the in-map taps of the query's L * P samples are listed first (pixel
-// offset into value and weight = attention weight * bilinear weight; out-of-map taps are left
-// out, never read), then every tap's D values are accumulated with vector FMAs, D in chunks
-// of up to 4 vectors held in registers. Value rows are read straight from value's (N, S, M, D)
-// layout: one tap reads D contiguous elements.
+// Forward, per unit (n, m, q): the taps of the query's L * P samples are built first (element
+// offset of the tap's row, and weight = attention weight * bilinear weight; 16 or 8 samples at a
+// time with AVX-512 / AVX2), then every tap's D values are accumulated with vector FMAs, D in
+// chunks of up to 4 vectors held in registers. Building the next query's taps overlaps gathering
+// the current one's. Three variants (msda_forward picks one):
+//   packed:  value rearranged per head (contiguous rows + a zero row), for many queries per row
+//            (the Deformable-DETR encoder);
+//   direct:  value read in place, off-map taps left out (the decoder: few queries per row);
+//   large:   direct, one sample at a time with int64 offsets, for values beyond int32 offsets.
 //
-// Backward, per (n, m, level): for each query and sample, the dot products of grad_output with
-// the (up to 4) tap rows give the attention-weight and location gradients, and each tap row of
-// grad_value gets grad_output * weight added. Units never share a grad_value row (see
+// Backward, per unit (n, m, level): for each query and sample, the dot products of grad_output
+// with the (up to 4) tap rows give the attention-weight and location gradients, and each tap row
+// of grad_value gets grad_output * weight added. Units never share a grad_value row (see
 // opbridge/ms_deform_attn.h), so the result is deterministic.
 #pragma once
 
@@ -79,8 +83,8 @@ struct F64Lanes {
   }
 };
 
-// Samples whose taps are listed at once: 256 taps (3 KB of offsets and weights, on the stack).
-// Queries with more samples (L * P > 64) are accumulated block by block.
+// The large path's samples whose taps are listed at once: 256 taps (3 KB of offsets and
+// weights, on the stack). Queries with more samples (L * P > 64) are accumulated block by block.
 constexpr int64_t kBlockSamples = 64;
 // Vectors of D accumulated per pass over a query's taps (registers: 4 accumulators, plus the
 // broadcast weight and loads, fit every instruction set's register file).
@@ -287,9 +291,9 @@ int64_t forward_grain(int64_t taps_per_query, int64_t D) {
 // contiguous and followed by a row of zeros. Two things come of it: a head's rows are one block
 // that stays in cache while its queries are sampled (in (N, S, M, D) they are D elements out of
 // every M * D, a stride that maps them onto few cache sets), and a tap off the map can read the
-// zero row with weight 0 instead of being left out, so a query's taps are built by one
-// branch-free loop over its samples that the compiler vectorizes (off-map taps add exactly 0;
-// on-map taps still multiply their value, so NaN values propagate as in the direct path).
+// zero row with weight 0 instead of being left out, so every query has 4 * L * P taps in fixed
+// places, built without branches (off-map taps add exactly 0; on-map taps still multiply their
+// value, so NaN values propagate as in the direct path).
 
 // Whether the packed path pays: the rearrangement reads and writes value once, which pays when
 // a head's queries gather many times as many rows as the head has. Measured (2026-11, Xeon,
