@@ -345,7 +345,7 @@ def test_deformable_detr_converted():
     _converted_tiny_deformable_detr()
 
 
-@pytest.mark.slow  # the export of a whole DETR takes about a minute on a 2-core machine
+# ~16 s (dynamo) + 2 s (TorchScript) on a 2-core machine; transformers is in the test requirements.
 @pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
 def test_deformable_detr_converted_export_ort(dynamo):
     import numpy as np
