@@ -39,6 +39,7 @@ struct SimdGeneric {
   static V min(V a, V b) { return {_mm_min_ps(a.lo, b.lo), _mm_min_ps(a.hi, b.hi)}; }
   static V max(V a, V b) { return {_mm_max_ps(a.lo, b.lo), _mm_max_ps(a.hi, b.hi)}; }
   // cvtps2dq rounds by MXCSR: to nearest even unless the program changed the rounding mode.
+  static V clamp_sym(V v, float m) { return max(min(v, set1(m)), set1(-m)); }
   static V round(V a) {
     return {_mm_cvtepi32_ps(_mm_cvtps_epi32(a.lo)), _mm_cvtepi32_ps(_mm_cvtps_epi32(a.hi))};
   }
@@ -161,6 +162,7 @@ struct SimdGeneric {
     for (int l = 0; l < W; ++l) a.v[l] = a.v[l] > b.v[l] ? a.v[l] : b.v[l];
     return a;
   }
+  static V clamp_sym(V v, float m) { return max(min(v, set1(m)), set1(-m)); }
   static V round(V a) {
     for (int l = 0; l < W; ++l) a.v[l] = std::nearbyint(a.v[l]);
     return a;
