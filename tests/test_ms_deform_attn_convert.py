@@ -410,6 +410,35 @@ def test_sampling_locations_bit_identical(reference, dtypes):
         _sampling_locations(torch.cat([ref[..., :2], ref[..., :1]], -1), offsets, normalizer, p)
 
 
+@pytest.mark.parametrize("masked", [True, False])
+@pytest.mark.parametrize("reference", REFERENCES)
+def test_transformers_layer_gradients(reference, masked):
+    """Training through a converted layer: the same gradients (parameters, queries, values,
+    reference points) as the original, in float64."""
+    _, layer = _layer("deformable_detr")
+    kwargs = _layer_inputs(reference)
+    if not masked:
+        kwargs["attention_mask"] = None
+    leaves = {k: kwargs[k].requires_grad_() for k in ("hidden_states", "encoder_hidden_states", "reference_points")}
+    probe = torch.randn_like(layer(**kwargs)[1])
+
+    def grads(model):
+        out, weights = model(**kwargs)
+        names = [n for n, _ in model.named_parameters()]
+        params = [p for _, p in model.named_parameters()]
+        g = torch.autograd.grad((out * out).sum() + (weights * probe).sum(), params + list(leaves.values()))
+        return dict(zip(names + list(leaves), g))
+
+    expected = grads(layer)
+    holder = nn.ModuleList([layer])
+    opbridge.nn.convert(holder)
+    assert isinstance(holder[0], opbridge.nn.ms_deform_attn.TransformersDeformableAttentionLayer)
+    got = grads(holder[0])
+    assert got.keys() == expected.keys()
+    for k in expected:
+        torch.testing.assert_close(got[k], expected[k], rtol=1e-9, atol=1e-9, msg=lambda m, k=k: f"{k}: {m}")
+
+
 def test_transformers_layer_hooks_and_copies():
     """Hooks on the layer keep running; a hook on its core module keeps the layer (only the core
     module is replaced, so the hook still runs); converted layers deepcopy and pickle."""
@@ -430,6 +459,11 @@ def test_transformers_layer_hooks_and_copies():
     assert isinstance(holder[0], opbridge.nn.ms_deform_attn.TransformersDeformableAttentionLayer)
     holder[0](**kwargs)
     assert calls == ["layer"]
+    # A hook on value_proj sees its output as it was made (the masking does not write into it).
+    kept = []
+    hooked.value_proj.register_forward_hook(lambda mod, args, out: kept.append(out))
+    holder[0](**kwargs)
+    assert kept[0].equal(hooked.value_proj(kwargs["encoder_hidden_states"]))
 
     _, observed = _layer("deformable_detr")
     observed.attn.register_forward_pre_hook(lambda mod, args: calls.append("attn"))
@@ -439,6 +473,18 @@ def test_transformers_layer_hooks_and_copies():
     assert type(holder[0].attn) is opbridge.nn.ms_deform_attn.TransformersMultiScaleDeformableAttention
     holder[0](**kwargs)
     assert calls[-1] == "attn"
+
+
+def test_transformers_layer_checks_the_levels_like_the_original():
+    _, layer = _layer("deformable_detr")
+    kwargs = _layer_inputs("points")
+    kwargs["spatial_shapes_list"] = kwargs["spatial_shapes_list"][:-1]  # sizes no longer add up to S
+    with pytest.raises(ValueError, match="Make sure to align the spatial shapes"):
+        layer(**kwargs)
+    holder = nn.ModuleList([layer])
+    opbridge.nn.convert(holder)
+    with pytest.raises(ValueError, match="Make sure to align the spatial shapes"):
+        holder[0](**kwargs)
 
 
 def test_transformers_layer_of_another_form_keeps_its_forward():

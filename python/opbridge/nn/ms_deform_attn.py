@@ -54,6 +54,11 @@ def _shared(cls: type, m: torch.nn.Module) -> torch.nn.Module:
     return new
 
 
+def _eager() -> bool:
+    """False while an exporter traces the model (TorchScript tracer, torch.onnx.export)."""
+    return not (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())
+
+
 def _sampling_locations(reference_points: torch.Tensor, sampling_offsets: torch.Tensor,
                         offset_normalizer: torch.Tensor, n_points: int) -> torch.Tensor:
     """The locations every recognised module computes: reference points plus normalised offsets,
@@ -86,8 +91,7 @@ def _sampling_locations(reference_points: torch.Tensor, sampling_offsets: torch.
         dtype = torch.result_type(sampling_offsets, offset_normalizer)
         normalizer = offset_normalizer.to(dtype)[:, None, :].expand(levels, points, -1).flatten()
         reference = per_point(reference_points)
-        if (reference.dtype == dtype == offsets.dtype and not torch.jit.is_tracing()
-                and not torch.onnx.is_in_onnx_export()):
+        if reference.dtype == dtype == offsets.dtype and _eager():
             # One pass instead of two; addcdiv computes input + 1 * (t1 / t2) (no fused
             # multiply-add is possible around the division), so the result is unchanged. Exports
             # write the plain form: the TorchScript exporter has no addcdiv, and the dynamo
@@ -162,8 +166,9 @@ class TransformersDeformableAttentionLayer(torch.nn.Module):
             hidden_states = hidden_states + position_embeddings
         batch_size, num_queries, _ = hidden_states.shape
         batch_size, sequence_length, _ = encoder_hidden_states.shape
-        if spatial_shapes_list is not None:
-            # The original's check (the op checks it as well, from spatial_shapes).
+        if spatial_shapes_list is not None and not torch.jit.is_tracing():
+            # The original's check (the op checks it as well, from spatial_shapes; the TorchScript
+            # tracer has the sizes as tensors here).
             torch._check_with(ValueError, sum(h * w for h, w in spatial_shapes_list) == sequence_length,
                               lambda: "Make sure to align the spatial shapes with the sequence length of the "
                                       "encoder hidden states")
@@ -175,7 +180,13 @@ class TransformersDeformableAttentionLayer(torch.nn.Module):
         value = self.value_proj(encoder_hidden_states)
         if attention_mask is not None:
             # attention_mask is True where the input is valid (inverted, as the original does).
-            value = value.masked_fill(~attention_mask[..., None], float(0))
+            # In place where value is known to be the projection's own new tensor (an unobserved
+            # nn.Linear's output; autograd does not need it): saves copying the (N, S, d_model)
+            # values in every layer. Exports keep the original's form.
+            if type(self.value_proj) is torch.nn.Linear and not _has_hooks(self.value_proj) and _eager():
+                value = value.masked_fill_(~attention_mask[..., None], float(0))
+            else:
+                value = value.masked_fill(~attention_mask[..., None], float(0))
         value = value.view(batch_size, sequence_length, self.n_heads, self.d_model // self.n_heads)
         sampling_offsets = self.sampling_offsets(hidden_states).view(
             batch_size, num_queries, self.n_heads, self.n_levels, self.n_points, 2)
