@@ -289,10 +289,12 @@ def test_transformers_pixel_decoder_attention(family, cls, masked):
     assert mod.multi_scale_deformable_attention is function_before
 
 
-def test_transformers_v2_form_left_alone_with_warning():
+def test_transformers_v2_discrete_left_alone_with_warning():
+    # The v2 form's "default" method is converted (tests/test_ms_deform_attn_v2.py); its
+    # "discrete" one (nearest-pixel gather) is other arithmetic and stays.
     mod = _transformers_module("rt_detr_v2")
     cfg = importlib.import_module("transformers").RTDetrV2Config(d_model=32, decoder_attention_heads=4,
-                                                                     decoder_n_points=2)
+                                                                     decoder_n_points=2, decoder_method="discrete")
     model = nn.ModuleList([mod.RTDetrV2MultiscaleDeformableAttention(cfg)])
     with pytest.warns(UserWarning, match="RTDetrV2MultiscaleDeformableAttention"):
         opbridge.nn.convert(model)

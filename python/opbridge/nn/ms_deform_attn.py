@@ -435,6 +435,10 @@ _RECOGNISERS: tuple[tuple[Callable[[torch.nn.Module], bool], Callable[[torch.nn.
 _REPLACED = (TransformersDeformableAttentionLayer, TransformersMultiScaleDeformableAttention,
              TransformersPixelDecoderMultiscaleDeformableAttention,
              MSDeformAttn, MmcvMultiScaleDeformableAttention)
+# transformers' multi_scale_deformable_attention_v2 layers (RT-DETRv2, D-FINE, DEIMv2; per-level point counts).
+from . import ms_deform_attn_v2 as _v2  # noqa: E402  (it does not import this module: no cycle)
+_RECOGNISERS += _v2.RECOGNISERS
+_REPLACED += _v2.REPLACED
 
 # Class names that suggest a deformable-attention module (for the warning about unknown variants).
 _MSDA_NAME = re.compile(r"deform(able)?_?(attn|attention)", re.IGNORECASE)
