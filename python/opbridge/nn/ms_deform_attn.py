@@ -116,6 +116,26 @@ def _sampling_locations_broadcast(reference_points: torch.Tensor, sampling_offse
             + sampling_offsets / n_points * reference_points[:, :, None, :, None, 2:] * 0.5)
 
 
+def _attend(m: torch.nn.Module, hidden_states: torch.Tensor, value: torch.Tensor, reference_points: torch.Tensor,
+            spatial_shapes: torch.Tensor, level_start_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The arithmetic the transformers layers share after projecting (and masking) the values:
+    offsets, softmaxed weights, locations, the sampling (by opbridge), the output projection.
+    Returns (output, attention_weights) as those layers do."""
+    batch_size, num_queries, _ = hidden_states.shape
+    sequence_length = value.shape[1]
+    value = value.view(batch_size, sequence_length, m.n_heads, m.d_model // m.n_heads)
+    sampling_offsets = m.sampling_offsets(hidden_states).view(
+        batch_size, num_queries, m.n_heads, m.n_levels, m.n_points, 2)
+    attention_weights = m.attention_weights(hidden_states).view(
+        batch_size, num_queries, m.n_heads, m.n_levels * m.n_points)
+    attention_weights = F.softmax(attention_weights, -1).view(
+        batch_size, num_queries, m.n_heads, m.n_levels, m.n_points)
+    offset_normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
+    sampling_locations = _sampling_locations(reference_points, sampling_offsets, offset_normalizer, m.n_points)
+    output = ops.ms_deform_attn(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+    return m.output_proj(output), attention_weights
+
+
 # --- transformers: the parameterless core module (class-copy families) --------------------------
 
 _HF_CORE_PARAMS = ("value", "value_spatial_shapes", "value_spatial_shapes_list", "level_start_index",
@@ -164,8 +184,7 @@ class TransformersDeformableAttentionLayer(torch.nn.Module):
         # neither; encoder_attention_mask is unused there too.
         if position_embeddings is not None:
             hidden_states = hidden_states + position_embeddings
-        batch_size, num_queries, _ = hidden_states.shape
-        batch_size, sequence_length, _ = encoder_hidden_states.shape
+        sequence_length = encoder_hidden_states.shape[1]
         if spatial_shapes_list is not None and not torch.jit.is_tracing():
             # The original's check (the op checks it as well, from spatial_shapes; the TorchScript
             # tracer has the sizes as tensors here).
@@ -187,18 +206,7 @@ class TransformersDeformableAttentionLayer(torch.nn.Module):
                 value = value.masked_fill_(~attention_mask[..., None], float(0))
             else:
                 value = value.masked_fill(~attention_mask[..., None], float(0))
-        value = value.view(batch_size, sequence_length, self.n_heads, self.d_model // self.n_heads)
-        sampling_offsets = self.sampling_offsets(hidden_states).view(
-            batch_size, num_queries, self.n_heads, self.n_levels, self.n_points, 2)
-        attention_weights = self.attention_weights(hidden_states).view(
-            batch_size, num_queries, self.n_heads, self.n_levels * self.n_points)
-        attention_weights = F.softmax(attention_weights, -1).view(
-            batch_size, num_queries, self.n_heads, self.n_levels, self.n_points)
-        offset_normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
-        sampling_locations = _sampling_locations(reference_points, sampling_offsets, offset_normalizer, self.n_points)
-        output = ops.ms_deform_attn(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
-        output = self.output_proj(output)
-        return output, attention_weights
+        return _attend(self, hidden_states, value, reference_points, spatial_shapes, level_start_index)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # The per-class subclass is made at run time and cannot be found by name: pickle and
@@ -290,8 +298,7 @@ class TransformersPixelDecoderMultiscaleDeformableAttention(torch.nn.Module):
         spatial_shapes_list = bound.get("spatial_shapes_list")
         if position_embeddings is not None:
             hidden_states = hidden_states + position_embeddings
-        batch_size, num_queries, _ = hidden_states.shape
-        batch_size, sequence_length, _ = encoder_hidden_states.shape
+        sequence_length = encoder_hidden_states.shape[1]
         if spatial_shapes is None:
             spatial_shapes = torch.tensor([[int(h), int(w)] for h, w in spatial_shapes_list], dtype=torch.long,
                                           device=hidden_states.device)
@@ -301,18 +308,8 @@ class TransformersPixelDecoderMultiscaleDeformableAttention(torch.nn.Module):
         value = self.value_proj(encoder_hidden_states)
         if attention_mask is not None:
             value = value.masked_fill(attention_mask[..., None], float(0))
-        value = value.view(batch_size, sequence_length, self.n_heads, self.d_model // self.n_heads)
-        sampling_offsets = self.sampling_offsets(hidden_states).view(
-            batch_size, num_queries, self.n_heads, self.n_levels, self.n_points, 2)
-        attention_weights = self.attention_weights(hidden_states).view(
-            batch_size, num_queries, self.n_heads, self.n_levels * self.n_points)
-        attention_weights = F.softmax(attention_weights, -1).view(
-            batch_size, num_queries, self.n_heads, self.n_levels, self.n_points)
-        offset_normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
-        sampling_locations = _sampling_locations(reference_points, sampling_offsets, offset_normalizer, self.n_points)
-        output = ops.ms_deform_attn(value, spatial_shapes, _level_start_index(spatial_shapes), sampling_locations,
-                                    attention_weights)
-        return self.output_proj(output), attention_weights
+        return _attend(self, hidden_states, value, reference_points, spatial_shapes,
+                       _level_start_index(spatial_shapes))
 
     @classmethod
     def from_module(cls, m: torch.nn.Module) -> torch.nn.Module:
