@@ -586,7 +586,11 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
       gn_sample_coefficients<I>(a, merged.data(), stats_out(a.mean, n0 + j), stats_out(a.rstd, n0 + j), &coef[j]);
     }
     pf(tiles, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
+      // Last tile first: the statistics pass just read this range in order, so its end is what
+      // is still in this thread's L2 (with a static partition, as torch's pool makes); going
+      // backwards reads that part from cache before the rest evicts it (measured on the Xeon:
+      // 1,512,64,64 channels-last 1.69x -> 1.47x a copy; no change where everything fits).
+      for (int64_t t = end - 1; t >= begin; --t) {
         int64_t n = 0, r0 = 0, nr = 0;
         tile_range(t, &n, &r0, &nr);
         apply(a.x + (n * S + r0) * C, a.y + (n * S + r0) * C, nr, coef[n - n0], nullptr);
