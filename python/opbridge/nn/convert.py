@@ -5,22 +5,42 @@ output (see docs/group_norm.md, "What convert fuses")."""
 from __future__ import annotations
 
 import inspect
+import re
 import warnings
 
 import torch
 
 from . import ms_deform_attn as _msda
+from . import ms_deform_attn_v2 as _msda_v2
 from .group_norm import GroupNorm
 
 # torch.nn module type -> its opbridge replacement (which has a from_torch classmethod).
 _REPLACEMENTS = {torch.nn.GroupNorm: GroupNorm}
 
 
+# Multi-scale deformable attention: (recogniser, maker) pairs, tried in order, and the replacement
+# classes (never replaced again).
+_MSDA_RECOGNISERS = _msda.RECOGNISERS + _msda_v2.RECOGNISERS
+_MSDA_REPLACED = _msda.REPLACED + _msda_v2.REPLACED
+# Class names that suggest a deformable-attention module (for the warning about unknown variants).
+_MSDA_NAME = re.compile(r"deform(able)?_?(attn|attention)", re.IGNORECASE)
+
+
 def _replacement(m: torch.nn.Module) -> torch.nn.Module | None:
     repl = _REPLACEMENTS.get(type(m))
     if repl is not None:
         return repl.from_torch(m)
-    return _msda.replacement_for(m)
+    if isinstance(m, _MSDA_REPLACED):
+        return None
+    for recognise, make in _MSDA_RECOGNISERS:
+        if recognise(m):
+            return make(m)
+    return None
+
+
+def _looks_like_msda(m: torch.nn.Module) -> bool:
+    """True for a module whose class name says deformable attention (recognised or not)."""
+    return bool(_MSDA_NAME.search(type(m).__name__)) and not isinstance(m, _MSDA_REPLACED)
 
 
 def convert(model: torch.nn.Module, fuse_activations: bool = True) -> torch.nn.Module:
@@ -42,7 +62,7 @@ def convert(model: torch.nn.Module, fuse_activations: bool = True) -> torch.nn.M
     new = _replacement(model)
     if new is not None:
         return new
-    if not _convert(model, "", unknown, fuse_activations) and _msda.looks_like_msda(model):
+    if not _convert(model, "", unknown, fuse_activations) and _looks_like_msda(model):
         unknown.append(type(model).__qualname__)
     if unknown:
         names = sorted(set(unknown))
@@ -62,7 +82,7 @@ def _convert(module: torch.nn.Module, prefix: str, unknown: list[str], fuse: boo
             converted = True
             continue
         inner = _convert(child, f"{prefix}{name}.", unknown, fuse)
-        if not inner and _msda.looks_like_msda(child):
+        if not inner and _looks_like_msda(child):
             unknown.append(type(child).__qualname__)
         converted = converted or inner
     if fuse:

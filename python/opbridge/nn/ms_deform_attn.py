@@ -25,7 +25,6 @@ Recognised (see docs/ms_deform_attn.md):
 from __future__ import annotations
 
 import inspect
-import re
 from typing import Any, Callable
 
 import torch
@@ -33,7 +32,7 @@ import torch.nn.functional as F
 
 from .. import ops
 
-__all__ = ["replacement_for", "looks_like_msda"]
+__all__ = ["RECOGNISERS", "REPLACED"]
 
 
 def _params(m: torch.nn.Module) -> tuple[str, ...]:
@@ -420,37 +419,14 @@ def _is_mmcv(m: torch.nn.Module) -> bool:
                                    "reference_points", "spatial_shapes", "level_start_index"))
 
 
-# --- dispatch -----------------------------------------------------------------------------------
+# --- recognisers (combined with ms_deform_attn_v2's in convert.py) ------------------------------
 
-_RECOGNISERS: tuple[tuple[Callable[[torch.nn.Module], bool], Callable[[torch.nn.Module], torch.nn.Module]], ...] = (
+RECOGNISERS: tuple[tuple[Callable[[torch.nn.Module], bool], Callable[[torch.nn.Module], torch.nn.Module]], ...] = (
     (_is_hf_outer, lambda m: _shared(_subclass(type(m)), m)),
     (_is_hf_core, lambda m: _shared(TransformersMultiScaleDeformableAttention, m)),
     (_is_pixel_decoder, TransformersPixelDecoderMultiscaleDeformableAttention.from_module),
     (_is_msdeformattn, lambda m: _shared(MSDeformAttn, m)),
     (_is_mmcv, lambda m: _shared(MmcvMultiScaleDeformableAttention, m)),
 )
-_REPLACED = (TransformersDeformableAttentionLayer, TransformersMultiScaleDeformableAttention,
-             TransformersPixelDecoderMultiscaleDeformableAttention,
-             MSDeformAttn, MmcvMultiScaleDeformableAttention)
-# transformers' multi_scale_deformable_attention_v2 layers (RT-DETRv2, D-FINE, DEIMv2; per-level point counts).
-from . import ms_deform_attn_v2 as _v2  # noqa: E402  (it does not import this module: no cycle)
-_RECOGNISERS += _v2.RECOGNISERS
-_REPLACED += _v2.REPLACED
-
-# Class names that suggest a deformable-attention module (for the warning about unknown variants).
-_MSDA_NAME = re.compile(r"deform(able)?_?(attn|attention)", re.IGNORECASE)
-
-
-def replacement_for(m: torch.nn.Module) -> torch.nn.Module | None:
-    """The opbridge replacement of a recognised MSDA module (sharing its state), else None."""
-    if isinstance(m, _REPLACED):
-        return None
-    for recognise, make in _RECOGNISERS:
-        if recognise(m):
-            return make(m)
-    return None
-
-
-def looks_like_msda(m: torch.nn.Module) -> bool:
-    """True for a module whose class name says deformable attention (recognised or not)."""
-    return bool(_MSDA_NAME.search(type(m).__name__)) and not isinstance(m, _REPLACED)
+REPLACED = (TransformersDeformableAttentionLayer, TransformersMultiScaleDeformableAttention,
+            TransformersPixelDecoderMultiscaleDeformableAttention, MSDeformAttn, MmcvMultiScaleDeformableAttention)

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
+from .ms_deform_attn import _level_start_index, _params
+from .ms_deform_attn import _shared as _share_state
 
 __all__ = ["ms_deform_attn_v2", "RECOGNISERS", "REPLACED"]
 
@@ -76,19 +78,10 @@ def ms_deform_attn_v2(value: torch.Tensor, spatial_shapes: torch.Tensor, samplin
         weights = F.pad(attention_weights, (0, 1), value=0.0)
         locations = locations.index_select(3, index).view(batch, num_queries, heads, levels, points, 2)
         weights = weights.index_select(3, index).view(batch, num_queries, heads, levels, points)
-    areas = spatial_shapes[:, 0] * spatial_shapes[:, 1]
-    level_start_index = torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
-    return ops.ms_deform_attn(value, spatial_shapes, level_start_index, locations, weights)
+    return ops.ms_deform_attn(value, spatial_shapes, _level_start_index(spatial_shapes), locations, weights)
 
 
-# --- helpers (as in ms_deform_attn.py; kept here so that the two modules import one way only) ---
-
-def _params(m: torch.nn.Module) -> tuple[str, ...]:
-    try:
-        return tuple(inspect.signature(type(m).forward).parameters)[1:]
-    except (TypeError, ValueError):  # pragma: no cover - builtin forward
-        return ()
-
+# --- helpers ------------------------------------------------------------------------------------
 
 def _source(m: torch.nn.Module) -> ModuleType | None:
     return sys.modules.get(type(m).__module__)
@@ -116,8 +109,7 @@ def _shared(cls: type, m: torch.nn.Module) -> torch.nn.Module:
     and hooks), plus what the forward needs from the module m's class is defined in: its name,
     its check function and its v2 function (plain references: the replacement pickles)."""
     source = _source(m)
-    new = cls.__new__(cls)
-    new.__dict__.update(m.__dict__)
+    new = _share_state(cls, m)
     new.__dict__.update(_opbridge_source=source.__name__, _opbridge_check=source.torch_compilable_check,
                         _opbridge_v2=_library_v2(source))
     return new
