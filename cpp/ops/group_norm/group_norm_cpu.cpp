@@ -10,6 +10,7 @@
 #include "common/simd_generic.h"
 #include "group_norm_isa.h"
 #include "group_norm_simd.h"
+#include "group_norm_backward_simd.h"
 #include "opbridge/cpu_isa.h"
 #include "opbridge/dtype.h"
 #include "opbridge/group_norm.h"
@@ -215,6 +216,10 @@ template <class T>
 void forward_baseline(const Args<T>& a, const ParallelFor& pf) {
   gn_forward<SimdGeneric, T>(a, pf);
 }
+template <class T>
+void backward_baseline(const BackwardArgs<T>& a, const ParallelFor& pf) {
+  gn_backward<SimdGeneric, T>(a, pf);
+}
 }  // namespace group_norm_isa
 
 namespace {
@@ -302,58 +307,26 @@ A act_grad(Activation act, A dy, A z) {
   return dy * (s * (A(1) + z * (A(1) - s)));
 }
 
-}  // namespace
-
+// The float64 backward: straightforward kernels in double. Writes dx (unless null), the
+// per-channel sums ds, db ([N, C]) and rstd ([N, G]) as group_norm_isa::BackwardArgs describes.
 template <class T>
-Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const GroupNormDims& d, double eps,
-                      Activation act, acc_t<T>* mean, acc_t<T>* rstd, const ParallelFor& pf, CpuIsa isa) {
-  if (!cpu_isa_supported(isa)) {
-    return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
-                                  " kernels are not available on this CPU or in this build");
-  }
-  if constexpr (std::is_same_v<T, double>) {
-    return group_norm_cpu_f64(x, weight, bias, y, d, eps, act, mean, rstd, pf);
-  } else {
-    const group_norm_isa::Args<T> a{x, weight, bias, y, d, eps, act, mean, rstd, cache_budget_bytes(),
-                                    stream_bytes()};
-    switch (cpu_isa_resolve(isa)) {
-#if defined(OPBRIDGE_X86_DISPATCH)
-      case CpuIsa::kAvx512: group_norm_isa::forward_avx512(a, pf); break;
-      case CpuIsa::kAvx2: group_norm_isa::forward_avx2(a, pf); break;
-#endif
-      default: group_norm_isa::forward_baseline(a, pf); break;
-    }
-    return Status::Ok();
-  }
-}
-
-template <class T>
-Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T* bias, T* dx, T* dweight, T* dbias,
-                               const GroupNormDims& d, double eps, Activation act, const ParallelFor& pf) {
+void group_norm_backward_scalar(const T* dy, const T* x, const T* weight, const T* bias, T* dx,
+                                const GroupNormDims& d, double eps, Activation act, double* ds, double* db,
+                                double* grstd, const ParallelFor& pf) {
   using A = acc_t<T>;
   const int64_t N = d.N, C = d.C, G = d.G, S = d.S;
-  if (N <= 0 || C <= 0 || S <= 0) {
-    // x is empty: dx is empty too and the parameter gradients are sums over nothing. Nothing of
-    // size N * C is allocated: N may be huge when another dimension is 0.
-    for (int64_t c = 0; c < C && (dweight != nullptr || dbias != nullptr); ++c) {
-      if (dweight != nullptr) dweight[c] = from_acc<T>(A(0));
-      if (dbias != nullptr) dbias[c] = from_acc<T>(A(0));
-    }
-    return Status::Ok();
-  }
   const int64_t Cg = C / G;
   const double inv_m = 1.0 / static_cast<double>(Cg * S);
   const auto w_of = [&](int64_t c) { return weight != nullptr ? static_cast<double>(to_float(weight[c])) : 1.0; };
   const auto b_of = [&](int64_t c) { return bias != nullptr ? static_cast<double>(to_float(bias[c])) : 0.0; };
 
   // Group statistics, recomputed from x.
-  std::vector<double> gmean(static_cast<size_t>(N * G)), grstd(static_cast<size_t>(N * G));
-  all_group_stats(x, d, eps, gmean.data(), grstd.data(), pf);
+  std::vector<double> gmean(static_cast<size_t>(N * G));
+  all_group_stats(x, d, eps, gmean.data(), grstd, pf);
 
   // Per (n, c): ds = sum(dz * (x - mean)), db = sum(dz), with dz = dy * act'(z). x - mean is
   // taken against the mean as m_hi + m_lo, as in the forward pass (no cancellation at large
   // offsets): sum(dz * (x - m)) = sum(dz * (x - m_hi)) - m_lo * sum(dz).
-  std::vector<double> ds(static_cast<size_t>(N * C)), db(static_cast<size_t>(N * C));
   // The pre-activation of element x of channel c in sample n: z = (x - m_hi) * za + zo.
   const auto pre = [&](int64_t n, int64_t c, A* m_hi, A* za, A* zo) {
     const double m = gmean[n * G + c / Cg], r = grstd[n * G + c / Cg];
@@ -506,6 +479,63 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T
           }
         }
       });
+    }
+  }
+}
+
+}  // namespace
+
+template <class T>
+Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const GroupNormDims& d, double eps,
+                      Activation act, acc_t<T>* mean, acc_t<T>* rstd, const ParallelFor& pf, CpuIsa isa) {
+  if (!cpu_isa_supported(isa)) {
+    return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
+                                  " kernels are not available on this CPU or in this build");
+  }
+  if constexpr (std::is_same_v<T, double>) {
+    return group_norm_cpu_f64(x, weight, bias, y, d, eps, act, mean, rstd, pf);
+  } else {
+    const group_norm_isa::Args<T> a{x, weight, bias, y, d, eps, act, mean, rstd, cache_budget_bytes(),
+                                    stream_bytes()};
+    switch (cpu_isa_resolve(isa)) {
+#if defined(OPBRIDGE_X86_DISPATCH)
+      case CpuIsa::kAvx512: group_norm_isa::forward_avx512(a, pf); break;
+      case CpuIsa::kAvx2: group_norm_isa::forward_avx2(a, pf); break;
+#endif
+      default: group_norm_isa::forward_baseline(a, pf); break;
+    }
+    return Status::Ok();
+  }
+}
+
+template <class T>
+Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T* bias, T* dx, T* dweight, T* dbias,
+                               const GroupNormDims& d, double eps, Activation act, const ParallelFor& pf) {
+  using A = acc_t<T>;
+  const int64_t N = d.N, C = d.C, G = d.G, S = d.S;
+  if (N <= 0 || C <= 0 || S <= 0) {
+    // x is empty: dx is empty too and the parameter gradients are sums over nothing. Nothing of
+    // size N * C is allocated: N may be huge when another dimension is 0.
+    for (int64_t c = 0; c < C && (dweight != nullptr || dbias != nullptr); ++c) {
+      if (dweight != nullptr) dweight[c] = from_acc<T>(A(0));
+      if (dbias != nullptr) dbias[c] = from_acc<T>(A(0));
+    }
+    return Status::Ok();
+  }
+  const int64_t Cg = C / G;
+  std::vector<double> ds(static_cast<size_t>(N * C)), db(static_cast<size_t>(N * C));
+  std::vector<double> grstd(static_cast<size_t>(N * G));
+  if constexpr (std::is_same_v<T, double>) {
+    group_norm_backward_scalar(dy, x, weight, bias, dx, d, eps, act, ds.data(), db.data(), grstd.data(), pf);
+  } else {
+    const group_norm_isa::BackwardArgs<T> a{dy, x,         weight,    bias,         dx,          d,
+                                            eps, act,      ds.data(), db.data(), grstd.data(), stream_bytes()};
+    switch (cpu_isa_resolve(CpuIsa::kAuto)) {
+#if defined(OPBRIDGE_X86_DISPATCH)
+      case CpuIsa::kAvx512: group_norm_isa::backward_avx512(a, pf); break;
+      case CpuIsa::kAvx2: group_norm_isa::backward_avx2(a, pf); break;
+#endif
+      default: group_norm_isa::backward_baseline(a, pf); break;
     }
   }
   if (dweight != nullptr || dbias != nullptr) {

@@ -1,4 +1,5 @@
-// GroupNorm forward for float, Half and BFloat16, once per instruction set (internal header).
+// GroupNorm forward and backward for float, Half and BFloat16, once per instruction set
+// (internal header).
 // group_norm_cpu() picks one at run time (opbridge/cpu_isa.h); each is defined in its own TU
 // compiled with that instruction set's flags (group_norm_cpu_<isa>.cpp).
 #pragma once
@@ -33,5 +34,27 @@ struct Args {
 template <class T> void forward_baseline(const Args<T>& a, const ParallelFor& pf);
 template <class T> void forward_avx2(const Args<T>& a, const ParallelFor& pf);
 template <class T> void forward_avx512(const Args<T>& a, const ParallelFor& pf);
+
+// The arguments of the backward kernels (group_norm_backward_cpu), already checked. The kernels
+// write dx (unless null) and, for the caller's dweight / dbias, the per-channel sums and rstd.
+template <class T>
+struct BackwardArgs {
+  const T* dy;
+  const T* x;
+  const T* weight;  // nullptr: 1
+  const T* bias;    // nullptr: 0
+  T* dx;            // nullptr: not wanted
+  GroupNormDims d;
+  double eps;
+  Activation act;
+  double* ds;    // [N, C]: sum over the channel of dz * (x - mean), dz = dy * act'(z)
+  double* db;    // [N, C]: sum over the channel of dz
+  double* rstd;  // [N, G]
+  int64_t stream_bytes;  // dx of at least this many bytes is written with streaming stores
+};
+
+template <class T> void backward_baseline(const BackwardArgs<T>& a, const ParallelFor& pf);
+template <class T> void backward_avx2(const BackwardArgs<T>& a, const ParallelFor& pf);
+template <class T> void backward_avx512(const BackwardArgs<T>& a, const ParallelFor& pf);
 
 }  // namespace opbridge::group_norm_isa

@@ -63,15 +63,16 @@ constexpr int64_t kGnMinSampleTasks = 8;
 inline int64_t gn_min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t gn_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
-// silu(z) = z / (1 + exp(-z)), with exp(-z) = 2^t, t = -z * log2(e) = n + f, n an integer and
-// |f| <= 1/2: 2^f from a degree-5 near-minimax polynomial (relative error 7.5e-8, ~2.4e-7 as
-// evaluated in float: below what the normalization before it rounds away), scaled by 2^n with
+// exp(-z) for silu(z) = z / (1 + exp(-z)) and its derivative (backward pass): 2^t, with
+// t = -z * log2(e) = n + f, n an integer and |f| <= 1/2: 2^f from a degree-5 near-minimax
+// polynomial (relative error 7.5e-8, ~2.4e-7 as evaluated in float: below what the
+// normalization before it rounds away), scaled by 2^n with
 // overflow to inf and underflow to 0, so that silu(z) = -0 for z < -110 and silu(-inf) = NaN as
 // torch gives them (z / inf). t is clamped to +-160 (beyond which 2^t is inf or 0 in float
 // anyway); NaN z gives NaN through the numerator. Written for few instructions per vector: the
 // fused activation runs inside GroupNorm's normalization pass, whose budget is a copy's.
 template <class I>
-typename I::V gn_silu(typename I::V z) {
+typename I::V gn_exp_neg(typename I::V z) {
   using V = typename I::V;
   const V t = I::clamp_sym(I::mul(z, I::set1(-1.44269504088896341f)), 160.0f);
   const V n = I::round(t);
@@ -82,8 +83,12 @@ typename I::V gn_silu(typename I::V z) {
   p = I::fmadd(p, f, I::set1(2.4022120237350464e-1f));
   p = I::fmadd(p, f, I::set1(6.931469440460205e-1f));
   p = I::fmadd(p, f, I::set1(1.0000001192092896f));
-  const V e = I::scalef(p, n);
-  return I::div(z, I::add(I::set1(1.0f), e));
+  return I::scalef(p, n);
+}
+
+template <class I>
+typename I::V gn_silu(typename I::V z) {
+  return I::div(z, I::add(I::set1(1.0f), gn_exp_neg<I>(z)));
 }
 
 template <class I, Activation A>

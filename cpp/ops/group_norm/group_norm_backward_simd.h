@@ -1,0 +1,392 @@
+// GroupNorm backward for float, Half and BFloat16, written once over a SIMD wrapper and compiled
+// once per instruction set, next to the forward (internal header, included after
+// group_norm_simd.h).
+//
+// With z = (x - mean) * rstd * w + b the pre-activation and dz = dy * act'(z):
+//   ds[n, c] = sum over the channel of dz * (x - mean),  db[n, c] = sum of dz,
+//   dx = c1[c] * dz + k2 * (x - m_hi) + c3, per group (see gn_bwd_group_coefficients),
+// and the caller forms dweight / dbias from ds, db and rstd. Statistics are recomputed from x
+// with the forward's own moment algorithm (gn_moments / gn_nhwc_moments), so the backward
+// normalizes with exactly the forward's mean and rstd; x - mean is taken as (x - m_hi) - m_lo
+// (the forward's split), so a large common offset costs no digits.
+//
+// [N, C, S]: one task per (n, g) group: moments, the channel sums, then dx, all while the group
+// (x and dy) is still in the thread's cache when it fits; memory is read about once.
+// [N, S, C]: three parallel passes over tiles of rows (moments, per-channel sums, dx), each
+// vectorized across channels.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "group_norm_isa.h"
+#include "group_norm_simd.h"
+#include "opbridge/parallel.h"
+
+namespace opbridge {
+namespace {
+
+// dz = dy * act'(z): silu'(z) = s * (1 + z * (1 - s)), s = 1 / (1 + exp(-z)). Where exp(-z)
+// overflows (z < ~-110) s = 0 and dz = 0 * finite = 0, as the double formula gives.
+template <class I, Activation A>
+typename I::V gn_dz(typename I::V dy, typename I::V xv, typename I::V za, typename I::V zo) {
+  using V = typename I::V;
+  if constexpr (A == Activation::kSilu) {
+    const V z = I::fmadd(xv, za, zo);
+    const V one = I::set1(1.0f);
+    const V s = I::div(one, I::add(one, gn_exp_neg<I>(z)));
+    return I::mul(I::mul(dy, s), I::fmadd(z, I::sub(one, s), one));
+  } else {
+    (void)xv;
+    (void)za;
+    (void)zo;
+    return dy;
+  }
+}
+
+// Per-channel constants of the backward pass, given the group's mean and rstd: the
+// pre-activation is z = (x - m_hi) * za + zo, the mean split as m_hi (float) + m_lo (double).
+struct GnBwdChannel {
+  float m_hi, za, zo;
+  double m_lo;
+};
+
+template <class I, class T>
+GnBwdChannel gn_bwd_channel(const T* weight, const T* bias, int64_t c, double mean, double rstd) {
+  GnBwdChannel k;
+  k.m_hi = static_cast<float>(mean);
+  k.m_lo = mean - static_cast<double>(k.m_hi);
+  const double w = weight != nullptr ? static_cast<double>(I::to_f32(weight[c])) : 1.0;
+  const double b = bias != nullptr ? static_cast<double>(I::to_f32(bias[c])) : 0.0;
+  const double scale = rstd * w;
+  k.za = static_cast<float>(scale);
+  k.zo = static_cast<float>(b - k.m_lo * scale);
+  return k;
+}
+
+// dx's group constants k2, c3 (and c1[c] = rstd * w[c] per channel) from the group's channel sums
+// ds (taken around the true mean) and db: dx = rstd * (w dz - mean(w dz) - xhat * mean(w dz xhat)),
+// xhat = (x - mean) * rstd, over the M elements of the group.
+template <class I, class T>
+void gn_bwd_group_coefficients(const T* weight, int64_t c0, int64_t Cg, double M, double mean, double rstd,
+                               const double* ds, const double* db, float* k2, float* c3) {
+  double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+  for (int64_t ci = 0; ci < Cg; ++ci) {
+    const double w = weight != nullptr ? static_cast<double>(I::to_f32(weight[c0 + ci])) : 1.0;
+    sum_dxhat += w * db[ci];
+    sum_dxhat_xhat += w * ds[ci] * rstd;
+  }
+  const double m_lo = mean - static_cast<double>(static_cast<float>(mean));
+  *k2 = static_cast<float>(-rstd * rstd * sum_dxhat_xhat / M);
+  // x - mean = (x - m_hi) - m_lo: the m_lo part folds into the constant term.
+  *c3 = static_cast<float>(-rstd * sum_dxhat / M - static_cast<double>(*k2) * m_lo);
+}
+
+// Elements per block of the channel sums: two accumulator pairs of W lanes, so each float lane
+// sums at most kGnBwdBlock / (2 * W) <= 128 terms before folding into double (as kGnBlock).
+constexpr int64_t kGnBwdBlock = kGnBlock / 2;
+
+// sum(dz * (x - m_hi)) and sum(dz) over one channel's n contiguous elements, in float lanes
+// folded into double every kGnBwdBlock elements.
+template <class I, Activation A, class T>
+void gn_bwd_channel_sums(const T* x, const T* dy, int64_t n, const GnBwdChannel& k, double* sum_dzx,
+                         double* sum_dz) {
+  using V = typename I::V;
+  constexpr int W = I::W;
+  const V mh = I::set1(k.m_hi), za = I::set1(k.za), zo = I::set1(k.zo);
+  double s1 = 0.0, s0 = 0.0;
+  for (int64_t b0 = 0; b0 < n; b0 += kGnBwdBlock) {
+    const int64_t b1 = gn_min(n, b0 + kGnBwdBlock);
+    V a0 = I::zero(), a1 = I::zero(), q0 = I::zero(), q1 = I::zero();
+    int64_t i = b0;
+    for (; i + 2 * W <= b1; i += 2 * W) {
+      const V x0 = I::sub(I::load(x + i), mh), x1 = I::sub(I::load(x + i + W), mh);
+      const V d0 = gn_dz<I, A>(I::load(dy + i), x0, za, zo), d1 = gn_dz<I, A>(I::load(dy + i + W), x1, za, zo);
+      a0 = I::fmadd(d0, x0, a0);
+      a1 = I::fmadd(d1, x1, a1);
+      q0 = I::add(q0, d0);
+      q1 = I::add(q1, d1);
+    }
+    for (; i < b1; i += W) {
+      const int r = static_cast<int>(gn_min(W, b1 - i));
+      // Lanes past the end are zero in both sums (dz and x - m_hi both masked to 0).
+      const V xv = I::sub_n(I::load_n(x + i, r), mh, r);
+      const V d = I::sub_n(gn_dz<I, A>(I::load_n(dy + i, r), xv, za, zo), I::zero(), r);
+      a0 = I::fmadd(d, xv, a0);
+      q0 = I::add(q0, d);
+    }
+    s1 += I::hsum(a0) + I::hsum(a1);
+    s0 += I::hsum(q0) + I::hsum(q1);
+  }
+  *sum_dzx = s1;
+  *sum_dz = s0;
+}
+
+// dx[0..n) = c1 * dz + k2 * (x - m_hi) + c3 over one channel's contiguous elements. Stream:
+// non-temporal stores (the elements before the first vector-aligned one stored normally).
+template <class I, Activation A, bool Stream, class T>
+void gn_bwd_channel_dx(const T* x, const T* dy, T* dx, int64_t n, const GnBwdChannel& k, float c1, float k2,
+                       float c3) {
+  using V = typename I::V;
+  constexpr int W = I::W;
+  const V mh = I::set1(k.m_hi), za = I::set1(k.za), zo = I::set1(k.zo);
+  const V vc1 = I::set1(c1), vk2 = I::set1(k2), vc3 = I::set1(c3);
+  const auto f = [&](V xr, V dyv) {
+    const V xv = I::sub(xr, mh);
+    return I::fmadd(vc1, gn_dz<I, A>(dyv, xv, za, zo), I::fmadd(vk2, xv, vc3));
+  };
+  int64_t i = 0;
+  if (Stream) {
+    constexpr uintptr_t kAlign = W * sizeof(T);
+    const int64_t head = static_cast<int64_t>((kAlign - reinterpret_cast<uintptr_t>(dx) % kAlign) % kAlign / sizeof(T));
+    if (head > 0) {
+      i = gn_min(head, n);
+      const int r = static_cast<int>(i);
+      I::store_n(dx, f(I::load_n(x, r), I::load_n(dy, r)), r);
+    }
+  }
+  for (; i + W <= n; i += W) {
+    const V v = f(I::load(x + i), I::load(dy + i));
+    if (Stream) {
+      I::stream(dx + i, v);
+    } else {
+      I::store(dx + i, v);
+    }
+  }
+  if (i < n) {
+    const int r = static_cast<int>(n - i);
+    I::store_n(dx + i, f(I::load_n(x + i, r), I::load_n(dy + i, r)), r);
+  }
+}
+
+template <class I, Activation A, class T>
+void gn_backward_nchw(const group_norm_isa::BackwardArgs<T>& a, const ParallelFor& pf) {
+  const int64_t C = a.d.C, G = a.d.G, Cg = C / G, S = a.d.S;
+  const int64_t group_elems = Cg * S;
+  const int64_t grain = group_elems >= kGnMinTaskElems ? 1 : kGnMinTaskElems / group_elems;
+  const bool stream = a.dx != nullptr && a.d.N * C * S * static_cast<int64_t>(sizeof(T)) >= a.stream_bytes;
+  pf(a.d.N * G, grain, [&](int64_t begin, int64_t end) {
+    std::vector<GnBwdChannel> ks(static_cast<size_t>(Cg));
+    for (int64_t ng = begin; ng < end; ++ng) {
+      const int64_t n = ng / G, g = ng % G, c0 = g * Cg;
+      const T* xg = a.x + ng * group_elems;
+      const T* dyg = a.dy + ng * group_elems;
+      double mean = 0.0, var = 0.0;
+      gn_moments<I>(xg, group_elems, &mean, &var);
+      const double rstd = 1.0 / std::sqrt(var + a.eps);
+      a.rstd[ng] = rstd;
+      double* ds = a.ds + n * C + c0;
+      double* db = a.db + n * C + c0;
+      for (int64_t ci = 0; ci < Cg; ++ci) {
+        ks[ci] = gn_bwd_channel<I>(a.weight, a.bias, c0 + ci, mean, rstd);
+        double s_dzx = 0.0, s_dz = 0.0;
+        gn_bwd_channel_sums<I, A>(xg + ci * S, dyg + ci * S, S, ks[ci], &s_dzx, &s_dz);
+        ds[ci] = s_dzx - ks[ci].m_lo * s_dz;
+        db[ci] = s_dz;
+      }
+      if (a.dx == nullptr) continue;
+      float k2 = 0.f, c3 = 0.f;
+      gn_bwd_group_coefficients<I>(a.weight, c0, Cg, static_cast<double>(group_elems), mean, rstd, ds, db, &k2, &c3);
+      for (int64_t ci = 0; ci < Cg; ++ci) {
+        const double w = a.weight != nullptr ? static_cast<double>(I::to_f32(a.weight[c0 + ci])) : 1.0;
+        const float c1 = static_cast<float>(rstd * w);
+        T* dxc = a.dx + ng * group_elems + ci * S;
+        if (stream) {
+          gn_bwd_channel_dx<I, A, true>(xg + ci * S, dyg + ci * S, dxc, S, ks[ci], c1, k2, c3);
+        } else {
+          gn_bwd_channel_dx<I, A, false>(xg + ci * S, dyg + ci * S, dxc, S, ks[ci], c1, k2, c3);
+        }
+      }
+    }
+    if (stream) I::fence();
+  });
+}
+
+// Per-channel arrays of one [N, S, C] sample for the row loops.
+struct GnBwdRowCoefficients {
+  std::vector<float> mh, za, zo, c1, k2, c3;
+  explicit GnBwdRowCoefficients(int64_t C)
+      : mh(static_cast<size_t>(C)), za(static_cast<size_t>(C)), zo(static_cast<size_t>(C)),
+        c1(static_cast<size_t>(C)), k2(static_cast<size_t>(C)), c3(static_cast<size_t>(C)) {}
+};
+
+// s1[c] += sum over rows of dz * (x - m_hi), s0[c] += sum of dz, for `rows` rows of C channels.
+template <class I, Activation A, class T>
+void gn_bwd_rows_sums(const T* x, const T* dy, int64_t rows, int64_t C, const GnBwdRowCoefficients& k, float* s1,
+                      float* s0) {
+  using V = typename I::V;
+  constexpr int W = I::W;
+  for (int64_t c = 0; c < C; c += W) {
+    const int r = static_cast<int>(gn_min(W, C - c));
+    const V mh = I::load_n(k.mh.data() + c, r), za = I::load_n(k.za.data() + c, r), zo = I::load_n(k.zo.data() + c, r);
+    V a1 = I::load_n(s1 + c, r), a0 = I::load_n(s0 + c, r);
+    if (r == W) {
+      for (int64_t row = 0; row < rows; ++row) {
+        const V xv = I::sub(I::load(x + row * C + c), mh);
+        const V d = gn_dz<I, A>(I::load(dy + row * C + c), xv, za, zo);
+        a1 = I::fmadd(d, xv, a1);
+        a0 = I::add(a0, d);
+      }
+    } else {
+      for (int64_t row = 0; row < rows; ++row) {
+        const V xv = I::sub_n(I::load_n(x + row * C + c, r), mh, r);
+        const V d = gn_dz<I, A>(I::load_n(dy + row * C + c, r), xv, za, zo);
+        a1 = I::fmadd(d, xv, a1);
+        a0 = I::add(a0, d);
+      }
+    }
+    I::store_n(s1 + c, a1, r);
+    I::store_n(s0 + c, a0, r);
+  }
+}
+
+// dx for `rows` rows of C channels with per-channel coefficients.
+template <class I, Activation A, class T>
+void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, const GnBwdRowCoefficients& k) {
+  using V = typename I::V;
+  constexpr int W = I::W;
+  for (int64_t row = 0; row < rows; ++row) {
+    const T* xr = x + row * C;
+    const T* dyr = dy + row * C;
+    T* dxr = dx + row * C;
+    for (int64_t c = 0; c < C; c += W) {
+      const int r = static_cast<int>(gn_min(W, C - c));
+      const V xv = I::sub(I::load_n(xr + c, r), I::load_n(k.mh.data() + c, r));
+      const V d = gn_dz<I, A>(I::load_n(dyr + c, r), xv, I::load_n(k.za.data() + c, r), I::load_n(k.zo.data() + c, r));
+      const V v = I::fmadd(I::load_n(k.c1.data() + c, r), d,
+                           I::fmadd(I::load_n(k.k2.data() + c, r), xv, I::load_n(k.c3.data() + c, r)));
+      if (r == W) {
+        I::store(dxr + c, v);
+      } else {
+        I::store_n(dxr + c, v, r);
+      }
+    }
+  }
+}
+
+template <class I, Activation A, class T>
+void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFor& pf) {
+  const int64_t N = a.d.N, C = a.d.C, G = a.d.G, Cg = C / G, S = a.d.S;
+  const int64_t row_bytes = C * static_cast<int64_t>(sizeof(T));
+  // Tiles of x and dy together about the forward's tile size (two inputs are read per row).
+  const int64_t tile_rows = gn_max(1, kGnTileBytes / (2 * row_bytes));
+  const int64_t tps = (S + tile_rows - 1) / tile_rows;
+  const int64_t tiles = N * tps;
+  const auto tile_range = [&](int64_t t, int64_t* n, int64_t* r0, int64_t* nr) {
+    *n = t / tps;
+    *r0 = (t % tps) * tile_rows;
+    *nr = gn_min(tile_rows, S - *r0);
+  };
+
+  // 1. Moments per tile, merged per sample (the forward's algorithm).
+  std::vector<GnMoments> partial(static_cast<size_t>(tiles * G));
+  pf(tiles, 1, [&](int64_t begin, int64_t end) {
+    GnRowScratch sc(C, G);
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t n = 0, r0 = 0, nr = 0;
+      tile_range(t, &n, &r0, &nr);
+      gn_nhwc_moments<I>(a.x + (n * S + r0) * C, nr, C, G, partial.data() + t * G, &sc);
+    }
+  });
+  std::vector<double> mean(static_cast<size_t>(N * G));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t g = 0; g < G; ++g) {
+      GnMoments m;
+      for (int64_t t = 0; t < tps; ++t) m.merge(partial[(n * tps + t) * G + g]);
+      mean[n * G + g] = m.mean;
+      a.rstd[n * G + g] = 1.0 / std::sqrt(m.m2 / m.count + a.eps);
+    }
+  }
+  std::vector<GnBwdRowCoefficients> coef(static_cast<size_t>(N), GnBwdRowCoefficients(C));
+  std::vector<double> m_lo(static_cast<size_t>(N * C));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      const GnBwdChannel k = gn_bwd_channel<I>(a.weight, a.bias, c, mean[n * G + c / Cg], a.rstd[n * G + c / Cg]);
+      coef[n].mh[c] = k.m_hi;
+      coef[n].za[c] = k.za;
+      coef[n].zo[c] = k.zo;
+      m_lo[n * C + c] = k.m_lo;
+    }
+  }
+
+  // 2. Channel sums per tile: float lanes over at most kGnMaxBlockRows rows, then double.
+  std::vector<double> pds(static_cast<size_t>(tiles * C)), pdb(static_cast<size_t>(tiles * C));
+  pf(tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> s1(static_cast<size_t>(C)), s0(static_cast<size_t>(C));
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t n = 0, r0 = 0, nr = 0;
+      tile_range(t, &n, &r0, &nr);
+      double* ts1 = pds.data() + t * C;
+      double* ts0 = pdb.data() + t * C;
+      for (int64_t b0 = 0; b0 < nr; b0 += kGnMaxBlockRows) {
+        const int64_t rows = gn_min(kGnMaxBlockRows, nr - b0);
+        for (int64_t c = 0; c < C; ++c) s1[c] = s0[c] = 0.f;
+        const int64_t off = (n * S + r0 + b0) * C;
+        gn_bwd_rows_sums<I, A>(a.x + off, a.dy + off, rows, C, coef[n], s1.data(), s0.data());
+        for (int64_t c = 0; c < C; ++c) {
+          ts1[c] += static_cast<double>(s1[c]);
+          ts0[c] += static_cast<double>(s0[c]);
+        }
+      }
+    }
+  });
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      double s1 = 0.0, s0 = 0.0;
+      for (int64_t t = 0; t < tps; ++t) {
+        s1 += pds[(n * tps + t) * C + c];
+        s0 += pdb[(n * tps + t) * C + c];
+      }
+      a.ds[n * C + c] = s1 - m_lo[n * C + c] * s0;
+      a.db[n * C + c] = s0;
+    }
+  }
+  if (a.dx == nullptr) return;
+
+  // 3. dx per tile.
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t c0 = g * Cg, ng = n * G + g;
+      float k2 = 0.f, c3 = 0.f;
+      gn_bwd_group_coefficients<I>(a.weight, c0, Cg, static_cast<double>(Cg * S), mean[ng], a.rstd[ng],
+                                   a.ds + n * C + c0, a.db + n * C + c0, &k2, &c3);
+      for (int64_t c = c0; c < c0 + Cg; ++c) {
+        const double w = a.weight != nullptr ? static_cast<double>(I::to_f32(a.weight[c])) : 1.0;
+        coef[n].c1[c] = static_cast<float>(a.rstd[ng] * w);
+        coef[n].k2[c] = k2;
+        coef[n].c3[c] = c3;
+      }
+    }
+  }
+  pf(tiles, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      int64_t n = 0, r0 = 0, nr = 0;
+      tile_range(t, &n, &r0, &nr);
+      const int64_t off = (n * S + r0) * C;
+      gn_bwd_rows_dx<I, A>(a.x + off, a.dy + off, a.dx + off, nr, C, coef[n]);
+    }
+  });
+}
+
+template <class I, class T>
+void gn_backward(const group_norm_isa::BackwardArgs<T>& a, const ParallelFor& pf) {
+  // One channel per row: [N, S, 1] is [N, 1, S] in memory.
+  const bool nhwc = a.d.channels_last && a.d.C > 1 && a.d.S > 1;
+  if (a.act == Activation::kSilu) {
+    if (nhwc) {
+      gn_backward_nhwc<I, Activation::kSilu>(a, pf);
+    } else {
+      gn_backward_nchw<I, Activation::kSilu>(a, pf);
+    }
+  } else {
+    if (nhwc) {
+      gn_backward_nhwc<I, Activation::kNone>(a, pf);
+    } else {
+      gn_backward_nchw<I, Activation::kNone>(a, pf);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace opbridge
