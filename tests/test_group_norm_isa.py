@@ -105,6 +105,44 @@ def test_outlier_first_element(core_isa, rng):
     np.testing.assert_allclose(y, ref_group_norm(x, 2), rtol=1e-6, atol=2e-5)
 
 
+def _nhwc(x):
+    """(N, C, *spatial) -> its (N, *spatial, C) memory (what channels_last=True takes)."""
+    return np.ascontiguousarray(np.moveaxis(x, 1, -1))
+
+
+@pytest.mark.parametrize("rows", [7, 3000])
+def test_nhwc_outlier_in_first_row(core_isa, rng, rows):
+    # [N, S, C]: a group's first shift comes from its channels in the first row; one of them sits
+    # 1e4 standard deviations away, so that group (only) must be summed again around its mean,
+    # in the first block and (rows=3000) in a sample cut into several blocks.
+    x = rng.standard_normal((2, 16, rows)).astype(np.float32)
+    x[1, 5, 0] = 1e4
+    w = rng.uniform(0.5, 2.0, 16).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    y = _core.group_norm(_nhwc(x), 4, w, b, channels_last=True)
+    np.testing.assert_allclose(y, _nhwc(ref_group_norm(x, 4, w, b)), rtol=1e-6, atol=2e-5)
+
+
+def test_nhwc_channels_with_far_apart_means(core_isa, rng):
+    # [N, S, C], channel means 0, 1e4, -3e3, 5 within one group: the first row's mean is far from
+    # every channel, and later blocks are re-centred per group.
+    x = rng.standard_normal((2, 8, 3000))
+    x[:, 1::4] += 1e4
+    x[:, 2::4] -= 3e3
+    x[:, 3::4] += 5
+    x = x.astype(np.float32)
+    y = _core.group_norm(_nhwc(x), 2, channels_last=True)
+    np.testing.assert_allclose(y, _nhwc(ref_group_norm(x, 2)), rtol=0, atol=2e-5)
+
+
+def test_nhwc_large_mean_keeps_precision(core_isa, rng):
+    x = (rng.standard_normal((2, 24, 50, 41)) + 1e6).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, 24).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    y = _core.group_norm(_nhwc(x), 6, w, b, channels_last=True)
+    np.testing.assert_allclose(y, _nhwc(ref_group_norm(x, 6, w, b)), rtol=0, atol=2e-5)
+
+
 def test_nan_stays_in_its_group(core_isa, rng):
     x = rng.standard_normal((2, 4, 100)).astype(np.float32)
     x[1, 3, 7] = np.nan

@@ -12,8 +12,8 @@
 //
 // [N, C, S]: one task per (n, g) group: moments, the channel sums, then dx, all while the group
 // (x and dy) is still in the thread's cache when it fits; memory is read about once.
-// [N, S, C]: three parallel passes over tiles of rows (moments, per-channel sums, dx), each
-// vectorized across channels.
+// [N, S, C]: parallel passes over tiles of rows, vectorized across channels: moments, the
+// per-channel sums (in the moments pass when there is no activation), dx.
 #pragma once
 
 #include <cmath>
@@ -212,37 +212,48 @@ struct GnBwdRowCoefficients {
 };
 
 // s1[c] += sum over rows of dz * (x - m_hi), s0[c] += sum of dz, for `rows` rows of C channels.
+// Row-major, two rows at a time, with the per-channel sums in L1 (as gn_rows_sums: sequential
+// streams the hardware prefetchers follow; walking down the columns stalls on every row).
 template <class I, Activation A, class T>
 void gn_bwd_rows_sums(const T* x, const T* dy, int64_t rows, int64_t C, const GnBwdRowCoefficients& k, float* s1,
                       float* s0) {
   using V = typename I::V;
   constexpr int W = I::W;
-  for (int64_t c = 0; c < C; c += W) {
-    const int r = static_cast<int>(gn_min(W, C - c));
-    const V mh = I::load_n(k.mh.data() + c, r), za = I::load_n(k.za.data() + c, r), zo = I::load_n(k.zo.data() + c, r);
-    V a1 = I::load_n(s1 + c, r), a0 = I::load_n(s0 + c, r);
-    if (r == W) {
-      for (int64_t row = 0; row < rows; ++row) {
-        const V xv = I::sub(I::load(x + row * C + c), mh);
-        const V d = gn_dz<I, A>(I::load(dy + row * C + c), xv, za, zo);
-        a1 = I::fmadd(d, xv, a1);
-        a0 = I::add(a0, d);
-      }
-    } else {
-      for (int64_t row = 0; row < rows; ++row) {
-        const V xv = I::sub_n(I::load_n(x + row * C + c, r), mh, r);
-        const V d = gn_dz<I, A>(I::load_n(dy + row * C + c, r), xv, za, zo);
-        a1 = I::fmadd(d, xv, a1);
-        a0 = I::add(a0, d);
-      }
+  const float* mh = k.mh.data();
+  const float* za = k.za.data();
+  const float* zo = k.zo.data();
+  int64_t row = 0;
+  for (; row + 2 <= rows; row += 2) {
+    const T* x0 = x + row * C;
+    const T* x1 = x0 + C;
+    const T* d0 = dy + row * C;
+    const T* d1 = d0 + C;
+    for (int64_t c = 0; c < C; c += W) {
+      const int r = static_cast<int>(gn_min(W, C - c));
+      const V m = I::load_n(mh + c, r), a = I::load_n(za + c, r), o = I::load_n(zo + c, r);
+      // Lanes past C: x - m_hi and dz are 0 (nothing loaded), and they are not stored.
+      const V xv0 = I::sub(I::load_n(x0 + c, r), m), xv1 = I::sub(I::load_n(x1 + c, r), m);
+      const V g0 = gn_dz<I, A>(I::load_n(d0 + c, r), xv0, a, o), g1 = gn_dz<I, A>(I::load_n(d1 + c, r), xv1, a, o);
+      I::store_n(s1 + c, I::add(I::load_n(s1 + c, r), I::fmadd(g0, xv0, I::mul(g1, xv1))), r);
+      I::store_n(s0 + c, I::add(I::load_n(s0 + c, r), I::add(g0, g1)), r);
     }
-    I::store_n(s1 + c, a1, r);
-    I::store_n(s0 + c, a0, r);
+  }
+  for (; row < rows; ++row) {
+    const T* x0 = x + row * C;
+    const T* d0 = dy + row * C;
+    for (int64_t c = 0; c < C; c += W) {
+      const int r = static_cast<int>(gn_min(W, C - c));
+      const V xv0 = I::sub(I::load_n(x0 + c, r), I::load_n(mh + c, r));
+      const V g0 = gn_dz<I, A>(I::load_n(d0 + c, r), xv0, I::load_n(za + c, r), I::load_n(zo + c, r));
+      I::store_n(s1 + c, I::fmadd(g0, xv0, I::load_n(s1 + c, r)), r);
+      I::store_n(s0 + c, I::add(I::load_n(s0 + c, r), g0), r);
+    }
   }
 }
 
-// dx for `rows` rows of C channels with per-channel coefficients.
-template <class I, Activation A, class T>
+// dx for `rows` rows of C channels with per-channel coefficients. Stream: non-temporal stores,
+// for rows whose every vector is aligned (C a multiple of W, dx vector-aligned).
+template <class I, Activation A, bool Stream, class T>
 void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, const GnBwdRowCoefficients& k) {
   using V = typename I::V;
   constexpr int W = I::W;
@@ -256,7 +267,9 @@ void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, con
       const V d = gn_dz<I, A>(I::load_n(dyr + c, r), xv, I::load_n(k.za.data() + c, r), I::load_n(k.zo.data() + c, r));
       const V v = I::fmadd(I::load_n(k.c1.data() + c, r), d,
                            I::fmadd(I::load_n(k.k2.data() + c, r), xv, I::load_n(k.c3.data() + c, r)));
-      if (r == W) {
+      if (Stream) {
+        I::stream(dxr + c, v);
+      } else if (r == W) {
         I::store(dxr + c, v);
       } else {
         I::store_n(dxr + c, v, r);
@@ -279,14 +292,44 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
     *nr = gn_min(tile_rows, S - *r0);
   };
 
-  // 1. Moments per tile, merged per sample (the forward's algorithm).
+  // Channel sums of `nr` rows from `off` into pds / pdb (tile t): float lanes over at most
+  // kGnMaxBlockRows rows, then double.
+  std::vector<double> pds(static_cast<size_t>(tiles * C)), pdb(static_cast<size_t>(tiles * C));
+  const auto tile_sums = [&](int64_t t, int64_t off, int64_t nr, const GnBwdRowCoefficients& k, float* s1,
+                             float* s0) {
+    double* ts1 = pds.data() + t * C;
+    double* ts0 = pdb.data() + t * C;
+    for (int64_t b0 = 0; b0 < nr; b0 += kGnMaxBlockRows) {
+      const int64_t rows = gn_min(kGnMaxBlockRows, nr - b0);
+      for (int64_t c = 0; c < C; ++c) s1[c] = s0[c] = 0.f;
+      gn_bwd_rows_sums<I, A>(a.x + off + b0 * C, a.dy + off + b0 * C, rows, C, k, s1, s0);
+      for (int64_t c = 0; c < C; ++c) {
+        ts1[c] += static_cast<double>(s1[c]);
+        ts0[c] += static_cast<double>(s0[c]);
+      }
+    }
+  };
+
+  // 1. Moments per tile, merged per sample (the forward's algorithm). Without an activation
+  // dz = dy does not depend on the statistics, so the channel sums are taken in the same pass,
+  // while the tile is in cache: around the tile's own group means (tsh), moved to the sample's
+  // mean afterwards (sum dy (x - m) = sum dy (x - tsh) + (tsh - m) sum dy, no cancellation).
+  constexpr bool kFused = A == Activation::kNone;
   std::vector<GnMoments> partial(static_cast<size_t>(tiles * G));
+  std::vector<float> tsh(kFused ? static_cast<size_t>(tiles * C) : 0);
   pf(tiles, 1, [&](int64_t begin, int64_t end) {
     GnRowScratch sc(C, G);
+    GnBwdRowCoefficients k(kFused ? C : 0);
+    std::vector<float> s1(kFused ? static_cast<size_t>(C) : 0), s0(s1.size());
     for (int64_t t = begin; t < end; ++t) {
       int64_t n = 0, r0 = 0, nr = 0;
       tile_range(t, &n, &r0, &nr);
-      gn_nhwc_moments<I>(a.x + (n * S + r0) * C, nr, C, G, partial.data() + t * G, &sc);
+      const int64_t off = (n * S + r0) * C;
+      gn_nhwc_moments<I>(a.x + off, nr, C, G, partial.data() + t * G, &sc);
+      if constexpr (kFused) {
+        for (int64_t c = 0; c < C; ++c) k.mh[c] = tsh[t * C + c] = static_cast<float>(partial[t * G + c / Cg].mean);
+        tile_sums(t, off, nr, k, s1.data(), s0.data());
+      }
     }
   });
   std::vector<double> mean(static_cast<size_t>(N * G));
@@ -310,41 +353,41 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
     }
   }
 
-  // 2. Channel sums per tile: float lanes over at most kGnMaxBlockRows rows, then double.
-  std::vector<double> pds(static_cast<size_t>(tiles * C)), pdb(static_cast<size_t>(tiles * C));
-  pf(tiles, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> s1(static_cast<size_t>(C)), s0(static_cast<size_t>(C));
-    for (int64_t t = begin; t < end; ++t) {
-      int64_t n = 0, r0 = 0, nr = 0;
-      tile_range(t, &n, &r0, &nr);
-      double* ts1 = pds.data() + t * C;
-      double* ts0 = pdb.data() + t * C;
-      for (int64_t b0 = 0; b0 < nr; b0 += kGnMaxBlockRows) {
-        const int64_t rows = gn_min(kGnMaxBlockRows, nr - b0);
-        for (int64_t c = 0; c < C; ++c) s1[c] = s0[c] = 0.f;
-        const int64_t off = (n * S + r0 + b0) * C;
-        gn_bwd_rows_sums<I, A>(a.x + off, a.dy + off, rows, C, coef[n], s1.data(), s0.data());
-        for (int64_t c = 0; c < C; ++c) {
-          ts1[c] += static_cast<double>(s1[c]);
-          ts0[c] += static_cast<double>(s0[c]);
+  // 2. Channel sums per tile around m_hi (with an activation: dz needs the statistics).
+  if constexpr (!kFused) {
+    pf(tiles, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> s1(static_cast<size_t>(C)), s0(static_cast<size_t>(C));
+      for (int64_t t = begin; t < end; ++t) {
+        int64_t n = 0, r0 = 0, nr = 0;
+        tile_range(t, &n, &r0, &nr);
+        tile_sums(t, (n * S + r0) * C, nr, coef[n], s1.data(), s0.data());
+      }
+    });
+  }
+  // The tiles' sums, around tsh (fused) or m_hi, moved to the sample's mean and added up (tile
+  // by tile, channels innermost: the per-tile rows are contiguous).
+  for (int64_t n = 0; n < N; ++n) {
+    double* ds = a.ds + n * C;
+    double* db = a.db + n * C;
+    for (int64_t c = 0; c < C; ++c) ds[c] = db[c] = 0.0;
+    for (int64_t t = n * tps; t < (n + 1) * tps; ++t) {
+      for (int64_t g = 0; g < G; ++g) {
+        for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
+          const double sum_dz = pdb[t * C + c];
+          const double to_mean =
+              kFused ? static_cast<double>(tsh[t * C + c]) - mean[n * G + g] : -m_lo[n * C + c];
+          ds[c] += pds[t * C + c] + to_mean * sum_dz;
+          db[c] += sum_dz;
         }
       }
-    }
-  });
-  for (int64_t n = 0; n < N; ++n) {
-    for (int64_t c = 0; c < C; ++c) {
-      double s1 = 0.0, s0 = 0.0;
-      for (int64_t t = 0; t < tps; ++t) {
-        s1 += pds[(n * tps + t) * C + c];
-        s0 += pdb[(n * tps + t) * C + c];
-      }
-      a.ds[n * C + c] = s1 - m_lo[n * C + c] * s0;
-      a.db[n * C + c] = s0;
     }
   }
   if (a.dx == nullptr) return;
 
   // 3. dx per tile.
+  constexpr int64_t kVecBytes = I::W * static_cast<int64_t>(sizeof(T));
+  const bool stream = N * S * row_bytes >= a.stream_bytes && row_bytes % kVecBytes == 0 &&
+                      reinterpret_cast<uintptr_t>(a.dx) % static_cast<uintptr_t>(kVecBytes) == 0;
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t g = 0; g < G; ++g) {
       const int64_t c0 = g * Cg, ng = n * G + g;
@@ -364,8 +407,13 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
       int64_t n = 0, r0 = 0, nr = 0;
       tile_range(t, &n, &r0, &nr);
       const int64_t off = (n * S + r0) * C;
-      gn_bwd_rows_dx<I, A>(a.x + off, a.dy + off, a.dx + off, nr, C, coef[n]);
+      if (stream) {
+        gn_bwd_rows_dx<I, A, true>(a.x + off, a.dy + off, a.dx + off, nr, C, coef[n]);
+      } else {
+        gn_bwd_rows_dx<I, A, false>(a.x + off, a.dy + off, a.dx + off, nr, C, coef[n]);
+      }
     }
+    if (stream) I::fence();
   });
 }
 

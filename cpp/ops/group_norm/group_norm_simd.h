@@ -20,11 +20,12 @@
 //
 // Statistics: each block is summed as deviations d = x - shift in float lanes (sum d and
 // sum d^2 in one pass), folded into double, and merged into the group's running (count, mean,
-// M2) with Chan's parallel formula in double. The shift is the group's running mean (a first
-// element for the first block), so a large common offset (mean 1e6, unit variance) never enters
-// the float sums; a block whose own mean lies further from the shift than its spread is summed
-// once more around its mean while it is still in cache, so sum d^2 - (sum d)^2 / n never cancels
-// more than half its digits. A constant group gives d = 0 exactly: mean exact, variance 0.
+// M2) with Chan's parallel formula in double. The shift is the group's running mean (for the
+// first block: a first element, or in [N, S, C] the mean of the group's channels in the first
+// row), so a large common offset (mean 1e6, unit variance) never enters the float sums; a block
+// whose own mean lies further from the shift than its spread is summed once more around its mean
+// while it is still in cache (in [N, S, C] only that group's channels), so
+// sum d^2 - (sum d)^2 / n never cancels more than half its digits. A constant group gives d = 0 exactly: mean exact, variance 0.
 //
 // Normalization: y = act((x - m_hi) * a_c + (b_c - m_lo * a_c)), with the mean split into float
 // m_hi + m_lo: x - m_hi is exact near a large mean, where the usual x * a + (b - mean * a) would
@@ -340,21 +341,22 @@ void gn_forward_nchw(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
 
 // ---- [N, S, C] ---------------------------------------------------------------------------------
 
-// s1[c] += sum over rows of (x[r, c] - sh[c]), s2[c] += ... squared, for `rows` rows of C.
-// Row-major, four rows at a time: four sequential streams that the hardware prefetchers follow
-// (walking down the columns instead stalls on every row), with the per-channel sums in L1.
+// s1[c] += sum over rows of (x[r, c] - sh[c]), s2[c] += ... squared, for `rows` rows of the C
+// channels at x, rows `ld` elements apart. Row-major, four rows at a time: four sequential
+// streams that the hardware prefetchers follow (walking down the columns instead stalls on every
+// row), with the per-channel sums in L1.
 template <class I, class T>
-void gn_rows_sums(const T* x, int64_t rows, int64_t C, const float* sh, float* s1, float* s2) {
+void gn_rows_sums(const T* x, int64_t rows, int64_t C, int64_t ld, const float* sh, float* s1, float* s2) {
   using V = typename I::V;
   constexpr int W = I::W;
   const int64_t cv = C / W * W;
   const int tail = static_cast<int>(C - cv);
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    const T* x0 = x + r * C;
-    const T* x1 = x0 + C;
-    const T* x2 = x1 + C;
-    const T* x3 = x2 + C;
+    const T* x0 = x + r * ld;
+    const T* x1 = x0 + ld;
+    const T* x2 = x1 + ld;
+    const T* x3 = x2 + ld;
     for (int64_t c = 0; c < cv; c += W) {
       const V s = I::load(sh + c);
       const V d0 = I::sub(I::load(x0 + c), s), d1 = I::sub(I::load(x1 + c), s);
@@ -375,7 +377,7 @@ void gn_rows_sums(const T* x, int64_t rows, int64_t C, const float* sh, float* s
     }
   }
   for (; r < rows; ++r) {
-    const T* xr = x + r * C;
+    const T* xr = x + r * ld;
     for (int64_t c = 0; c < cv; c += W) {
       const V d = I::sub(I::load(xr + c), I::load(sh + c));
       I::store(s1 + c, I::add(I::load(s1 + c), d));
@@ -405,16 +407,22 @@ void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* 
   float* sh = sc->sh.data();
   float* s1 = sc->s1.data();
   float* s2 = sc->s2.data();
+  // The first shift of a group: the mean of its channels in the first row (an estimate of the
+  // group's mean close enough, for several channels, that the first block rarely needs summing
+  // again around its own mean; a single first element would make a third of the groups do so).
   for (int64_t g = 0; g < G; ++g) {
     out[g] = GnMoments();
-    const float first = I::to_f32(x[g * Cg]);
-    for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = first;
+    double first = 0.0;
+    for (int64_t ci = 0; ci < Cg; ++ci) first += static_cast<double>(I::to_f32(x[g * Cg + ci]));
+    const float shift = static_cast<float>(first / static_cast<double>(Cg));
+    for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
   }
   const int64_t block_rows = gn_max(1, gn_min(kGnMaxBlockRows, kGnRowBlockElems / C));
-  const auto block_sums = [&](const T* xb, int64_t nr) {
-    for (int64_t c = 0; c < C; ++c) s1[c] = s2[c] = 0.f;
-    gn_rows_sums<I>(xb, nr, C, sh, s1, s2);
-    for (int64_t g = 0; g < G; ++g) {
+  // Sums of the channels [c0, c0 + width) of the block, folded per group.
+  const auto block_sums = [&](const T* xb, int64_t nr, int64_t c0, int64_t width) {
+    for (int64_t c = c0; c < c0 + width; ++c) s1[c] = s2[c] = 0.f;
+    gn_rows_sums<I>(xb + c0, nr, width, C, sh + c0, s1 + c0, s2 + c0);
+    for (int64_t g = c0 / Cg; g < (c0 + width) / Cg; ++g) {
       double a = 0.0, q = 0.0;
       for (int64_t ci = 0; ci < Cg; ++ci) {
         a += static_cast<double>(s1[g * Cg + ci]);
@@ -428,18 +436,15 @@ void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* 
     const int64_t nr = gn_min(block_rows, rows - r0);
     const T* xb = x + r0 * C;
     const double nb = static_cast<double>(nr * Cg);
-    block_sums(xb, nr);
-    bool again = false;
+    block_sums(xb, nr, 0, C);
     for (int64_t g = 0; g < G; ++g) {
       if (gn_needs_recentering(nb, sc->sd[g], sc->sq[g])) {
+        // Sum this group's channels of the block again (from cache) around its own mean.
         const float shift = static_cast<float>(static_cast<double>(sh[g * Cg]) + sc->sd[g] / nb);
         for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
-        again = true;
+        block_sums(xb, nr, g * Cg, Cg);
       }
     }
-    // Sum the block again (from cache) around the new shifts; the other groups' sums come out
-    // the same the second time.
-    if (again) block_sums(xb, nr);
     for (int64_t g = 0; g < G; ++g) {
       gn_merge_block(&out[g], nb, sh[g * Cg], sc->sd[g], sc->sq[g]);
       const float shift = static_cast<float>(out[g].mean);
