@@ -29,6 +29,12 @@ def _to_layout(x, layout):
         order = (0, *range(2, x.dim()), 1)
         inv = [order.index(i) for i in range(x.dim())]
         return x.permute(order).contiguous().permute(inv)
+    if layout == "one_sample_cl_view":  # (N, *spatial, C) memory with batch stride C (N = 1), as an
+        # attention block's output view: torch counts it contiguous-like, and so does the op.
+        order = (0, *range(2, x.dim()), 1)
+        inv = [order.index(i) for i in range(x.dim())]
+        y = x.permute(order).contiguous().permute(inv)
+        return y.as_strided(y.shape, (y.shape[1],) + y.stride()[1:]) if y.shape[0] == 1 else y
     if layout == "strided":  # neither (every other sample of a bigger buffer): made contiguous by the op
         big = x.new_zeros((2 * x.shape[0],) + tuple(x.shape[1:]))
         big[::2] = x
@@ -235,8 +241,9 @@ def test_composite_backward_matches_kernel(rng, layout, act):
 
 
 @pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided"])
-@pytest.mark.parametrize("shape", [(2, 8, 3, 4), (2, 8, 1, 1), (2, 1, 3, 4), (2, 8, 5), (1, 8, 2, 3, 2)])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided", "one_sample_cl_view"])
+@pytest.mark.parametrize("shape", [(2, 8, 3, 4), (2, 8, 1, 1), (2, 1, 3, 4), (2, 8, 5), (1, 8, 2, 3, 2),
+                                   (1, 8, 3, 4)])
 def test_fake_kernel_strides_equal_the_real_ones(rng, shape, layout, act):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -252,6 +259,27 @@ def test_fake_kernel_strides_equal_the_real_ones(rng, shape, layout, act):
     assert fg[0].stride() == dx.stride()
     ym = opbridge.ops.group_norm(xl.to("meta"), 1, w.to("meta"), b.to("meta"), 1e-5, act)
     assert ym.stride() == y.stride()
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided", "one_sample_cl_view"])
+@pytest.mark.parametrize("shape", [(2, 8, 3, 4), (1, 8, 3, 4), (1, 8, 2, 3, 2), (3, 8, 1, 5)])
+def test_result_memory_format_is_torchs(rng, shape, layout):
+    # The next layer's speed depends on the layout it receives (a convolution copies an input
+    # whose memory format differs from what it expects): give what torch's own F.group_norm gives
+    # (a 4-D/5-D tensor's suggested memory format), values and gradients included.
+    x, w, b = _inputs(rng, shape, torch.float32)
+    xl = _to_layout(x, layout).requires_grad_()
+    xt = _to_layout(x, layout).requires_grad_()
+    assert xt.stride() == xl.stride()
+    ours = opbridge.ops.group_norm(xl, 4, w, b, 1e-5)
+    theirs = torch.nn.functional.group_norm(xt, 4, w, b, 1e-5)
+    assert ours.stride() == theirs.stride()
+    torch.testing.assert_close(ours, theirs, rtol=2e-5, atol=2e-5)
+    g = _to_layout(torch.from_numpy(rng.standard_normal(shape)).float(), layout)
+    ours.backward(g)
+    theirs.backward(g)
+    assert xl.grad.stride() == xt.grad.stride()
+    torch.testing.assert_close(xl.grad, xt.grad, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("act", ACTS)

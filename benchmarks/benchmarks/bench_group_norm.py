@@ -241,3 +241,42 @@ class TorchGroupNormVsCopy(GroupNormVsCopy):
 
     def track_ratio_to_copy(self, shape, layout, activation):
         return measure_speedup(self.copy, self.native)
+
+
+# Shapes of the backward comparison: the floor shapes that a training step meets most.
+BACKWARD_SHAPES = ["8x256x32x32", "2x512x64x64", "1x128x256x256"]
+
+
+class GroupNormBackwardSpeedup:
+    """Gradients (dx, dweight, dbias) of one GroupNorm (+ SiLU) through autograd, float32, THREADS
+    threads: time(torch's native F.group_norm (+ F.silu)) / time(opbridge's op), side by side in
+    one process. Higher is better (goal: >= 1)."""
+
+    params = (BACKWARD_SHAPES, LAYOUTS, ACTIVATIONS)
+    param_names = ["shape", "layout", "activation"]
+    unit = "x"
+    timeout = 300
+
+    def setup(self, shape, layout, activation):
+        torch = torch_or_skip()
+        torch.set_num_threads(THREADS)
+        op = opbridge_torch_op("group_norm")
+        F = torch.nn.functional
+        x, w, b = inputs(parse_shape(shape))
+        xt, wt, bt = (torch.from_numpy(a).float() for a in (x, w, b))
+        if layout == "channels_last":
+            xt = xt.contiguous(memory_format=torch.channels_last)
+        xt.requires_grad_(), wt.requires_grad_(), bt.requires_grad_()
+        g = torch.randn_like(xt)
+        y_ours = op(xt, GROUPS, wt, bt, EPS, activation)
+        y_native = F.group_norm(xt, GROUPS, wt, bt, EPS)
+        if activation == "silu":
+            y_native = F.silu(y_native)
+
+        def grads(y):
+            return lambda: torch.autograd.grad(y, (xt, wt, bt), g, retain_graph=True)
+
+        self.ours, self.native = grads(y_ours), grads(y_native)
+
+    def track_speedup(self, shape, layout, activation):
+        return measure_speedup(self.ours, self.native)

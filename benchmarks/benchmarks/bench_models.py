@@ -68,3 +68,39 @@ class ModelConvertSpeedup:
 
     def track_speedup(self, kind, layout):
         return measure_speedup(self.converted, self.native, rounds=7, round_seconds=0.2)
+
+
+class ModelConvertTrainingSpeedup:
+    """One training step (forward, then backward of a mean-square loss into every parameter and
+    the input): time(native torch eager) / time(after opbridge.nn.convert), THREADS threads,
+    float32; > 1 means the converted model trains faster (goal: never < 1)."""
+
+    params = (MODELS, LAYOUTS)
+    param_names = ["model", "layout"]
+    unit = "x"
+    timeout = 900
+
+    def setup(self, kind, layout):
+        torch = torch_or_skip()
+        import opbridge.nn
+
+        native, args = build(kind, layout)
+        native.train()
+        converted = opbridge.nn.convert(copy.deepcopy(native))
+        torch.set_num_threads(THREADS)
+        x = args[0].clone().requires_grad_()
+        rest = args[1:]
+
+        def step(m):
+            def fn():
+                m.zero_grad(set_to_none=True)
+                x.grad = None
+                out = m(x, *rest)
+                out = out.sample if hasattr(out, "sample") else out
+                out.square().mean().backward()
+            return fn
+
+        self.native, self.converted = step(native), step(converted)
+
+    def track_speedup(self, kind, layout):
+        return measure_speedup(self.converted, self.native, rounds=5, round_seconds=0.3)

@@ -115,9 +115,12 @@ std::vector<int64_t> channels_last_order(int64_t rank) {
 }
 
 // Whether x is processed as [N, S, C]: its memory is channels-last and it is not also
-// contiguous (where both hold, e.g. C = 1 or all spatial dims 1, the two views coincide).
+// contiguous (where both hold, e.g. C = 1 or all spatial dims 1, the two views coincide); a
+// single sample only with a batch stride of at least its size (torch's rule, see
+// opbridge/ops/_declared.py: channels_last).
 bool uses_channels_last(const at::Tensor& x) {
-  return x.dim() >= 3 && !x.is_contiguous() && x.permute(channels_last_order(x.dim())).is_contiguous();
+  if (x.dim() < 3 || x.is_contiguous() || !x.permute(channels_last_order(x.dim())).is_contiguous()) return false;
+  return x.size(0) != 1 || x.stride(0) >= x.numel();
 }
 
 // A new tensor of x's sizes, channels-last (strides of a contiguous [N, *spatial, C] buffer) or

@@ -28,7 +28,8 @@ namespace opbridge::torch_adapter {
 // (0, 2, ..., rank - 1, 1): x.permute(this) is [N, *spatial, C].
 std::vector<int64_t> channels_last_order(int64_t rank);
 // Whether x is processed as [N, S, C]: its memory is channels-last and it is not also
-// contiguous (where both hold, e.g. C = 1 or all spatial dims 1, the two views coincide).
+// contiguous (where both hold, e.g. C = 1 or all spatial dims 1, the two views coincide); a
+// single sample (N = 1) only with a batch stride of at least its size, as torch decides.
 bool uses_channels_last(const at::Tensor& x);
 // A new tensor of x's sizes, channels-last (strides of a contiguous [N, *spatial, C] buffer) or
 // contiguous.

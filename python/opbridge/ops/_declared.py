@@ -104,8 +104,15 @@ def _output(op: OpDecl, k: int, bound: inspect.BoundArguments) -> torch.Tensor:
 def channels_last(x: torch.Tensor) -> bool:
     """Whether x's memory is channels-last, (N, *spatial, C), and not also contiguous (where both
     hold, e.g. C = 1, the layouts coincide): then ops whose output keeps_memory_format() give a
-    channels-last result (torch_common.h's keeps_channels_last is the C++ side of this rule)."""
-    return x.dim() >= 3 and not x.is_contiguous() and x.permute(0, *range(2, x.dim()), 1).is_contiguous()
+    channels-last result (torch_common.h's uses_channels_last is the C++ side of this rule).
+
+    A single sample (N = 1) counts only when its batch stride is at least the sample's size, as
+    in a channels-last batch or a slice of one: torch's own rule (suggest_memory_format), under
+    which e.g. the (C, 1, W * C, C)-strided view an attention block returns is contiguous-like,
+    and torch's F.group_norm and convolutions give contiguous results for it."""
+    if x.dim() < 3 or x.is_contiguous() or not x.permute(0, *range(2, x.dim()), 1).is_contiguous():
+        return False
+    return x.shape[0] != 1 or x.stride(0) >= x.numel()
 
 
 def _make_fake(op: OpDecl) -> Callable:
