@@ -146,3 +146,18 @@ def test_nan_stays_in_its_group(torch_isa, rng, layout):
     want_dx = ref_backward(x[:1].numpy(), 4, w.numpy(), dy[:1].numpy(), 1e-5, bias=b.numpy(), activation="silu")[0]
     _check(dx[:1], want_dx, 2e-5)
     assert torch.isnan(dw[2:4]).all() and torch.isfinite(dw[[0, 1, 4, 5, 6, 7]]).all()
+
+
+@pytest.mark.parametrize("act", ["none", "silu"])
+def test_channels_last_outlier_in_first_row(torch_isa, rng, act):
+    # Channels-last: a group's first shift comes from its channels in the first row; one of them
+    # 1e4 standard deviations away makes that group's block be summed again around its own mean,
+    # its dy sums included (without an activation they are taken in the same read), over a
+    # sample of several blocks and tiles.
+    x, w, b, dy = _case(rng, (2, 16, 60, 70))
+    x[1, 5, 0, 0] = 1e4
+    want = ref_backward(x.numpy(), 4, w.numpy(), dy.numpy(), 1e-5, bias=b.numpy(), activation=act)
+    got = torch.ops.opbridge.group_norm_backward(_channels_last(dy.float()), _channels_last(x.float()), 4,
+                                                 w.float(), b.float(), 1e-5, act)
+    for g, wnt in zip(got, want):
+        _check(g, wnt, 2e-5)

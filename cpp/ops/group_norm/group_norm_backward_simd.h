@@ -278,6 +278,113 @@ void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, con
   }
 }
 
+// Without an activation: per-channel sums over `rows` rows (rows `ld` elements apart) of the C
+// channels at x and dy, around the shifts sh: s1 += x - sh, s2 += (x - sh)^2, s3 += dy,
+// s4 += dy * (x - sh). Row-major, two rows at a time, sums in L1 (as gn_bwd_rows_sums).
+template <class I, class T>
+void gn_bwd_rows_moments(const T* x, const T* dy, int64_t rows, int64_t C, int64_t ld, const float* sh, float* s1,
+                         float* s2, float* s3, float* s4) {
+  using V = typename I::V;
+  constexpr int W = I::W;
+  int64_t row = 0;
+  for (; row + 2 <= rows; row += 2) {
+    const T* x0 = x + row * ld;
+    const T* d0 = dy + row * ld;
+    for (int64_t c = 0; c < C; c += W) {
+      // Lanes past C are never stored.
+      const int r = static_cast<int>(gn_min(W, C - c));
+      const V s = I::load_n(sh + c, r);
+      const V a0 = I::sub(I::load_n(x0 + c, r), s), a1 = I::sub(I::load_n(x0 + ld + c, r), s);
+      const V g0 = I::load_n(d0 + c, r), g1 = I::load_n(d0 + ld + c, r);
+      I::store_n(s1 + c, I::add(I::load_n(s1 + c, r), I::add(a0, a1)), r);
+      I::store_n(s2 + c, I::fmadd(a0, a0, I::fmadd(a1, a1, I::load_n(s2 + c, r))), r);
+      I::store_n(s3 + c, I::add(I::load_n(s3 + c, r), I::add(g0, g1)), r);
+      I::store_n(s4 + c, I::fmadd(g0, a0, I::fmadd(g1, a1, I::load_n(s4 + c, r))), r);
+    }
+  }
+  for (; row < rows; ++row) {
+    const T* x0 = x + row * ld;
+    const T* d0 = dy + row * ld;
+    for (int64_t c = 0; c < C; c += W) {
+      const int r = static_cast<int>(gn_min(W, C - c));
+      const V a0 = I::sub(I::load_n(x0 + c, r), I::load_n(sh + c, r));
+      const V g0 = I::load_n(d0 + c, r);
+      I::store_n(s1 + c, I::add(I::load_n(s1 + c, r), a0), r);
+      I::store_n(s2 + c, I::fmadd(a0, a0, I::load_n(s2 + c, r)), r);
+      I::store_n(s3 + c, I::add(I::load_n(s3 + c, r), g0), r);
+      I::store_n(s4 + c, I::fmadd(g0, a0, I::load_n(s4 + c, r)), r);
+    }
+  }
+}
+
+// Scratch of gn_bwd_nhwc_tile: the forward's (shifts, x sums, folded moments) and the dy sums.
+struct GnBwdTileScratch {
+  GnRowScratch m;
+  std::vector<float> s3, s4;
+  GnBwdTileScratch(int64_t C, int64_t G) : m(C, G), s3(static_cast<size_t>(C)), s4(static_cast<size_t>(C)) {}
+};
+
+// Without an activation, one read of a tile of `rows` rows: the moments of x per group (out[0..G),
+// the forward's algorithm: block shifts, groups summed again around their own mean where needed)
+// and per channel sum_dy and sum_dyx = sum dy * (x - ref), ref[c] the tile's first shift.
+template <class I, class T>
+void gn_bwd_nhwc_tile(const T* x, const T* dy, int64_t rows, int64_t C, int64_t G, GnMoments* out, float* ref,
+                      double* sum_dyx, double* sum_dy, GnBwdTileScratch* sc) {
+  const int64_t Cg = C / G;
+  float* sh = sc->m.sh.data();
+  float* s1 = sc->m.s1.data();
+  float* s2 = sc->m.s2.data();
+  float* s3 = sc->s3.data();
+  float* s4 = sc->s4.data();
+  gn_nhwc_first_shifts<I>(x, C, G, sh);
+  for (int64_t c = 0; c < C; ++c) {
+    ref[c] = sh[c];
+    sum_dyx[c] = sum_dy[c] = 0.0;
+  }
+  for (int64_t g = 0; g < G; ++g) out[g] = GnMoments();
+  const int64_t block_rows = gn_max(1, gn_min(kGnMaxBlockRows, kGnRowBlockElems / C));
+  // Sums of the channels [c0, c0 + width) of a block, x's folded per group.
+  const auto block_sums = [&](const T* xb, const T* dyb, int64_t nr, int64_t c0, int64_t width) {
+    for (int64_t c = c0; c < c0 + width; ++c) s1[c] = s2[c] = s3[c] = s4[c] = 0.f;
+    gn_bwd_rows_moments<I>(xb + c0, dyb + c0, nr, width, C, sh + c0, s1 + c0, s2 + c0, s3 + c0, s4 + c0);
+    for (int64_t g = c0 / Cg; g < (c0 + width) / Cg; ++g) {
+      double a = 0.0, q = 0.0;
+      for (int64_t ci = 0; ci < Cg; ++ci) {
+        a += static_cast<double>(s1[g * Cg + ci]);
+        q += static_cast<double>(s2[g * Cg + ci]);
+      }
+      sc->m.sd[g] = a;
+      sc->m.sq[g] = q;
+    }
+  };
+  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
+    const int64_t nr = gn_min(block_rows, rows - r0);
+    const T* xb = x + r0 * C;
+    const T* dyb = dy + r0 * C;
+    const double nb = static_cast<double>(nr * Cg);
+    block_sums(xb, dyb, nr, 0, C);
+    for (int64_t g = 0; g < G; ++g) {
+      if (gn_needs_recentering(nb, sc->m.sd[g], sc->m.sq[g])) {
+        // The group's block again (from cache) around its own mean: its x moments, and its dy
+        // sums too, which would otherwise carry a large multiple of sum dy into sum_dyx.
+        const float shift = static_cast<float>(static_cast<double>(sh[g * Cg]) + sc->m.sd[g] / nb);
+        for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
+        block_sums(xb, dyb, nr, g * Cg, Cg);
+      }
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      sum_dyx[c] += static_cast<double>(s4[c]) + (static_cast<double>(sh[c]) - static_cast<double>(ref[c])) *
+                                                      static_cast<double>(s3[c]);
+      sum_dy[c] += static_cast<double>(s3[c]);
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      gn_merge_block(&out[g], nb, sh[g * Cg], sc->m.sd[g], sc->m.sq[g]);
+      const float shift = static_cast<float>(out[g].mean);
+      for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
+    }
+  }
+}
+
 template <class I, Activation A, class T>
 void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFor& pf) {
   const int64_t N = a.d.N, C = a.d.C, G = a.d.G, Cg = C / G, S = a.d.S;
@@ -311,24 +418,23 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   };
 
   // 1. Moments per tile, merged per sample (the forward's algorithm). Without an activation
-  // dz = dy does not depend on the statistics, so the channel sums are taken in the same pass,
-  // while the tile is in cache: around the tile's own group means (tsh), moved to the sample's
-  // mean afterwards (sum dy (x - m) = sum dy (x - tsh) + (tsh - m) sum dy, no cancellation).
+  // dz = dy does not depend on the statistics, so the channel sums are taken in the same read
+  // (gn_bwd_nhwc_tile): around the tile's first shifts (tsh), moved to the sample's mean
+  // afterwards (sum dy (x - m) = sum dy (x - tsh) + (tsh - m) sum dy; tsh is near m).
   constexpr bool kFused = A == Activation::kNone;
   std::vector<GnMoments> partial(static_cast<size_t>(tiles * G));
   std::vector<float> tsh(kFused ? static_cast<size_t>(tiles * C) : 0);
   pf(tiles, 1, [&](int64_t begin, int64_t end) {
-    GnRowScratch sc(C, G);
-    GnBwdRowCoefficients k(kFused ? C : 0);
-    std::vector<float> s1(kFused ? static_cast<size_t>(C) : 0), s0(s1.size());
+    GnBwdTileScratch sc(C, G);
     for (int64_t t = begin; t < end; ++t) {
       int64_t n = 0, r0 = 0, nr = 0;
       tile_range(t, &n, &r0, &nr);
       const int64_t off = (n * S + r0) * C;
-      gn_nhwc_moments<I>(a.x + off, nr, C, G, partial.data() + t * G, &sc);
       if constexpr (kFused) {
-        for (int64_t c = 0; c < C; ++c) k.mh[c] = tsh[t * C + c] = static_cast<float>(partial[t * G + c / Cg].mean);
-        tile_sums(t, off, nr, k, s1.data(), s0.data());
+        gn_bwd_nhwc_tile<I>(a.x + off, a.dy + off, nr, C, G, partial.data() + t * G, tsh.data() + t * C,
+                            pds.data() + t * C, pdb.data() + t * C, &sc);
+      } else {
+        gn_nhwc_moments<I>(a.x + off, nr, C, G, partial.data() + t * G, &sc.m);
       }
     }
   });

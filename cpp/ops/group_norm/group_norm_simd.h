@@ -400,6 +400,21 @@ struct GnRowScratch {
         sd(static_cast<size_t>(G)), sq(static_cast<size_t>(G)) {}
 };
 
+// The first shift of each group of a [N, S, C] sample or tile (sh[c] for every channel): the mean
+// of the group's channels in the first row, an estimate of the group's mean close enough, for
+// several channels, that the first block rarely needs summing again around its own mean (a single
+// first element would make a third of the groups do so).
+template <class I, class T>
+void gn_nhwc_first_shifts(const T* first_row, int64_t C, int64_t G, float* sh) {
+  const int64_t Cg = C / G;
+  for (int64_t g = 0; g < G; ++g) {
+    double first = 0.0;
+    for (int64_t ci = 0; ci < Cg; ++ci) first += static_cast<double>(I::to_f32(first_row[g * Cg + ci]));
+    const float shift = static_cast<float>(first / static_cast<double>(Cg));
+    for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
+  }
+}
+
 // Moments per group (out[0..G)) of `rows` rows of C channels (see the header comment).
 template <class I, class T>
 void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* out, GnRowScratch* sc) {
@@ -407,16 +422,8 @@ void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* 
   float* sh = sc->sh.data();
   float* s1 = sc->s1.data();
   float* s2 = sc->s2.data();
-  // The first shift of a group: the mean of its channels in the first row (an estimate of the
-  // group's mean close enough, for several channels, that the first block rarely needs summing
-  // again around its own mean; a single first element would make a third of the groups do so).
-  for (int64_t g = 0; g < G; ++g) {
-    out[g] = GnMoments();
-    double first = 0.0;
-    for (int64_t ci = 0; ci < Cg; ++ci) first += static_cast<double>(I::to_f32(x[g * Cg + ci]));
-    const float shift = static_cast<float>(first / static_cast<double>(Cg));
-    for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
-  }
+  for (int64_t g = 0; g < G; ++g) out[g] = GnMoments();
+  gn_nhwc_first_shifts<I>(x, C, G, sh);
   const int64_t block_rows = gn_max(1, gn_min(kGnMaxBlockRows, kGnRowBlockElems / C));
   // Sums of the channels [c0, c0 + width) of the block, folded per group.
   const auto block_sums = [&](const T* xb, int64_t nr, int64_t c0, int64_t width) {
