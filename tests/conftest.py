@@ -61,3 +61,19 @@ def rng(request) -> np.random.Generator:
     request.node.user_properties.append(("seed", seed))
     print(f"rng seed: {seed} (replay with OPBRIDGE_TEST_SEED={seed})")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(params=["baseline", "avx2", "avx512"])
+def torch_isa(request):
+    """Runs the test with the torch library's CPU kernels at one instruction-set level (skipped
+    where this CPU or build lacks it) and restores the previous level afterwards."""
+    torch = pytest.importorskip("torch")
+    import opbridge.ops  # noqa: F401  (loads the torch ops)
+
+    before = torch.ops.opbridge._cpu_isa()
+    got = torch.ops.opbridge._set_cpu_isa(request.param)
+    if got != request.param:
+        torch.ops.opbridge._set_cpu_isa(before)
+        pytest.skip(f"this CPU/build lacks {request.param}")
+    yield request.param
+    torch.ops.opbridge._set_cpu_isa(before)

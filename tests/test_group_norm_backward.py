@@ -1,7 +1,8 @@
-"""GroupNorm's vectorized CPU backward (float32 / float16 / bfloat16) on each instruction-set path:
-dx, dweight, dbias against the float64 reference, over shapes that reach every loop of the
-kernels (several blocks per channel, several tiles per sample, channel and row tails), both
-memory formats and both activations; precision at a large common offset; NaN confinement."""
+"""GroupNorm's vectorized CPU backward (float32 / float16 / bfloat16) on each instruction-set path
+(the torch_isa fixture, conftest.py): dx, dweight, dbias against the float64 reference, over
+shapes that reach every loop of the kernels (several blocks per channel, several tiles per
+sample, channel and row tails), both memory formats and both activations; precision at a large
+common offset and with an outlier; NaN confinement."""
 
 from __future__ import annotations
 
@@ -15,21 +16,6 @@ import opbridge.ops  # noqa: E402
 from reference import group_norm_backward as ref_backward  # noqa: E402
 
 pytestmark = pytest.mark.torch
-
-ISAS = ["baseline", "avx2", "avx512"]
-
-
-@pytest.fixture(params=ISAS)
-def torch_isa(request):
-    """Runs the test with the torch library's kernels at one instruction-set level (skips a level
-    this CPU or build lacks) and restores the previous level."""
-    before = torch.ops.opbridge._cpu_isa()
-    got = torch.ops.opbridge._set_cpu_isa(request.param)
-    if got != request.param:
-        torch.ops.opbridge._set_cpu_isa(before)
-        pytest.skip(f"{request.param} kernels not available here (got {got})")
-    yield request.param
-    torch.ops.opbridge._set_cpu_isa(before)
 
 
 def _channels_last(t):

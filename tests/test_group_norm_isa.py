@@ -215,18 +215,7 @@ def test_environment_variable_caps_the_torch_library():
 # ---- the torch op on every path, all four dtypes -------------------------------------------
 
 
-@pytest.fixture(params=ISAS)
-def torch_isa(request):
-    torch = pytest.importorskip("torch")
-    import opbridge.ops  # noqa: F401  (loads the torch ops)
-
-    before = torch.ops.opbridge._cpu_isa()
-    got = torch.ops.opbridge._set_cpu_isa(request.param)
-    if got != request.param:
-        torch.ops.opbridge._set_cpu_isa(before)
-        pytest.skip(f"this CPU/build lacks {request.param}")
-    yield request.param
-    torch.ops.opbridge._set_cpu_isa(before)
+# torch_isa: the fixture in conftest.py.
 
 
 TORCH_TOL = {"float32": 2e-5, "float64": 1e-12, "float16": 4e-3, "bfloat16": 3e-2}
