@@ -498,7 +498,6 @@ void gn_sample_coefficients(const group_norm_isa::Args<T>& a, const GnMoments* m
 template <class I, Activation A, bool Stream, class T>
 void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficients& k, Activation act,
                    const T* next) {
-  using V = typename I::V;
   constexpr int W = I::W;
   const float* mh = k.mh.data();
   const float* ka = k.a.data();
