@@ -4,7 +4,8 @@
 //
 // With z = (x - mean) * rstd * w + b the pre-activation and dz = dy * act'(z):
 //   ds[n, c] = sum over the channel of dz * (x - mean),  db[n, c] = sum of dz,
-//   dx = c1[c] * dz + k2 * (x - m_hi) + c3, per group (see gn_bwd_group_coefficients),
+//   dx = za[c] * dz + k2 * (x - m_hi) + c3, za[c] = rstd * w[c] and k2, c3 per group (see
+//   gn_bwd_group_coefficients),
 // and the caller forms dweight / dbias from ds, db and rstd. Statistics are recomputed from x
 // with the forward's own moment algorithm (gn_moments / gn_nhwc_moments), so the backward
 // normalizes with exactly the forward's mean and rstd; x - mean is taken as (x - m_hi) - m_lo
@@ -54,18 +55,16 @@ struct GnBwdChannel {
 
 template <class I, class T>
 GnBwdChannel gn_bwd_channel(const T* weight, const T* bias, int64_t c, double mean, double rstd) {
+  // The forward's coefficients (its za and zo are the normalization's a and off); the channels it
+  // would evaluate in double are left to the float formula here, as in the float64 reference.
   GnBwdChannel k;
-  k.m_hi = static_cast<float>(mean);
+  double scale = 0.0, b = 0.0;
+  (void)gn_channel_coefficients<I>(weight, bias, c, mean, rstd, &k.m_hi, &k.za, &k.zo, &scale, &b);
   k.m_lo = mean - static_cast<double>(k.m_hi);
-  const double w = weight != nullptr ? static_cast<double>(I::to_f32(weight[c])) : 1.0;
-  const double b = bias != nullptr ? static_cast<double>(I::to_f32(bias[c])) : 0.0;
-  const double scale = rstd * w;
-  k.za = static_cast<float>(scale);
-  k.zo = static_cast<float>(b - k.m_lo * scale);
   return k;
 }
 
-// dx's group constants k2, c3 (and c1[c] = rstd * w[c] per channel) from the group's channel sums
+// dx's group constants k2, c3 (with za[c] = rstd * w[c] per channel) from the group's channel sums
 // ds (taken around the true mean) and db: dx = rstd * (w dz - mean(w dz) - xhat * mean(w dz xhat)),
 // xhat = (x - mean) * rstd, over the M elements of the group.
 template <class I, class T>
@@ -123,18 +122,17 @@ void gn_bwd_channel_sums(const T* x, const T* dy, int64_t n, const GnBwdChannel&
   *sum_dz = s0;
 }
 
-// dx[0..n) = c1 * dz + k2 * (x - m_hi) + c3 over one channel's contiguous elements. Stream:
+// dx[0..n) = za * dz + k2 * (x - m_hi) + c3 over one channel's contiguous elements. Stream:
 // non-temporal stores (the elements before the first vector-aligned one stored normally).
 template <class I, Activation A, bool Stream, class T>
-void gn_bwd_channel_dx(const T* x, const T* dy, T* dx, int64_t n, const GnBwdChannel& k, float c1, float k2,
-                       float c3) {
+void gn_bwd_channel_dx(const T* x, const T* dy, T* dx, int64_t n, const GnBwdChannel& k, float k2, float c3) {
   using V = typename I::V;
   constexpr int W = I::W;
   const V mh = I::set1(k.m_hi), za = I::set1(k.za), zo = I::set1(k.zo);
-  const V vc1 = I::set1(c1), vk2 = I::set1(k2), vc3 = I::set1(c3);
+  const V vk2 = I::set1(k2), vc3 = I::set1(c3);
   const auto f = [&](V xr, V dyv) {
     const V xv = I::sub(xr, mh);
-    return I::fmadd(vc1, gn_dz<I, A>(dyv, xv, za, zo), I::fmadd(vk2, xv, vc3));
+    return I::fmadd(za, gn_dz<I, A>(dyv, xv, za, zo), I::fmadd(vk2, xv, vc3));
   };
   int64_t i = 0;
   if (Stream) {
@@ -189,13 +187,11 @@ void gn_backward_nchw(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
       float k2 = 0.f, c3 = 0.f;
       gn_bwd_group_coefficients<I>(a.weight, c0, Cg, static_cast<double>(group_elems), mean, rstd, ds, db, &k2, &c3);
       for (int64_t ci = 0; ci < Cg; ++ci) {
-        const double w = a.weight != nullptr ? static_cast<double>(I::to_f32(a.weight[c0 + ci])) : 1.0;
-        const float c1 = static_cast<float>(rstd * w);
         T* dxc = a.dx + ng * group_elems + ci * S;
         if (stream) {
-          gn_bwd_channel_dx<I, A, true>(xg + ci * S, dyg + ci * S, dxc, S, ks[ci], c1, k2, c3);
+          gn_bwd_channel_dx<I, A, true>(xg + ci * S, dyg + ci * S, dxc, S, ks[ci], k2, c3);
         } else {
-          gn_bwd_channel_dx<I, A, false>(xg + ci * S, dyg + ci * S, dxc, S, ks[ci], c1, k2, c3);
+          gn_bwd_channel_dx<I, A, false>(xg + ci * S, dyg + ci * S, dxc, S, ks[ci], k2, c3);
         }
       }
     }
@@ -205,10 +201,10 @@ void gn_backward_nchw(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
 
 // Per-channel arrays of one [N, S, C] sample for the row loops.
 struct GnBwdRowCoefficients {
-  std::vector<float> mh, za, zo, c1, k2, c3;
+  std::vector<float> mh, za, zo, k2, c3;
   explicit GnBwdRowCoefficients(int64_t C)
       : mh(static_cast<size_t>(C)), za(static_cast<size_t>(C)), zo(static_cast<size_t>(C)),
-        c1(static_cast<size_t>(C)), k2(static_cast<size_t>(C)), c3(static_cast<size_t>(C)) {}
+        k2(static_cast<size_t>(C)), c3(static_cast<size_t>(C)) {}
 };
 
 // s1[c] += sum over rows of dz * (x - m_hi), s0[c] += sum of dz, for `rows` rows of C channels.
@@ -264,8 +260,9 @@ void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, con
     for (int64_t c = 0; c < C; c += W) {
       const int r = static_cast<int>(gn_min(W, C - c));
       const V xv = I::sub(I::load_n(xr + c, r), I::load_n(k.mh.data() + c, r));
-      const V d = gn_dz<I, A>(I::load_n(dyr + c, r), xv, I::load_n(k.za.data() + c, r), I::load_n(k.zo.data() + c, r));
-      const V v = I::fmadd(I::load_n(k.c1.data() + c, r), d,
+      const V za = I::load_n(k.za.data() + c, r);
+      const V d = gn_dz<I, A>(I::load_n(dyr + c, r), xv, za, I::load_n(k.zo.data() + c, r));
+      const V v = I::fmadd(za, d,
                            I::fmadd(I::load_n(k.k2.data() + c, r), xv, I::load_n(k.c3.data() + c, r)));
       if (Stream) {
         I::stream(dxr + c, v);
@@ -317,73 +314,40 @@ void gn_bwd_rows_moments(const T* x, const T* dy, int64_t rows, int64_t C, int64
   }
 }
 
-// Scratch of gn_bwd_nhwc_tile: the forward's (shifts, x sums, folded moments) and the dy sums.
-struct GnBwdTileScratch {
-  GnRowScratch m;
-  std::vector<float> s3, s4;
-  GnBwdTileScratch(int64_t C, int64_t G) : m(C, G), s3(static_cast<size_t>(C)), s4(static_cast<size_t>(C)) {}
-};
-
-// Without an activation, one read of a tile of `rows` rows: the moments of x per group (out[0..G),
-// the forward's algorithm: block shifts, groups summed again around their own mean where needed)
-// and per channel sum_dy and sum_dyx = sum dy * (x - ref), ref[c] the tile's first shift.
+// The sums policy of gn_nhwc_moments (see GnXSums) for the backward without an activation: in
+// the same read as x's moments, per channel sum_dy and sum_dyx = sum dy * (x - ref), ref[c] the
+// tile's first shift. A group summed again around its own mean has its dy sums redone too (they
+// would otherwise carry a large multiple of sum dy into sum_dyx).
 template <class I, class T>
-void gn_bwd_nhwc_tile(const T* x, const T* dy, int64_t rows, int64_t C, int64_t G, GnMoments* out, float* ref,
-                      double* sum_dyx, double* sum_dy, GnBwdTileScratch* sc) {
-  const int64_t Cg = C / G;
-  float* sh = sc->m.sh.data();
-  float* s1 = sc->m.s1.data();
-  float* s2 = sc->m.s2.data();
-  float* s3 = sc->s3.data();
-  float* s4 = sc->s4.data();
-  gn_nhwc_first_shifts<I>(x, C, G, sh);
-  for (int64_t c = 0; c < C; ++c) {
-    ref[c] = sh[c];
-    sum_dyx[c] = sum_dy[c] = 0.0;
-  }
-  for (int64_t g = 0; g < G; ++g) out[g] = GnMoments();
-  const int64_t block_rows = gn_max(1, gn_min(kGnMaxBlockRows, kGnRowBlockElems / C));
-  // Sums of the channels [c0, c0 + width) of a block, x's folded per group.
-  const auto block_sums = [&](const T* xb, const T* dyb, int64_t nr, int64_t c0, int64_t width) {
-    for (int64_t c = c0; c < c0 + width; ++c) s1[c] = s2[c] = s3[c] = s4[c] = 0.f;
-    gn_bwd_rows_moments<I>(xb + c0, dyb + c0, nr, width, C, sh + c0, s1 + c0, s2 + c0, s3 + c0, s4 + c0);
-    for (int64_t g = c0 / Cg; g < (c0 + width) / Cg; ++g) {
-      double a = 0.0, q = 0.0;
-      for (int64_t ci = 0; ci < Cg; ++ci) {
-        a += static_cast<double>(s1[g * Cg + ci]);
-        q += static_cast<double>(s2[g * Cg + ci]);
-      }
-      sc->m.sd[g] = a;
-      sc->m.sq[g] = q;
-    }
-  };
-  for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
-    const int64_t nr = gn_min(block_rows, rows - r0);
-    const T* xb = x + r0 * C;
-    const T* dyb = dy + r0 * C;
-    const double nb = static_cast<double>(nr * Cg);
-    block_sums(xb, dyb, nr, 0, C);
-    for (int64_t g = 0; g < G; ++g) {
-      if (gn_needs_recentering(nb, sc->m.sd[g], sc->m.sq[g])) {
-        // The group's block again (from cache) around its own mean: its x moments, and its dy
-        // sums too, which would otherwise carry a large multiple of sum dy into sum_dyx.
-        const float shift = static_cast<float>(static_cast<double>(sh[g * Cg]) + sc->m.sd[g] / nb);
-        for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
-        block_sums(xb, dyb, nr, g * Cg, Cg);
-      }
-    }
+struct GnBwdDySums {
+  const T* x;
+  const T* dy;
+  int64_t C;
+  float* ref;        // [C]
+  double* sum_dyx;   // [C]
+  double* sum_dy;    // [C]
+  float* s3;         // [C] scratch: the block's sum dy
+  float* s4;         // [C] scratch: the block's sum dy * (x - sh)
+
+  void start(const float* sh) {
     for (int64_t c = 0; c < C; ++c) {
-      sum_dyx[c] += static_cast<double>(s4[c]) + (static_cast<double>(sh[c]) - static_cast<double>(ref[c])) *
-                                                      static_cast<double>(s3[c]);
+      ref[c] = sh[c];
+      sum_dyx[c] = sum_dy[c] = 0.0;
+    }
+  }
+  void sum(int64_t r0, int64_t nr, int64_t c0, int64_t width, const float* sh, float* s1, float* s2) {
+    for (int64_t c = c0; c < c0 + width; ++c) s3[c] = s4[c] = 0.f;
+    const int64_t off = r0 * C + c0;
+    gn_bwd_rows_moments<I>(x + off, dy + off, nr, width, C, sh + c0, s1 + c0, s2 + c0, s3 + c0, s4 + c0);
+  }
+  void end_block(const float* sh) {
+    for (int64_t c = 0; c < C; ++c) {
+      sum_dyx[c] += static_cast<double>(s4[c]) +
+                    (static_cast<double>(sh[c]) - static_cast<double>(ref[c])) * static_cast<double>(s3[c]);
       sum_dy[c] += static_cast<double>(s3[c]);
     }
-    for (int64_t g = 0; g < G; ++g) {
-      gn_merge_block(&out[g], nb, sh[g * Cg], sc->m.sd[g], sc->m.sq[g]);
-      const float shift = static_cast<float>(out[g].mean);
-      for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
-    }
   }
-}
+};
 
 template <class I, Activation A, class T>
 void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFor& pf) {
@@ -399,42 +363,29 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
     *nr = gn_min(tile_rows, S - *r0);
   };
 
-  // Channel sums of `nr` rows from `off` into pds / pdb (tile t): float lanes over at most
-  // kGnMaxBlockRows rows, then double.
+  // Per tile and channel: the sum of dz * (x - shift) and of dz (pass 1 or 2).
   std::vector<double> pds(static_cast<size_t>(tiles * C)), pdb(static_cast<size_t>(tiles * C));
-  const auto tile_sums = [&](int64_t t, int64_t off, int64_t nr, const GnBwdRowCoefficients& k, float* s1,
-                             float* s0) {
-    double* ts1 = pds.data() + t * C;
-    double* ts0 = pdb.data() + t * C;
-    for (int64_t b0 = 0; b0 < nr; b0 += kGnMaxBlockRows) {
-      const int64_t rows = gn_min(kGnMaxBlockRows, nr - b0);
-      for (int64_t c = 0; c < C; ++c) s1[c] = s0[c] = 0.f;
-      gn_bwd_rows_sums<I, A>(a.x + off + b0 * C, a.dy + off + b0 * C, rows, C, k, s1, s0);
-      for (int64_t c = 0; c < C; ++c) {
-        ts1[c] += static_cast<double>(s1[c]);
-        ts0[c] += static_cast<double>(s0[c]);
-      }
-    }
-  };
 
   // 1. Moments per tile, merged per sample (the forward's algorithm). Without an activation
   // dz = dy does not depend on the statistics, so the channel sums are taken in the same read
-  // (gn_bwd_nhwc_tile): around the tile's first shifts (tsh), moved to the sample's mean
-  // afterwards (sum dy (x - m) = sum dy (x - tsh) + (tsh - m) sum dy; tsh is near m).
+  // (gn_nhwc_moments with GnBwdDySums): around the tile's first shifts (tsh), moved to the
+  // sample's mean afterwards (sum dy (x - m) = sum dy (x - tsh) + (tsh - m) sum dy; tsh is near m).
   constexpr bool kFused = A == Activation::kNone;
   std::vector<GnMoments> partial(static_cast<size_t>(tiles * G));
   std::vector<float> tsh(kFused ? static_cast<size_t>(tiles * C) : 0);
   pf(tiles, 1, [&](int64_t begin, int64_t end) {
-    GnBwdTileScratch sc(C, G);
+    GnRowScratch sc(C, G);
+    std::vector<float> s3(kFused ? static_cast<size_t>(C) : 0), s4(s3.size());
     for (int64_t t = begin; t < end; ++t) {
       int64_t n = 0, r0 = 0, nr = 0;
       tile_range(t, &n, &r0, &nr);
       const int64_t off = (n * S + r0) * C;
       if constexpr (kFused) {
-        gn_bwd_nhwc_tile<I>(a.x + off, a.dy + off, nr, C, G, partial.data() + t * G, tsh.data() + t * C,
-                            pds.data() + t * C, pdb.data() + t * C, &sc);
+        GnBwdDySums<I, T> sums{a.x + off,          a.dy + off,         C,          tsh.data() + t * C,
+                               pds.data() + t * C, pdb.data() + t * C, s3.data(), s4.data()};
+        gn_nhwc_moments<I>(a.x + off, nr, C, G, partial.data() + t * G, &sc, sums);
       } else {
-        gn_nhwc_moments<I>(a.x + off, nr, C, G, partial.data() + t * G, &sc.m);
+        gn_nhwc_moments<I>(a.x + off, nr, C, G, partial.data() + t * G, &sc);
       }
     }
   });
@@ -448,41 +399,51 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
     }
   }
   std::vector<GnBwdRowCoefficients> coef(static_cast<size_t>(N), GnBwdRowCoefficients(C));
-  std::vector<double> m_lo(static_cast<size_t>(N * C));
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t c = 0; c < C; ++c) {
       const GnBwdChannel k = gn_bwd_channel<I>(a.weight, a.bias, c, mean[n * G + c / Cg], a.rstd[n * G + c / Cg]);
       coef[n].mh[c] = k.m_hi;
       coef[n].za[c] = k.za;
       coef[n].zo[c] = k.zo;
-      m_lo[n * C + c] = k.m_lo;
     }
   }
 
-  // 2. Channel sums per tile around m_hi (with an activation: dz needs the statistics).
+  // 2. With an activation (dz needs the statistics): channel sums per tile around m_hi, in float
+  // lanes over at most kGnMaxBlockRows rows, then double.
   if constexpr (!kFused) {
     pf(tiles, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> s1(static_cast<size_t>(C)), s0(static_cast<size_t>(C));
       for (int64_t t = begin; t < end; ++t) {
         int64_t n = 0, r0 = 0, nr = 0;
         tile_range(t, &n, &r0, &nr);
-        tile_sums(t, (n * S + r0) * C, nr, coef[n], s1.data(), s0.data());
+        double* ts1 = pds.data() + t * C;
+        double* ts0 = pdb.data() + t * C;
+        for (int64_t b0 = 0; b0 < nr; b0 += kGnMaxBlockRows) {
+          const int64_t rows = gn_min(kGnMaxBlockRows, nr - b0);
+          const int64_t off = (n * S + r0 + b0) * C;
+          for (int64_t c = 0; c < C; ++c) s1[c] = s0[c] = 0.f;
+          gn_bwd_rows_sums<I, A>(a.x + off, a.dy + off, rows, C, coef[n], s1.data(), s0.data());
+          for (int64_t c = 0; c < C; ++c) {
+            ts1[c] += static_cast<double>(s1[c]);
+            ts0[c] += static_cast<double>(s0[c]);
+          }
+        }
       }
     });
   }
-  // The tiles' sums, around tsh (fused) or m_hi, moved to the sample's mean and added up (tile
-  // by tile, channels innermost: the per-tile rows are contiguous).
+  // The tiles' sums, taken around a float shift per channel (tsh, or m_hi), moved to the
+  // sample's mean and added up (tile by tile, channels innermost: the per-tile rows are
+  // contiguous).
   for (int64_t n = 0; n < N; ++n) {
     double* ds = a.ds + n * C;
     double* db = a.db + n * C;
     for (int64_t c = 0; c < C; ++c) ds[c] = db[c] = 0.0;
     for (int64_t t = n * tps; t < (n + 1) * tps; ++t) {
+      const float* shift = kFused ? tsh.data() + t * C : coef[n].mh.data();
       for (int64_t g = 0; g < G; ++g) {
         for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
           const double sum_dz = pdb[t * C + c];
-          const double to_mean =
-              kFused ? static_cast<double>(tsh[t * C + c]) - mean[n * G + g] : -m_lo[n * C + c];
-          ds[c] += pds[t * C + c] + to_mean * sum_dz;
+          ds[c] += pds[t * C + c] + (static_cast<double>(shift[c]) - mean[n * G + g]) * sum_dz;
           db[c] += sum_dz;
         }
       }
@@ -501,8 +462,6 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
       gn_bwd_group_coefficients<I>(a.weight, c0, Cg, static_cast<double>(Cg * S), mean[ng], a.rstd[ng],
                                    a.ds + n * C + c0, a.db + n * C + c0, &k2, &c3);
       for (int64_t c = c0; c < c0 + Cg; ++c) {
-        const double w = a.weight != nullptr ? static_cast<double>(I::to_f32(a.weight[c])) : 1.0;
-        coef[n].c1[c] = static_cast<float>(a.rstd[ng] * w);
         coef[n].k2[c] = k2;
         coef[n].c3[c] = c3;
       }

@@ -25,7 +25,8 @@
 // row), so a large common offset (mean 1e6, unit variance) never enters the float sums; a block
 // whose own mean lies further from the shift than its spread is summed once more around its mean
 // while it is still in cache (in [N, S, C] only that group's channels), so
-// sum d^2 - (sum d)^2 / n never cancels more than half its digits. A constant group gives d = 0 exactly: mean exact, variance 0.
+// sum d^2 - (sum d)^2 / n never cancels more than half its digits. A constant group gives d = 0
+// exactly: mean exact, variance 0.
 //
 // Normalization: y = act((x - m_hi) * a_c + (b_c - m_lo * a_c)), with the mean split into float
 // m_hi + m_lo: x - m_hi is exact near a large mean, where the usual x * a + (b - mean * a) would
@@ -415,20 +416,38 @@ void gn_nhwc_first_shifts(const T* first_row, int64_t C, int64_t G, float* sh) {
   }
 }
 
-// Moments per group (out[0..G)) of `rows` rows of C channels (see the header comment).
+// The per-channel sums gn_nhwc_moments takes over the rows of a block: x's only (the forward).
+// A policy with the same three members can take more sums in the same read (the backward's
+// GnBwdDySums): start(sh) once the first shifts are set; sum(r0, nr, c0, width, sh, s1, s2)
+// adds the rows [r0, r0 + nr) of the channels [c0, c0 + width) into s1 / s2 (zeroed by the
+// caller); end_block(sh) once a block's shifts are final.
 template <class I, class T>
-void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* out, GnRowScratch* sc) {
+struct GnXSums {
+  const T* x;
+  int64_t C;
+  void start(const float*) {}
+  void sum(int64_t r0, int64_t nr, int64_t c0, int64_t width, const float* sh, float* s1, float* s2) {
+    gn_rows_sums<I>(x + r0 * C + c0, nr, width, C, sh + c0, s1 + c0, s2 + c0);
+  }
+  void end_block(const float*) {}
+};
+
+// Moments per group (out[0..G)) of `rows` rows of C channels (see the header comment), with the
+// per-channel sums of `sums` (GnXSums: x's alone).
+template <class I, class T, class Sums>
+void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* out, GnRowScratch* sc, Sums& sums) {
   const int64_t Cg = C / G;
   float* sh = sc->sh.data();
   float* s1 = sc->s1.data();
   float* s2 = sc->s2.data();
   for (int64_t g = 0; g < G; ++g) out[g] = GnMoments();
   gn_nhwc_first_shifts<I>(x, C, G, sh);
+  sums.start(sh);
   const int64_t block_rows = gn_max(1, gn_min(kGnMaxBlockRows, kGnRowBlockElems / C));
   // Sums of the channels [c0, c0 + width) of the block, folded per group.
-  const auto block_sums = [&](const T* xb, int64_t nr, int64_t c0, int64_t width) {
+  const auto block_sums = [&](int64_t r0, int64_t nr, int64_t c0, int64_t width) {
     for (int64_t c = c0; c < c0 + width; ++c) s1[c] = s2[c] = 0.f;
-    gn_rows_sums<I>(xb + c0, nr, width, C, sh + c0, s1 + c0, s2 + c0);
+    sums.sum(r0, nr, c0, width, sh, s1, s2);
     for (int64_t g = c0 / Cg; g < (c0 + width) / Cg; ++g) {
       double a = 0.0, q = 0.0;
       for (int64_t ci = 0; ci < Cg; ++ci) {
@@ -441,23 +460,29 @@ void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* 
   };
   for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
     const int64_t nr = gn_min(block_rows, rows - r0);
-    const T* xb = x + r0 * C;
     const double nb = static_cast<double>(nr * Cg);
-    block_sums(xb, nr, 0, C);
+    block_sums(r0, nr, 0, C);
     for (int64_t g = 0; g < G; ++g) {
       if (gn_needs_recentering(nb, sc->sd[g], sc->sq[g])) {
         // Sum this group's channels of the block again (from cache) around its own mean.
         const float shift = static_cast<float>(static_cast<double>(sh[g * Cg]) + sc->sd[g] / nb);
         for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
-        block_sums(xb, nr, g * Cg, Cg);
+        block_sums(r0, nr, g * Cg, Cg);
       }
     }
+    sums.end_block(sh);
     for (int64_t g = 0; g < G; ++g) {
       gn_merge_block(&out[g], nb, sh[g * Cg], sc->sd[g], sc->sq[g]);
       const float shift = static_cast<float>(out[g].mean);
       for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
     }
   }
+}
+
+template <class I, class T>
+void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* out, GnRowScratch* sc) {
+  GnXSums<I, T> sums{x, C};
+  gn_nhwc_moments<I>(x, rows, C, G, out, sc, sums);
 }
 
 // Coefficients of every channel of one sample from its groups' moments (mean, rstd per group).
