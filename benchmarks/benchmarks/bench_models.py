@@ -41,6 +41,19 @@ def build(kind, layout, seed=0):
     return model, args
 
 
+def native_and_converted(kind, layout, train=False):
+    """(native model, opbridge.nn.convert of a copy, inputs), torch at THREADS threads; train:
+    both in training mode (convert sees the mode the model has)."""
+    torch = torch_or_skip()
+    import opbridge.nn
+
+    native, args = build(kind, layout)
+    native.train(train)
+    converted = opbridge.nn.convert(copy.deepcopy(native))
+    torch.set_num_threads(THREADS)
+    return native, converted, args
+
+
 class ModelConvertSpeedup:
     """time(native torch eager) / time(after opbridge.nn.convert), THREADS threads, float32,
     side by side in one process: > 1 means the converted model is faster (goal: never < 1)."""
@@ -52,11 +65,7 @@ class ModelConvertSpeedup:
 
     def setup(self, kind, layout):
         torch = torch_or_skip()
-        import opbridge.nn
-
-        native, args = build(kind, layout)
-        converted = opbridge.nn.convert(copy.deepcopy(native))
-        torch.set_num_threads(THREADS)
+        native, converted, args = native_and_converted(kind, layout)
 
         def run(m):
             def fn():
@@ -81,13 +90,7 @@ class ModelConvertTrainingSpeedup:
     timeout = 900
 
     def setup(self, kind, layout):
-        torch = torch_or_skip()
-        import opbridge.nn
-
-        native, args = build(kind, layout)
-        native.train()
-        converted = opbridge.nn.convert(copy.deepcopy(native))
-        torch.set_num_threads(THREADS)
+        native, converted, args = native_and_converted(kind, layout, train=True)
         x = args[0].clone().requires_grad_()
         rest = args[1:]
 
