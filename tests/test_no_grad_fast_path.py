@@ -131,3 +131,24 @@ def test_bad_qualname_is_a_clear_error():
         torch.ops.opbridge._no_grad_fast_path("opbridge::no_such_op")
     with pytest.raises(ValueError, match="qualname must be 'namespace::op', got 'group_norm'"):
         torch.ops.opbridge._no_grad_fast_path("group_norm")
+
+
+@pytest.mark.cuda
+def test_cuda_calls_take_the_same_paths():
+    # The kernel is installed for AutogradCUDA too: CUDA tensors without requires_grad go straight
+    # to the CUDA kernels; with it, through the formula (gradients against the CPU op's).
+    rng = np.random.default_rng()
+    x = torch.tensor(rng.standard_normal((2, 8, 5, 3)), dtype=torch.float32)
+    w = torch.tensor(rng.standard_normal(8), dtype=torch.float32)
+    xc, wc = x.cuda(), w.cuda()
+    out, n = python_autograd_calls(lambda: torch.ops.opbridge.group_norm(xc, 4, wc, None, 1e-5, "silu"))
+    assert n == 0
+    torch.testing.assert_close(out.cpu(), torch.ops.opbridge.group_norm(x, 4, w, None, 1e-5, "silu"),
+                               rtol=1e-5, atol=1e-5)
+    xg = xc.clone().requires_grad_()
+    out, n = python_autograd_calls(lambda: torch.ops.opbridge.group_norm(xg, 4, wc, None, 1e-5, "silu"))
+    assert n == 1
+    (g,) = torch.autograd.grad(out.sum(), [xg])
+    xr = x.clone().requires_grad_()
+    (gr,) = torch.autograd.grad(torch.ops.opbridge.group_norm(xr, 4, w, None, 1e-5, "silu").sum(), [xr])
+    torch.testing.assert_close(g.cpu(), gr, rtol=1e-4, atol=1e-4)
