@@ -92,6 +92,19 @@ def test_forward_matches_reference(rng, shape, groups, dtype, layout, act):
 
 
 @pytest.mark.parametrize("act", ACTS)
+def test_samples_beyond_the_cache_budget_in_several_waves(rng, act):
+    # Three float32 samples of 3 MiB: each beyond the NHWC kernel's cache budget (half the L2,
+    # at most 2 MiB on the CPUs this runs on), so they are cut into tiles and processed in waves
+    # of at most four budgets: at least two waves, the second starting at a sample other than 0.
+    x, w, b = _inputs(rng, (3, 96, 64, 128), torch.float32)
+    xl = _to_layout(x, "channels_last")
+    y = opbridge.ops.group_norm(xl, 32, w, b, 1e-5, activation=act)
+    ref = ref_group_norm(x.double().numpy(), 32, w.double().numpy(), b.double().numpy(), 1e-5, act)
+    assert _is_channels_last(y)
+    np.testing.assert_allclose(y.double().numpy(), ref, rtol=2e-5, atol=8e-5)
+
+
+@pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("affine", [True, False])
 def test_no_weight_or_bias(rng, act, affine):
     x, w, b = _inputs(rng, (3, 16, 9, 7), torch.float32)
