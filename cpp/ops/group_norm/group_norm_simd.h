@@ -13,8 +13,8 @@
 // rows. Samples that fit the cache budget are one task each (statistics, then normalization
 // from L2) when there are enough of them to keep every thread busy; otherwise the samples are
 // cut into tiles of rows, processed in waves of a few samples: statistics of every tile of the
-// wave (one parallel pass), merged per group, then normalization of the same tiles (a second
-// pass, whose tiles the same thread read just before when the pool partitions ranges
+// wave (one parallel pass), then normalization of the same tiles, each range of tiles merging the
+// moments of its samples first (a second pass, whose tiles the same thread read just before when the pool partitions ranges
 // statically, as torch's OpenMP pool does; walked backwards, so that the part still in L2 is
 // read before the rest evicts it).
 //
@@ -401,6 +401,23 @@ struct GnRowScratch {
         sd(static_cast<size_t>(G)), sq(static_cast<size_t>(G)) {}
 };
 
+// sum of p[0..n) in double, in four independent chains (one chain of dependent double adds per
+// group costs ~4 cycles an element: with many channels and few rows, as in (2, 1280, 8, 8), the
+// per-group sums of every block were a third of the statistics' time).
+template <class I, class T>
+double gn_sum_double(const T* p, int64_t n) {
+  double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += static_cast<double>(I::to_f32(p[i]));
+    s1 += static_cast<double>(I::to_f32(p[i + 1]));
+    s2 += static_cast<double>(I::to_f32(p[i + 2]));
+    s3 += static_cast<double>(I::to_f32(p[i + 3]));
+  }
+  for (; i < n; ++i) s0 += static_cast<double>(I::to_f32(p[i]));
+  return (s0 + s1) + (s2 + s3);
+}
+
 // The first shift of each group of a [N, S, C] sample or tile (sh[c] for every channel): the mean
 // of the group's channels in the first row, an estimate of the group's mean close enough, for
 // several channels, that the first block rarely needs summing again around its own mean (a single
@@ -409,8 +426,7 @@ template <class I, class T>
 void gn_nhwc_first_shifts(const T* first_row, int64_t C, int64_t G, float* sh) {
   const int64_t Cg = C / G;
   for (int64_t g = 0; g < G; ++g) {
-    double first = 0.0;
-    for (int64_t ci = 0; ci < Cg; ++ci) first += static_cast<double>(I::to_f32(first_row[g * Cg + ci]));
+    const double first = gn_sum_double<I>(first_row + g * Cg, Cg);
     const float shift = static_cast<float>(first / static_cast<double>(Cg));
     for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
   }
@@ -449,13 +465,8 @@ void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* 
     for (int64_t c = c0; c < c0 + width; ++c) s1[c] = s2[c] = 0.f;
     sums.sum(r0, nr, c0, width, sh, s1, s2);
     for (int64_t g = c0 / Cg; g < (c0 + width) / Cg; ++g) {
-      double a = 0.0, q = 0.0;
-      for (int64_t ci = 0; ci < Cg; ++ci) {
-        a += static_cast<double>(s1[g * Cg + ci]);
-        q += static_cast<double>(s2[g * Cg + ci]);
-      }
-      sc->sd[g] = a;
-      sc->sq[g] = q;
+      sc->sd[g] = gn_sum_double<I>(s1 + g * Cg, Cg);
+      sc->sq[g] = gn_sum_double<I>(s2 + g * Cg, Cg);
     }
   };
   for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
@@ -602,13 +613,11 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
   const int64_t tiles_per_sample = (S + tile_rows - 1) / tile_rows;
   // A wave holds as many samples as the L2s of two threads (4 budgets): its tiles are spread
   // over the threads, so each thread's part of it stays in its own L2 between the passes. Each
-  // wave costs two parallel passes and a serial merge, which weigh on small tensors:
-  // (2, 320, 32, 32) channels-last took 1.8-2.2x a copy in two waves of one sample (with waves of
-  // two budgets), 1.3-1.6x in one wave (C++ harness, Xeon, 2 threads).
+  // wave costs two parallel passes, which weigh on small tensors: (2, 320, 32, 32)
+  // channels-last took 1.8-2.2x a copy in two waves of one sample (with waves of two budgets),
+  // 1.3-1.6x in one wave (C++ harness, Xeon, 2 threads).
   const int64_t wave_samples = gn_max(1, gn_min(N, 4 * a.cache_budget / gn_max(1, sample_bytes)));
   std::vector<GnMoments> partial(static_cast<size_t>(wave_samples * tiles_per_sample * G));
-  std::vector<GnMoments> merged(static_cast<size_t>(G));
-  std::vector<GnCoefficients> coef(static_cast<size_t>(wave_samples));
   for (int64_t n0 = 0; n0 < N; n0 += wave_samples) {
     const int64_t ns = gn_min(wave_samples, N - n0);
     const int64_t tiles = ns * tiles_per_sample;
@@ -625,14 +634,13 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
         gn_nhwc_moments<I>(a.x + (n * S + r0) * C, nr, C, G, partial.data() + t * G, &sc);
       }
     });
-    for (int64_t j = 0; j < ns; ++j) {
-      for (int64_t g = 0; g < G; ++g) {
-        merged[g] = GnMoments();
-        for (int64_t t = 0; t < tiles_per_sample; ++t) merged[g].merge(partial[(j * tiles_per_sample + t) * G + g]);
-      }
-      gn_sample_coefficients<I>(a, merged.data(), stats_out(a.mean, n0 + j), stats_out(a.rstd, n0 + j), &coef[j]);
-    }
     pf(tiles, 1, [&](int64_t begin, int64_t end) {
+      // Each range merges the moments and computes the coefficients of the samples it touches
+      // (in parallel, where a serial step between the passes took 4 us a sample at C = 1280);
+      // the range that holds a sample's first tile stores its statistics.
+      std::vector<GnMoments> merged(static_cast<size_t>(G));
+      GnCoefficients k;
+      int64_t have = -1;
       // Last tile first: the statistics pass just read this range in order, so its end is what
       // is still in this thread's L2 (with a static partition, as torch's pool makes); going
       // backwards reads that part from cache before the rest evicts it (measured on the Xeon:
@@ -640,7 +648,18 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
       for (int64_t t = end - 1; t >= begin; --t) {
         int64_t n = 0, r0 = 0, nr = 0;
         tile_range(t, &n, &r0, &nr);
-        apply(a.x + (n * S + r0) * C, a.y + (n * S + r0) * C, nr, coef[n - n0], nullptr);
+        if (n != have) {
+          const int64_t j = n - n0;
+          for (int64_t g = 0; g < G; ++g) {
+            merged[g] = GnMoments();
+            for (int64_t u = 0; u < tiles_per_sample; ++u) merged[g].merge(partial[(j * tiles_per_sample + u) * G + g]);
+          }
+          const bool first_tile_here = j * tiles_per_sample >= begin;
+          gn_sample_coefficients<I>(a, merged.data(), first_tile_here ? stats_out(a.mean, n) : nullptr,
+                                    first_tile_here ? stats_out(a.rstd, n) : nullptr, &k);
+          have = n;
+        }
+        apply(a.x + (n * S + r0) * C, a.y + (n * S + r0) * C, nr, k, nullptr);
       }
       if (stream) I::fence();
     });
