@@ -57,6 +57,17 @@ def test_default_epsilon_and_omitted_scale_bias(rng):
     np.testing.assert_allclose(y, ref_group_norm(x, 3, eps=1e-5), rtol=2e-5, atol=2e-5)
 
 
+def test_omitted_epsilon_is_the_float32_default(rng):
+    # An ONNX float attribute is 32-bit: writing epsilon=1e-5 gives float32(1e-5), and leaving it
+    # out must give the same. Small groups of small variance (~1e-4) make the difference between
+    # float32(1e-5) and the double 1e-5 visible in float64 results (~1e-9 relative).
+    x = rng.standard_normal((4, 6, 3, 3)) * 0.0124
+    omitted = _run(_model(np.float64, x.shape, 3, scale=False, bias=False), {"X": x})
+    explicit = _run(_model(np.float64, x.shape, 3, epsilon=1e-5, scale=False, bias=False), {"X": x})
+    np.testing.assert_array_equal(omitted, explicit)
+    np.testing.assert_allclose(omitted, ref_group_norm(x, 3, eps=float(np.float32(1e-5))), rtol=1e-12, atol=1e-12)
+
+
 # ORT 1.17-1.23 get no shape inference for GroupNorm (optional inputs; cpp/ort/register.cpp).
 ORT_VERSION = tuple(int(p) for p in ort.__version__.split(".")[:2])
 

@@ -106,6 +106,17 @@ struct DeclaredKernel {
   std::vector<AttrValue> attrs;  // declaration order, defaults applied
 };
 
+// The value of an attribute the node does not set: the declared default, with float defaults
+// rounded to float32. An ONNX float attribute is 32-bit, so a model that writes epsilon=1e-5
+// runs with float32(1e-5); leaving it out must give the same result, not the double 1e-5 that
+// torch's default is.
+AttrValue onnx_default(const ArgDecl& a) {
+  AttrValue v = a.default_value;
+  if (v.type == AttrType::kFloat) v.f = static_cast<double>(static_cast<float>(v.f));
+  for (double& f : v.floats) f = static_cast<double>(static_cast<float>(f));
+  return v;
+}
+
 void* create_declared(const OpSpec& spec, const OrtKernelInfo* info) {
   const OpDecl& d = *spec.decl;
   auto k = std::make_unique<DeclaredKernel>();
@@ -113,7 +124,7 @@ void* create_declared(const OpSpec& spec, const OrtKernelInfo* info) {
   k->label = node_label(info, d.onnx_type().c_str());
   try {
     for (const ArgDecl* a : d.attrs()) {
-      AttrValue v = a->default_value;
+      AttrValue v = onnx_default(*a);
       if (!read_kernel_attr(info, *a, &v) && a->required) {
         static const char* const kKind[] = {"int", "float", "string", "bool", "ints", "floats"};
         fail(ORT_INVALID_ARGUMENT, std::string("required ") + kKind[static_cast<int>(a->attr_type)] + " attribute '" +
@@ -174,7 +185,10 @@ void infer_declared(const OpSpec& spec, const InferIO& io) {
     if (in.present && in.shape.empty() && d.inputs()[i]->rank != 0) t.rank_known = false;
   }
   try {
-    for (size_t i = 0; i < d.attrs().size(); ++i) io.read_attr(*d.attrs()[i], &call.attr(i));
+    for (size_t i = 0; i < d.attrs().size(); ++i) {
+      call.attr(i) = onnx_default(*d.attrs()[i]);
+      io.read_attr(*d.attrs()[i], &call.attr(i));
+    }
   } catch (const Error& e) {
     fail(ORT_INVALID_ARGUMENT, label + ": " + e.what());
   }
