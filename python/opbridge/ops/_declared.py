@@ -162,7 +162,7 @@ def register_autograd(qualname: str, backward: Callable, *, setup_context: Calla
         _register_with_differentiable_form(qualname, backward, setup_context, double_backward)
         _differentiable[qualname] = double_backward
     elif double_backward:
-        torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+        register_formula(qualname, backward, setup_context)
     else:
 
         def guarded(ctx: Any, *grads: Any) -> Any:
@@ -183,10 +183,16 @@ def register_autograd(qualname: str, backward: Callable, *, setup_context: Calla
                 wrapped[i] = g
             return wrapped[0] if single else tuple(wrapped)
 
-        torch.library.register_autograd(qualname, guarded, setup_context=setup_context)
-    no_grad_fast_path(qualname)
+        register_formula(qualname, guarded, setup_context)
     _autograd.add(qualname)
     _orders[qualname] = 2 if double_backward else 1
+
+
+def register_formula(qualname: str, backward: Callable, setup_context: Callable) -> None:
+    """``torch.library.register_autograd`` followed by :func:`no_grad_fast_path`: every formula
+    opbridge registers goes through here."""
+    torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+    no_grad_fast_path(qualname)
 
 
 def no_grad_fast_path(qualname: str) -> None:
@@ -233,7 +239,7 @@ def _register_with_differentiable_form(qualname: str, backward: Callable, setup_
             result[i] = g
         return tuple(result)
 
-    torch.library.register_autograd(qualname, wrapped, setup_context=setup)
+    register_formula(qualname, wrapped, setup)
 
 
 def _no_gradient(qualname: str) -> None:
@@ -243,8 +249,7 @@ def _no_gradient(qualname: str) -> None:
     def backward(ctx: Any, *grads: Any) -> Any:
         raise NotImplementedError(f"{qualname} has no gradient formula (it is not differentiable in opbridge)")
 
-    torch.library.register_autograd(qualname, backward, setup_context=setup)
-    no_grad_fast_path(qualname)
+    register_formula(qualname, backward, setup)
     _orders[qualname] = 0
 
 

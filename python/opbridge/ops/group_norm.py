@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from ._declared import channels_last, no_grad_fast_path, register_autograd
+from ._declared import channels_last, register_autograd, register_formula
 
 __all__ = ["group_norm"]
 
@@ -125,9 +125,7 @@ def _backward_of_backward(ctx, *grads):
     )
 
 
-torch.library.register_autograd("opbridge::group_norm_backward", _backward_of_backward,
-                                setup_context=lambda ctx, inputs, output: None)
-no_grad_fast_path("opbridge::group_norm_backward")
+register_formula("opbridge::group_norm_backward", _backward_of_backward, lambda ctx, inputs, output: None)
 
 
 def _group_norm_backward_composite(grad, x, num_groups, weight, bias, eps, activation="none"):

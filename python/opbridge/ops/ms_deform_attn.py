@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ._declared import no_grad_fast_path, register_autograd
+from ._declared import register_autograd, register_formula
 
 __all__ = ["ms_deform_attn"]
 
@@ -167,5 +167,4 @@ def _no_double_backward(ctx, *grads):
 
 # The backward op is differentiable only in name: differentiating it raises instead of silently
 # treating its outputs as constants.
-torch.library.register_autograd(_BACKWARD_OP, _no_double_backward, setup_context=lambda ctx, inputs, output: None)
-no_grad_fast_path(_BACKWARD_OP)
+register_formula(_BACKWARD_OP, _no_double_backward, lambda ctx, inputs, output: None)
