@@ -451,23 +451,32 @@ def _fused_count(model):
     return sum(1 for m in model.modules() if isinstance(m, opbridge.nn.GroupNorm) and m.activation == "silu")
 
 
+def _tiny_diffusers_model(kind, attention):
+    """(model, inputs): a small random-init diffusers UNet2DModel ("unet"; with attention: one
+    attention block down and up, one sample, else two samples) or AutoencoderKL decoder
+    ("vae_decoder"), built from torch's current random state."""
+    diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (optional 'models' extra)")
+    if kind == "unet":
+        down, up = (("DownBlock2D", "AttnDownBlock2D"), ("AttnUpBlock2D", "UpBlock2D")) if attention else \
+            (("DownBlock2D", "DownBlock2D"), ("UpBlock2D", "UpBlock2D"))
+        model = diffusers.UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+                                      block_out_channels=(32, 64), norm_num_groups=8,
+                                      down_block_types=down, up_block_types=up)
+        steps = [10] if attention else [10, 500]
+        return model, (torch.randn(len(steps), 3, 16, 16), torch.tensor(steps))
+    model = diffusers.AutoencoderKL(block_out_channels=(32, 64), norm_num_groups=8, latent_channels=4,
+                                    down_block_types=("DownEncoderBlock2D",) * 2,
+                                    up_block_types=("UpDecoderBlock2D",) * 2).decoder
+    return model, (torch.randn(1, 4, 8, 8),)
+
+
 @pytest.mark.parametrize("kind", ["unet", "vae_decoder"])
 def test_convert_fuses_diffusers_blocks(rng, kind):
     import copy
 
-    diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (optional 'models' extra)")
     torch.manual_seed(int(rng.integers(1 << 31)))
-    if kind == "unet":
-        model = diffusers.UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
-                                      block_out_channels=(32, 64), norm_num_groups=8,
-                                      down_block_types=("DownBlock2D", "DownBlock2D"),
-                                      up_block_types=("UpBlock2D", "UpBlock2D")).eval()
-        args = (torch.randn(2, 3, 16, 16), torch.tensor([10, 500]))
-    else:
-        model = diffusers.AutoencoderKL(block_out_channels=(32, 64), norm_num_groups=8, latent_channels=4,
-                                        down_block_types=("DownEncoderBlock2D",) * 2,
-                                        up_block_types=("UpDecoderBlock2D",) * 2).decoder.eval()
-        args = (torch.randn(1, 4, 8, 8),)
+    model, args = _tiny_diffusers_model(kind, attention=False)
+    model.eval()
     ref = copy.deepcopy(model)
     keys = set(model.state_dict())
     opbridge.nn.convert(model)
@@ -493,19 +502,8 @@ def test_converted_diffusers_model_trains_like_the_original(rng, kind, layout):
     # memory-format rule all enter.
     import copy
 
-    diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (optional 'models' extra)")
     torch.manual_seed(int(rng.integers(1 << 31)))
-    if kind == "unet":
-        model = diffusers.UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
-                                      block_out_channels=(32, 64), norm_num_groups=8,
-                                      down_block_types=("DownBlock2D", "AttnDownBlock2D"),
-                                      up_block_types=("AttnUpBlock2D", "UpBlock2D"))
-        args = (torch.randn(1, 3, 16, 16), torch.tensor([10]))
-    else:
-        model = diffusers.AutoencoderKL(block_out_channels=(32, 64), norm_num_groups=8, latent_channels=4,
-                                        down_block_types=("DownEncoderBlock2D",) * 2,
-                                        up_block_types=("UpDecoderBlock2D",) * 2).decoder
-        args = (torch.randn(1, 4, 8, 8),)
+    model, args = _tiny_diffusers_model(kind, attention=True)
     if layout == "channels_last":
         model = model.to(memory_format=torch.channels_last)
         args = (args[0].contiguous(memory_format=torch.channels_last),) + args[1:]

@@ -13,10 +13,10 @@
 // rows. Samples that fit the cache budget are one task each (statistics, then normalization
 // from L2) when there are enough of them to keep every thread busy; otherwise the samples are
 // cut into tiles of rows, processed in waves of a few samples: statistics of every tile of the
-// wave (one parallel pass), then normalization of the same tiles, each range of tiles merging the
-// moments of its samples first (a second pass, whose tiles the same thread read just before when the pool partitions ranges
-// statically, as torch's OpenMP pool does; walked backwards, so that the part still in L2 is
-// read before the rest evicts it).
+// wave (one parallel pass), then normalization of the same tiles, each range of tiles merging
+// the moments of its samples first (a second pass, whose tiles the same thread read just before
+// when the pool partitions ranges statically, as torch's OpenMP pool does; walked backwards, so
+// that the part still in L2 is read before the rest evicts it).
 //
 // Statistics: each block is summed as deviations d = x - shift in float lanes (sum d and
 // sum d^2 in one pass), folded into double, and merged into the group's running (count, mean,
