@@ -112,9 +112,10 @@ def _nhwc(x):
 
 @pytest.mark.parametrize("rows", [7, 3000])
 def test_nhwc_outlier_in_first_row(core_isa, rng, rows):
-    # [N, S, C]: a group's first shift comes from its channels in the first row; one of them sits
-    # 1e4 standard deviations away, so that group (only) must be summed again around its mean,
-    # in the first block and (rows=3000) in a sample cut into several blocks.
+    # [N, S, C]: a group's first shift is the mean of its first elements (its channels in the
+    # first rows); one of them sits 1e4 standard deviations away, so that group (only) must be
+    # summed again around its mean, in the first block and (rows=3000) in a sample cut into
+    # several blocks.
     x = rng.standard_normal((2, 16, rows)).astype(np.float32)
     x[1, 5, 0] = 1e4
     w = rng.uniform(0.5, 2.0, 16).astype(np.float32)

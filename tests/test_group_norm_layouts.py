@@ -104,6 +104,23 @@ def test_samples_beyond_the_cache_budget_in_several_waves(rng, act):
     np.testing.assert_allclose(y.double().numpy(), ref, rtol=2e-5, atol=8e-5)
 
 
+@pytest.mark.parametrize("groups", [32, 16])
+def test_few_channels_per_group_far_from_zero_over_many_blocks(rng, groups):
+    # Channels-last statistics over several blocks of rows (hundreds of rows each where C is
+    # small), one or two channels per group, every channel at its own mean in +-1e4 and drifting
+    # along the rows (so later blocks lie away from the running mean and are summed again around
+    # their own): float32 results within float32 rounding of the float64 reference.
+    n, c, h, w_ = 2, 32, 48, 40
+    drift = np.linspace(0.0, 40.0, h * w_).reshape(1, 1, h, w_)
+    x = rng.standard_normal((n, c, h, w_)) + rng.uniform(-1e4, 1e4, (n, c, 1, 1)) + drift
+    x = torch.from_numpy(x.astype(np.float32))
+    w = torch.from_numpy(rng.uniform(0.5, 2.0, c).astype(np.float32))
+    b = torch.from_numpy(rng.standard_normal(c).astype(np.float32))
+    y = opbridge.ops.group_norm(_to_layout(x, "channels_last"), groups, w, b, 1e-5)
+    ref = ref_group_norm(x.double().numpy(), groups, w.double().numpy(), b.double().numpy(), 1e-5, "none")
+    np.testing.assert_allclose(y.double().numpy(), ref, rtol=0, atol=2e-5 * (1 + np.abs(ref)).max())
+
+
 @pytest.mark.parametrize("act", ACTS)
 @pytest.mark.parametrize("affine", [True, False])
 def test_no_weight_or_bias(rng, act, affine):

@@ -320,6 +320,8 @@ void gn_bwd_rows_moments(const T* x, const T* dy, int64_t rows, int64_t C, int64
 // would otherwise carry a large multiple of sum dy into sum_dyx).
 template <class I, class T>
 struct GnBwdDySums {
+  // gn_bwd_rows_moments adds one row at a time into s2 and s4.
+  static constexpr int64_t kMaxBlockRows = kGnMaxBlockRows;
   const T* x;
   const T* dy;
   int64_t C;

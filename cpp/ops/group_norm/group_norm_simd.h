@@ -49,7 +49,10 @@ namespace {
 // <= 128 terms, so its rounding error stays far below float epsilon * |sum|.
 constexpr int64_t kGnBlock = 4096;
 // Elements per statistics block of [N, S, C] rows (64 KB of float, in L2 for a second pass),
-// and at most 128 rows, so that each per-channel float sum has at most 128 terms (as above).
+// and at most 128 rows where each row is one addition into the per-channel float sums, so that
+// each of them takes at most 128 additions (as above); a sums policy that adds several rows at a
+// time takes proportionally more rows (its kMaxBlockRows). Fewer, larger blocks matter where C
+// is small: each block costs per-group work (fold, merge, new shifts).
 constexpr int64_t kGnRowBlockElems = 65536;
 constexpr int64_t kGnMaxBlockRows = 128;
 // Smallest amount of work (elements) worth a parallel task: ~64 KB of float, a few
@@ -144,16 +147,22 @@ void gn_shifted_sums(const T* p, int64_t n, float shift, double* sum, double* su
   *sumsq = I::hsum(q0) + I::hsum(q1) + I::hsum(q2) + I::hsum(q3);
 }
 
+// Chan et al.: updates a group's running (mean, m2) with a block of mean mb and M2 m2b, given the
+// weights nb / total and count * nb / total (count: the elements so far, nb: the block's).
+inline void gn_chan_update(double* mean, double* m2, double mb, double m2b, double w_new, double w_cross) {
+  const double delta = mb - *mean;
+  *mean += delta * w_new;
+  *m2 += m2b + delta * delta * w_cross;
+}
+
 // Running moments of one group: element count, mean, and sum of squared deviations M2.
 struct GnMoments {
   double count = 0.0, mean = 0.0, m2 = 0.0;
 
-  // Chan et al.: merges a block of nb elements with mean mb and M2 m2b.
+  // Merges a block of nb elements with mean mb and M2 m2b.
   void merge(double nb, double mb, double m2b) {
     const double total = count + nb;
-    const double delta = mb - mean;
-    mean += delta * (nb / total);
-    m2 += m2b + delta * delta * (count * nb / total);
+    gn_chan_update(&mean, &m2, mb, m2b, nb / total, count * nb / total);
     count = total;
   }
   void merge(const GnMoments& o) {
@@ -161,11 +170,17 @@ struct GnMoments {
   }
 };
 
-// The moments of a block summed around `shift`: sd = sum(x - shift), sq = sum((x - shift)^2).
+// The mean and M2 of a block of nb elements (inv_nb = 1 / nb) summed around `shift`:
+// sd = sum(x - shift), sq = sum((x - shift)^2).
+inline void gn_block_moments(float shift, double sd, double sq, double inv_nb, double* mb, double* m2b) {
+  *mb = static_cast<double>(shift) + sd * inv_nb;
+  *m2b = sq - sd * sd * inv_nb;
+  if (*m2b < 0.0) *m2b = 0.0;  // rounding; written so that NaN stays NaN
+}
+
 inline void gn_merge_block(GnMoments* m, double nb, float shift, double sd, double sq) {
-  const double mb = static_cast<double>(shift) + sd / nb;
-  double m2b = sq - sd * sd / nb;
-  if (m2b < 0.0) m2b = 0.0;  // rounding; written so that NaN stays NaN
+  double mb = 0.0, m2b = 0.0;
+  gn_block_moments(shift, sd, sq, 1.0 / nb, &mb, &m2b);
   m->merge(nb, mb, m2b);
 }
 
@@ -395,10 +410,13 @@ void gn_rows_sums(const T* x, int64_t rows, int64_t C, int64_t ld, const float* 
 // Scratch memory of the [N, S, C] statistics of one tile or sample.
 struct GnRowScratch {
   std::vector<float> sh, s1, s2;  // per channel: the shift (its group's) and the two sums
-  std::vector<double> sd, sq;     // per group: the folded sums
+  std::vector<double> sd, sq;     // per group: the folded sums of a block
+  std::vector<double> mean, m2;   // per group: the running moments (all groups share one count)
+  std::vector<double> first;      // per channel: the sums of the first rows (first shifts)
   GnRowScratch(int64_t C, int64_t G)
       : sh(static_cast<size_t>(C)), s1(static_cast<size_t>(C)), s2(static_cast<size_t>(C)),
-        sd(static_cast<size_t>(G)), sq(static_cast<size_t>(G)) {}
+        sd(static_cast<size_t>(G)), sq(static_cast<size_t>(G)), mean(static_cast<size_t>(G)),
+        m2(static_cast<size_t>(G)), first(static_cast<size_t>(C)) {}
 };
 
 // sum of p[0..n) in double, in four independent chains (one chain of dependent double adds per
@@ -419,15 +437,24 @@ double gn_sum_double(const T* p, int64_t n) {
 }
 
 // The first shift of each group of a [N, S, C] sample or tile (sh[c] for every channel): the mean
-// of the group's channels in the first row, an estimate of the group's mean close enough, for
-// several channels, that the first block rarely needs summing again around its own mean (a single
-// first element would make a third of the groups do so).
+// of the group's elements in the first rows, at least kGnFirstShiftElems of them (one row where a
+// group has that many channels), an estimate of the group's mean close enough that the first
+// block rarely needs summing again around its own mean. (A single element, or one row of a
+// group of one or two channels, made a third of the groups do so, each re-reading the block's
+// rows for a few channels: at (64, 32, 32, 32) that took longer than the block's sums.)
+constexpr int64_t kGnFirstShiftElems = 16;
 template <class I, class T>
-void gn_nhwc_first_shifts(const T* first_row, int64_t C, int64_t G, float* sh) {
+void gn_nhwc_first_shifts(const T* x, int64_t rows, int64_t C, int64_t G, float* sh, double* acc) {
   const int64_t Cg = C / G;
+  const int64_t k = gn_min(rows, (kGnFirstShiftElems + Cg - 1) / Cg);
+  for (int64_t c = 0; c < C; ++c) acc[c] = static_cast<double>(I::to_f32(x[c]));
+  for (int64_t r = 1; r < k; ++r) {
+    for (int64_t c = 0; c < C; ++c) acc[c] += static_cast<double>(I::to_f32(x[r * C + c]));
+  }
   for (int64_t g = 0; g < G; ++g) {
-    const double first = gn_sum_double<I>(first_row + g * Cg, Cg);
-    const float shift = static_cast<float>(first / static_cast<double>(Cg));
+    double sum = 0.0;
+    for (int64_t ci = 0; ci < Cg; ++ci) sum += acc[g * Cg + ci];
+    const float shift = static_cast<float>(sum / static_cast<double>(k * Cg));
     for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
   }
 }
@@ -439,6 +466,9 @@ void gn_nhwc_first_shifts(const T* first_row, int64_t C, int64_t G, float* sh) {
 // caller); end_block(sh) once a block's shifts are final.
 template <class I, class T>
 struct GnXSums {
+  // gn_rows_sums adds the deviations of four rows into each per-channel sum at a time, so four
+  // times as many rows as one-row-per-addition sums take the same number of additions.
+  static constexpr int64_t kMaxBlockRows = 4 * kGnMaxBlockRows;
   const T* x;
   int64_t C;
   void start(const float*) {}
@@ -456,17 +486,29 @@ void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* 
   float* sh = sc->sh.data();
   float* s1 = sc->s1.data();
   float* s2 = sc->s2.data();
-  for (int64_t g = 0; g < G; ++g) out[g] = GnMoments();
-  gn_nhwc_first_shifts<I>(x, C, G, sh);
+  double* sd = sc->sd.data();
+  double* sq = sc->sq.data();
+  double* mean = sc->mean.data();
+  double* m2 = sc->m2.data();
+  double count = 0.0;
+  for (int64_t g = 0; g < G; ++g) mean[g] = m2[g] = 0.0;
+  gn_nhwc_first_shifts<I>(x, rows, C, G, sh, sc->first.data());
   sums.start(sh);
-  const int64_t block_rows = gn_max(1, gn_min(kGnMaxBlockRows, kGnRowBlockElems / C));
+  const int64_t block_rows = gn_max(1, gn_min(Sums::kMaxBlockRows, kGnRowBlockElems / C));
   // Sums of the channels [c0, c0 + width) of the block, folded per group.
   const auto block_sums = [&](int64_t r0, int64_t nr, int64_t c0, int64_t width) {
     for (int64_t c = c0; c < c0 + width; ++c) s1[c] = s2[c] = 0.f;
     sums.sum(r0, nr, c0, width, sh, s1, s2);
+    if (Cg == 1) {
+      for (int64_t g = c0; g < c0 + width; ++g) {
+        sd[g] = static_cast<double>(s1[g]);
+        sq[g] = static_cast<double>(s2[g]);
+      }
+      return;
+    }
     for (int64_t g = c0 / Cg; g < (c0 + width) / Cg; ++g) {
-      sc->sd[g] = gn_sum_double<I>(s1 + g * Cg, Cg);
-      sc->sq[g] = gn_sum_double<I>(s2 + g * Cg, Cg);
+      sd[g] = gn_sum_double<I>(s1 + g * Cg, Cg);
+      sq[g] = gn_sum_double<I>(s2 + g * Cg, Cg);
     }
   };
   for (int64_t r0 = 0; r0 < rows; r0 += block_rows) {
@@ -474,19 +516,34 @@ void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* 
     const double nb = static_cast<double>(nr * Cg);
     block_sums(r0, nr, 0, C);
     for (int64_t g = 0; g < G; ++g) {
-      if (gn_needs_recentering(nb, sc->sd[g], sc->sq[g])) {
+      if (gn_needs_recentering(nb, sd[g], sq[g])) {
         // Sum this group's channels of the block again (from cache) around its own mean.
-        const float shift = static_cast<float>(static_cast<double>(sh[g * Cg]) + sc->sd[g] / nb);
+        const float shift = static_cast<float>(static_cast<double>(sh[g * Cg]) + sd[g] / nb);
         for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
         block_sums(r0, nr, g * Cg, Cg);
       }
     }
     sums.end_block(sh);
+    // Chan's merge of every group's block: all groups have the same
+    // counts, so the weights are computed once per block and the loop over groups has no
+    // division (with many groups of few channels, as (64, 32, 32, 32), per-group merges with
+    // divisions took more time than the block's sums).
+    const double total = count + nb, inv_nb = 1.0 / nb, w_new = nb / total, w_cross = count * nb / total;
     for (int64_t g = 0; g < G; ++g) {
-      gn_merge_block(&out[g], nb, sh[g * Cg], sc->sd[g], sc->sq[g]);
-      const float shift = static_cast<float>(out[g].mean);
+      double mb = 0.0, m2b = 0.0;
+      gn_block_moments(sh[g * Cg], sd[g], sq[g], inv_nb, &mb, &m2b);
+      gn_chan_update(&mean[g], &m2[g], mb, m2b, w_new, w_cross);
+    }
+    count = total;
+    for (int64_t g = 0; g < G; ++g) {
+      const float shift = static_cast<float>(mean[g]);
       for (int64_t ci = 0; ci < Cg; ++ci) sh[g * Cg + ci] = shift;
     }
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    out[g].count = count;
+    out[g].mean = mean[g];
+    out[g].m2 = m2[g];
   }
 }
 

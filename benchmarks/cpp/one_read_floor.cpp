@@ -1,0 +1,167 @@
+// The floor of a one-read normalization, against a copy: what any kernel that must read a whole
+// unit (a GroupNorm group, or a channels-last sample) before writing any of it can reach, with
+// no arithmetic at all. Each thread walks its half of the tensor unit by unit: sum the unit (the
+// statistics' read, from memory), then read it again (from the L2, where it still is) and write
+// y = x * a + b (the normalization's pass). GroupNorm's goal of 1.10x a copy "where a unit fits
+// the L2" assumes this costs about a copy; this program measures how close it comes on the
+// machine at hand, per unit size, with streaming and with ordinary stores.
+//
+// Build and run (any x86-64 with AVX2; AVX-512 is used where the compiler targets it):
+//   g++ -O2 -std=c++17 -march=native -fopenmp benchmarks/cpp/one_read_floor.cpp -o /tmp/one_read_floor
+//   OMP_NUM_THREADS=2 OMP_PROC_BIND=close /tmp/one_read_floor [MiB, default 8]
+// Prints, per schedule, the median time of 31 rounds and its ratio to a copy (memcpy, what
+// x.clone() does) of the same size timed in alternating rounds.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+namespace {
+
+#if defined(__AVX512F__)
+using V = __m512;
+constexpr int kW = 16;
+V vload(const float* p) { return _mm512_load_ps(p); }
+V vadd(V a, V b) { return _mm512_add_ps(a, b); }
+V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+V vset(float a) { return _mm512_set1_ps(a); }
+V vzero() { return _mm512_setzero_ps(); }
+void vstore(float* p, V v) { _mm512_store_ps(p, v); }
+void vstream(float* p, V v) { _mm512_stream_ps(p, v); }
+float vsum(V v) { return _mm512_reduce_add_ps(v); }
+#else
+using V = __m256;
+constexpr int kW = 8;
+V vload(const float* p) { return _mm256_load_ps(p); }
+V vadd(V a, V b) { return _mm256_add_ps(a, b); }
+V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+V vset(float a) { return _mm256_set1_ps(a); }
+V vzero() { return _mm256_setzero_ps(); }
+void vstore(float* p, V v) { _mm256_store_ps(p, v); }
+void vstream(float* p, V v) { _mm256_stream_ps(p, v); }
+float vsum(V v) {
+  alignas(32) float t[8];
+  _mm256_store_ps(t, v);
+  return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+#endif
+
+// Sum of p[0..n), n a multiple of 4 * kW (four chains: the read is the cost, not the adds).
+float read_sum(const float* p, int64_t n) {
+  V a = vzero(), b = vzero(), c = vzero(), d = vzero();
+  for (int64_t i = 0; i < n; i += 4 * kW) {
+    a = vadd(a, vload(p + i));
+    b = vadd(b, vload(p + i + kW));
+    c = vadd(c, vload(p + i + 2 * kW));
+    d = vadd(d, vload(p + i + 3 * kW));
+  }
+  return vsum(vadd(vadd(a, b), vadd(c, d)));
+}
+
+template <bool Stream>
+void scale_shift(const float* x, float* y, int64_t n) {
+  const V s = vset(1.1f), o = vset(0.2f);
+  for (int64_t i = 0; i < n; i += kW) {
+    const V v = vfma(vload(x + i), s, o);
+    if (Stream) {
+      vstream(y + i, v);
+    } else {
+      vstore(y + i, v);
+    }
+  }
+}
+
+// Runs body(begin, count) on each thread's contiguous half (third, ...) of n elements.
+void on_threads(int64_t n, const std::function<void(int64_t, int64_t)>& body) {
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t per = n / nt / (4 * kW) * (4 * kW);
+    body(t * per, t + 1 == nt ? n - t * per : per);
+  }
+}
+
+double median_us(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t mib = argc > 1 ? std::atol(argv[1]) : 8;
+  const int64_t n = mib * (int64_t{1} << 20) / 4;
+  float* x = static_cast<float*>(std::aligned_alloc(64, n * 4));
+  float* y = static_cast<float*>(std::aligned_alloc(64, n * 4));
+  for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 1013) * 1e-3f;
+  std::memset(y, 0, n * 4);
+  volatile float sink = 0.f;
+
+  const auto copy = [&] { on_threads(n, [&](int64_t b, int64_t m) { std::memcpy(y + b, x + b, m * 4); }); };
+  struct Schedule {
+    const char* name;
+    int64_t unit_bytes;  // 0: the whole half
+    std::function<void()> run;
+  };
+  std::vector<Schedule> schedules;
+  schedules.push_back({"read only", 0, [&] {
+                         on_threads(n, [&](int64_t b, int64_t m) { sink = sink + read_sum(x + b, m); });
+                       }});
+  schedules.push_back({"write y = x * a + b, streaming stores, from memory", 0, [&] {
+                         on_threads(n, [&](int64_t b, int64_t m) { scale_shift<true>(x + b, y + b, m); });
+                       }});
+  for (int64_t kib : {32, 128, 256, 512, 1024, 2048}) {
+    for (bool stream : {true, false}) {
+      const int64_t unit = kib * 1024 / 4;
+      schedules.push_back({stream ? "one read, streaming stores" : "one read, ordinary stores", kib * 1024, [=, &sink] {
+                             on_threads(n, [&](int64_t b, int64_t m) {
+                               for (int64_t u = 0; u < m; u += unit) {
+                                 const int64_t len = std::min(unit, m - u);
+                                 sink = sink + read_sum(x + b + u, len);
+                                 if (stream) {
+                                   scale_shift<true>(x + b + u, y + b + u, len);
+                                 } else {
+                                   scale_shift<false>(x + b + u, y + b + u, len);
+                                 }
+                               }
+                             });
+                           }});
+    }
+  }
+
+  const auto time_us = [](const std::function<void()>& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 10; ++i) f();
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 10;
+  };
+  std::printf("%lld MiB float32, %d threads, %d-float vectors; ratio = time / time of a copy (memcpy)\n",
+              static_cast<long long>(mib), omp_get_max_threads(), kW);
+  for (const Schedule& s : schedules) {
+    for (int i = 0; i < 5; ++i) {
+      copy();
+      s.run();
+    }
+    std::vector<double> tc, ts;
+    for (int r = 0; r < 31; ++r) {  // alternating rounds: drifts in the machine hit both alike
+      tc.push_back(time_us(copy));
+      ts.push_back(time_us(s.run));
+    }
+    const double c = median_us(tc), t = median_us(ts);
+    if (s.unit_bytes > 0) {
+      std::printf("  %-52s unit %5lld KiB  %8.1f us  %.2fx\n", s.name, static_cast<long long>(s.unit_bytes >> 10), t,
+                  t / c);
+    } else {
+      std::printf("  %-67s %8.1f us  %.2fx\n", s.name, t, t / c);
+    }
+  }
+  std::free(x);
+  std::free(y);
+  return 0;
+}
