@@ -90,7 +90,8 @@ std::vector<int64_t> shape_of(const InArray& a) {
 
 OutArray new_array(DType dtype, const std::vector<int64_t>& shape, void** data) {
   size_t n = 1;
-  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  bool overflow = false;
+  for (int64_t d : shape) overflow |= __builtin_mul_overflow(n, static_cast<size_t>(d), &n);
   nb::dlpack::dtype dt{};
   size_t itemsize = 0;
   switch (dtype) {
@@ -106,7 +107,8 @@ OutArray new_array(DType dtype, const std::vector<int64_t>& shape, void** data) 
       itemsize = 2;
       break;
   }
-  auto* buf = new unsigned char[n * itemsize > 0 ? n * itemsize : 1];
+  if (overflow || __builtin_mul_overflow(n, itemsize, &n)) throw std::length_error("array too large");
+  auto* buf = new unsigned char[n > 0 ? n : 1];
   nb::capsule owner(buf, [](void* p) noexcept { delete[] static_cast<unsigned char*>(p); });
   std::vector<size_t> ushape(shape.begin(), shape.end());
   *data = buf;
