@@ -277,27 +277,44 @@ void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, con
 
 // Without an activation: per-channel sums over `rows` rows (rows `ld` elements apart) of the C
 // channels at x and dy, around the shifts sh: s1 += x - sh, s2 += (x - sh)^2, s3 += dy,
-// s4 += dy * (x - sh). Row-major, two rows at a time, sums in L1 (as gn_bwd_rows_sums).
+// s4 += dy * (x - sh). Row-major, four rows at a time (four sequential streams per input, as
+// gn_rows_sums), the four rows' terms summed first: each per-channel sum (in L1) takes one
+// addition per four rows.
 template <class I, class T>
 void gn_bwd_rows_moments(const T* x, const T* dy, int64_t rows, int64_t C, int64_t ld, const float* sh, float* s1,
                          float* s2, float* s3, float* s4) {
   using V = typename I::V;
   constexpr int W = I::W;
-  int64_t row = 0;
-  for (; row + 2 <= rows; row += 2) {
-    const T* x0 = x + row * ld;
-    const T* d0 = dy + row * ld;
-    for (int64_t c = 0; c < C; c += W) {
-      // Lanes past C are never stored.
-      const int r = static_cast<int>(gn_min(W, C - c));
-      const V s = I::load_n(sh + c, r);
-      const V a0 = I::sub(I::load_n(x0 + c, r), s), a1 = I::sub(I::load_n(x0 + ld + c, r), s);
-      const V g0 = I::load_n(d0 + c, r), g1 = I::load_n(d0 + ld + c, r);
-      I::store_n(s1 + c, I::add(I::load_n(s1 + c, r), I::add(a0, a1)), r);
-      I::store_n(s2 + c, I::fmadd(a0, a0, I::fmadd(a1, a1, I::load_n(s2 + c, r))), r);
-      I::store_n(s3 + c, I::add(I::load_n(s3 + c, r), I::add(g0, g1)), r);
-      I::store_n(s4 + c, I::fmadd(g0, a0, I::fmadd(g1, a1, I::load_n(s4 + c, r))), r);
+  // Channels [c, c + r) of rows [row, row + 4) (r < W: masked loads; lanes past C are never stored).
+  const auto four_rows = [&](int64_t row, int64_t c, int r) {
+    const T* x0 = x + row * ld + c;
+    const T* d0 = dy + row * ld + c;
+    const auto load = [&](const auto* p) { return r == W ? I::load(p) : I::load_n(p, r); };
+    const V s = load(sh + c);
+    const V a0 = I::sub(load(x0), s), a1 = I::sub(load(x0 + ld), s);
+    const V a2 = I::sub(load(x0 + 2 * ld), s), a3 = I::sub(load(x0 + 3 * ld), s);
+    const V g0 = load(d0), g1 = load(d0 + ld), g2 = load(d0 + 2 * ld), g3 = load(d0 + 3 * ld);
+    const V sa = I::add(I::add(a0, a1), I::add(a2, a3));
+    const V sq = I::add(I::fmadd(a0, a0, I::mul(a1, a1)), I::fmadd(a2, a2, I::mul(a3, a3)));
+    const V sg = I::add(I::add(g0, g1), I::add(g2, g3));
+    const V sga = I::add(I::fmadd(g0, a0, I::mul(g1, a1)), I::fmadd(g2, a2, I::mul(g3, a3)));
+    if (r == W) {
+      I::store(s1 + c, I::add(I::load(s1 + c), sa));
+      I::store(s2 + c, I::add(I::load(s2 + c), sq));
+      I::store(s3 + c, I::add(I::load(s3 + c), sg));
+      I::store(s4 + c, I::add(I::load(s4 + c), sga));
+    } else {
+      I::store_n(s1 + c, I::add(I::load_n(s1 + c, r), sa), r);
+      I::store_n(s2 + c, I::add(I::load_n(s2 + c, r), sq), r);
+      I::store_n(s3 + c, I::add(I::load_n(s3 + c, r), sg), r);
+      I::store_n(s4 + c, I::add(I::load_n(s4 + c, r), sga), r);
     }
+  };
+  int64_t row = 0;
+  for (; row + 4 <= rows; row += 4) {
+    int64_t c = 0;
+    for (; c + W <= C; c += W) four_rows(row, c, W);
+    if (c < C) four_rows(row, c, static_cast<int>(C - c));
   }
   for (; row < rows; ++row) {
     const T* x0 = x + row * ld;
@@ -320,8 +337,8 @@ void gn_bwd_rows_moments(const T* x, const T* dy, int64_t rows, int64_t C, int64
 // would otherwise carry a large multiple of sum dy into sum_dyx).
 template <class I, class T>
 struct GnBwdDySums {
-  // gn_bwd_rows_moments adds one row at a time into s2 and s4.
-  static constexpr int64_t kMaxBlockRows = kGnMaxBlockRows;
+  // gn_bwd_rows_moments adds four rows at a time into each per-channel sum (as GnXSums).
+  static constexpr int64_t kMaxBlockRows = 4 * kGnMaxBlockRows;
   const T* x;
   const T* dy;
   int64_t C;
