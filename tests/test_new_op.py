@@ -173,6 +173,23 @@ def test_generated_project_builds_and_its_tests_pass(built):
     assert re.search(r"\b4 passed\b", out), out
 
 
+def test_generated_op_builds_its_autograd_graph_in_cpp(built):
+    # The scaffold registers its backward op (register_autograd(backward_op=...)): the graph is
+    # built in C++ and the first-order gradients are the backward op's.
+    project, site = built
+    out = run_python(["-c", """
+import torch, myproj
+x = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+y = myproj.scaled_mul(x, w, 1.5)
+gx, gw = torch.autograd.grad(y, [x, w], torch.ones_like(y))
+torch.testing.assert_close(gx, (1.5 * w).expand(3, 4).detach())
+torch.testing.assert_close(gw, 1.5 * x.detach().sum(0))
+print(y.grad_fn.name())
+"""], site, project)
+    assert "OpbridgeBackward[myproj::scaled_mul]" in out.stdout, out.stdout + out.stderr
+
+
 def test_opbridge_check_discovers_the_library(built, tmp_path):
     project, site = built
     model = tmp_path / "m.onnx"

@@ -146,7 +146,8 @@ class _NoDoubleBackward(torch.autograd.Function):
 
 
 def register_autograd(qualname: str, backward: Callable, *, setup_context: Callable,
-                      double_backward: bool | Callable = False) -> None:
+                      double_backward: bool | Callable = False, backward_op: str | None = None,
+                      backward_op_grads: tuple[int, ...] | list[int] | None = None) -> None:
     """``torch.library.register_autograd`` for an op of ours or yours, never silently wrong at
     second order. ``double_backward``:
 
@@ -157,7 +158,17 @@ def register_autograd(qualname: str, backward: Callable, *, setup_context: Calla
       gradients come from ``backward`` (your kernel); where the gradients must themselves be
       differentiable (``create_graph=True``: double backward, Hessian-vector products), they are
       computed by differentiating this function at the op's inputs instead.
+
+    ``backward_op`` (with ``backward_op_grads``): where first-order gradients are what the op
+    ``backward_op(*grad_outputs, *args)`` returns, namely the gradients of the op's arguments at
+    the indices ``backward_op_grads``, in order, the autograd graph is built in C++ and that op
+    is called directly, with no Python in either pass (the formula still serves
+    ``create_graph=True``, through a recomputation of the op, and devices the C++ kernel does
+    not cover). ``backward`` must compute the same gradients.
     """
+    if backward_op is not None and backward_op_grads is None:
+        raise TypeError(f"register_autograd({qualname!r}): backward_op needs backward_op_grads, the indices of "
+                        "the arguments whose gradients it returns")
     if callable(double_backward):
         _register_with_differentiable_form(qualname, backward, setup_context, double_backward)
         _differentiable[qualname] = double_backward
@@ -186,6 +197,9 @@ def register_autograd(qualname: str, backward: Callable, *, setup_context: Calla
         register_formula(qualname, guarded, setup_context)
     _autograd.add(qualname)
     _orders[qualname] = 2 if double_backward else 1
+    if backward_op is not None:
+        if hasattr(torch.ops.opbridge, "_cpp_autograd"):
+            torch.ops.opbridge._cpp_autograd(qualname, backward_op, [int(i) for i in backward_op_grads])
 
 
 def register_formula(qualname: str, backward: Callable, setup_context: Callable) -> None:

@@ -115,7 +115,8 @@ def _backward(ctx, grad):
     )
 
 
-register_autograd("opbridge::group_norm", _backward, setup_context=_setup_context, double_backward=True)
+register_autograd("opbridge::group_norm", _backward, setup_context=_setup_context, double_backward=True,
+                  backward_op="opbridge::group_norm_backward", backward_op_grads=(0, 2, 3))
 
 
 def _backward_of_backward(ctx, *grads):

@@ -156,7 +156,7 @@ def _backward(ctx, grad):
             grad_weights if need[4] else None)
 
 
-register_autograd(_OP, _backward, setup_context=_setup_context)
+register_autograd(_OP, _backward, setup_context=_setup_context, backward_op=_BACKWARD_OP, backward_op_grads=(0, 3, 4))
 
 
 def _no_double_backward(ctx, *grads):
