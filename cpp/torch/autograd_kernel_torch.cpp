@@ -41,36 +41,31 @@ namespace {
 
 using torch::autograd::variable_list;
 
-bool any_requires_grad(const torch::jit::Stack& stack, size_t num_args) {
+// Whether pred(t) holds for a defined tensor argument t (tensor lists included).
+template <class Pred>
+bool any_tensor_argument(const torch::jit::Stack& stack, size_t num_args, Pred pred) {
   for (size_t i = stack.size() - num_args; i < stack.size(); ++i) {
     const c10::IValue& v = stack[i];
     if (v.isTensor()) {
-      if (v.toTensor().requires_grad()) return true;
+      if (v.toTensor().defined() && pred(v.toTensor())) return true;
     } else if (v.isList()) {  // Tensor[] and Tensor?[]
       for (const c10::IValue& e : v.toListRef()) {
-        if (e.isTensor() && e.toTensor().requires_grad()) return true;
+        if (e.isTensor() && e.toTensor().defined() && pred(e.toTensor())) return true;
       }
     }
   }
   return false;
 }
 
+bool any_requires_grad(const torch::jit::Stack& stack, size_t num_args) {
+  return any_tensor_argument(stack, num_args, [](const at::Tensor& t) { return t.requires_grad(); });
+}
+
 // Whether a tensor argument is a dual tensor of forward-mode AD (torch.autograd.forward_ad): no
 // formula of ours has a forward derivative, and the output would silently carry no tangent (as
 // torch.library's own kernel lets it).
 bool any_forward_grad(const torch::jit::Stack& stack, size_t num_args) {
-  for (size_t i = stack.size() - num_args; i < stack.size(); ++i) {
-    const c10::IValue& v = stack[i];
-    if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      if (t.defined() && t._fw_grad(/*level=*/0).defined()) return true;
-    } else if (v.isList()) {
-      for (const c10::IValue& e : v.toListRef()) {
-        if (e.isTensor() && e.toTensor().defined() && e.toTensor()._fw_grad(/*level=*/0).defined()) return true;
-      }
-    }
-  }
-  return false;
+  return any_tensor_argument(stack, num_args, [](const at::Tensor& t) { return t._fw_grad(/*level=*/0).defined(); });
 }
 
 // An op whose first-order gradients a backward op computes: backward(*grad_outputs, *args)

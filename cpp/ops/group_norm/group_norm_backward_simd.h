@@ -411,8 +411,7 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   std::vector<double> mean(static_cast<size_t>(N * G));
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t g = 0; g < G; ++g) {
-      GnMoments m;
-      for (int64_t t = 0; t < tps; ++t) m.merge(partial[(n * tps + t) * G + g]);
+      const GnMoments m = gn_merge_tiles(partial.data() + n * tps * G, tps, G, g);
       mean[n * G + g] = m.mean;
       a.rstd[n * G + g] = 1.0 / std::sqrt(m.m2 / m.count + a.eps);
     }

@@ -170,6 +170,13 @@ struct GnMoments {
   }
 };
 
+// The moments of group g of one sample from those of its `tiles` tiles (partial[t * G + g]).
+inline GnMoments gn_merge_tiles(const GnMoments* partial, int64_t tiles, int64_t G, int64_t g) {
+  GnMoments m;
+  for (int64_t t = 0; t < tiles; ++t) m.merge(partial[t * G + g]);
+  return m;
+}
+
 // The mean and M2 of a block of nb elements (inv_nb = 1 / nb) summed around `shift`:
 // sd = sum(x - shift), sq = sum((x - shift)^2).
 inline void gn_block_moments(float shift, double sd, double sq, double inv_nb, double* mb, double* m2b) {
@@ -499,13 +506,6 @@ void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* 
   const auto block_sums = [&](int64_t r0, int64_t nr, int64_t c0, int64_t width) {
     for (int64_t c = c0; c < c0 + width; ++c) s1[c] = s2[c] = 0.f;
     sums.sum(r0, nr, c0, width, sh, s1, s2);
-    if (Cg == 1) {
-      for (int64_t g = c0; g < c0 + width; ++g) {
-        sd[g] = static_cast<double>(s1[g]);
-        sq[g] = static_cast<double>(s2[g]);
-      }
-      return;
-    }
     for (int64_t g = c0 / Cg; g < (c0 + width) / Cg; ++g) {
       sd[g] = gn_sum_double<I>(s1 + g * Cg, Cg);
       sq[g] = gn_sum_double<I>(s2 + g * Cg, Cg);
@@ -708,8 +708,7 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
         if (n != have) {
           const int64_t j = n - n0;
           for (int64_t g = 0; g < G; ++g) {
-            merged[g] = GnMoments();
-            for (int64_t u = 0; u < tiles_per_sample; ++u) merged[g].merge(partial[(j * tiles_per_sample + u) * G + g]);
+            merged[g] = gn_merge_tiles(partial.data() + j * tiles_per_sample * G, tiles_per_sample, G, g);
           }
           const bool first_tile_here = j * tiles_per_sample >= begin;
           gn_sample_coefficients<I>(a, merged.data(), first_tile_here ? stats_out(a.mean, n) : nullptr,
