@@ -71,6 +71,26 @@ def test_backward_matches_reference(torch_isa, rng, shape, groups, layout, act):
     assert dx.stride() == xs.stride()
 
 
+@pytest.mark.parametrize("act", ["none", "silu"])
+def test_channels_last_samples_in_several_waves(torch_isa, rng, act):
+    # 70 channels-last samples of 64 KB, each with its own scale and offset: the backward takes
+    # them in waves of as many samples as x and dy fit four cache budgets (half the L2 each; at
+    # most 2 MiB on the CPUs this runs on, so at most 64 samples a wave): two waves or more, the
+    # later ones starting at samples other than 0, whose statistics and sums must be their own.
+    n, c, h, w_ = 70, 64, 16, 16
+    scale = rng.uniform(0.5, 3.0, (n, 1, 1, 1))
+    offset = rng.uniform(-2.0, 2.0, (n, 1, 1, 1))
+    x = torch.from_numpy((rng.standard_normal((n, c, h, w_)) * scale + offset).astype(np.float32))
+    dy = torch.from_numpy(rng.standard_normal((n, c, h, w_)).astype(np.float32))
+    w = torch.from_numpy(rng.standard_normal(c))
+    b = torch.from_numpy(rng.standard_normal(c) * 0.5)
+    want = ref_backward(x.double().numpy(), 8, w.numpy(), dy.double().numpy(), 1e-5, bias=b.numpy(), activation=act)
+    got = torch.ops.opbridge.group_norm_backward(_channels_last(dy), _channels_last(x), 8, w.float(), b.float(), 1e-5,
+                                                 act)
+    for g, wnt in zip(got, want):
+        _check(g, wnt, 2e-5)
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_backward_without_affine(torch_isa, rng, layout):
     x, _, _, dy = _case(rng, (2, 16, 40, 60))

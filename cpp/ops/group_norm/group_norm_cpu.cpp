@@ -529,7 +529,8 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T
     group_norm_backward_scalar(dy, x, weight, bias, dx, d, eps, act, ds.data(), db.data(), grstd.data(), pf);
   } else {
     const group_norm_isa::BackwardArgs<T> a{dy,        x,         weight,       bias,          dx, d, eps, act,
-                                            ds.data(), db.data(), grstd.data(), stream_bytes()};
+                                            ds.data(), db.data(), grstd.data(), cache_budget_bytes(),
+                                            stream_bytes()};
     switch (cpu_isa_resolve(CpuIsa::kAuto)) {
 #if defined(OPBRIDGE_X86_DISPATCH)
       case CpuIsa::kAvx512: group_norm_isa::backward_avx512(a, pf); break;

@@ -50,6 +50,8 @@ struct BackwardArgs {
   double* ds;    // [N, C]: sum over the channel of dz * (x - mean), dz = dy * act'(z)
   double* db;    // [N, C]: sum over the channel of dz
   double* rstd;  // [N, G]
+  // Bytes of input (x and dy) one thread may keep in its own cache between passes (Args).
+  int64_t cache_budget;
   int64_t stream_bytes;  // dx of at least this many bytes is written with streaming stores
 };
 
