@@ -91,6 +91,20 @@ def test_channels_last_samples_in_several_waves(torch_isa, rng, act):
         _check(g, wnt, 2e-5)
 
 
+@pytest.mark.parametrize("act", ["none", "silu"])
+def test_channels_last_calls_of_different_sizes_in_turn(torch_isa, rng, act):
+    # The channels-last backward keeps its per-tile scratch on the calling thread between calls:
+    # a call after a larger one (more tiles, more channels) and after a smaller one must use
+    # none of what they left there.
+    for shape, groups in [((2, 96, 40, 60), 8), ((3, 16, 20, 10), 4), ((2, 96, 40, 60), 8), ((1, 48, 90, 70), 3)]:
+        x, w, b, dy = _case(rng, shape)
+        want = ref_backward(x.numpy(), groups, w.numpy(), dy.numpy(), 1e-5, bias=b.numpy(), activation=act)
+        got = torch.ops.opbridge.group_norm_backward(_channels_last(dy.float()), _channels_last(x.float()), groups,
+                                                     w.float(), b.float(), 1e-5, act)
+        for g, wnt in zip(got, want):
+            _check(g, wnt, 2e-5)
+
+
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
 def test_backward_without_affine(torch_isa, rng, layout):
     x, _, _, dy = _case(rng, (2, 16, 40, 60))

@@ -369,12 +369,62 @@ struct GnBwdDySums {
   }
 };
 
+// The channels-last backward's per-tile scratch: per-channel sums and shifts, per-group moments.
+struct GnBwdScratch {
+  std::vector<double> pds, pdb;
+  std::vector<float> tsh;
+  std::vector<GnMoments> partial;
+
+  size_t bytes() const {
+    return (pds.size() + pdb.size()) * sizeof(double) + tsh.size() * sizeof(float) +
+           partial.size() * sizeof(GnMoments);
+  }
+};
+
+// At least n elements (the caller writes every one it reads; only growth allocates).
+template <class E>
+E* gn_at_least(std::vector<E>* v, size_t n) {
+  if (v->size() < n) {
+    v->clear();
+    v->resize(n);
+  }
+  return v->data();
+}
+
+// The calling thread keeps its scratch from one call to the next, up to kGnKeptScratchBytes
+// (1-2% of the size of x and dy: 16 MB serves ~800 MB of them). Allocated anew, its pages were
+// faulted in and zeroed at every call, serially before the first pass: (2, 512, 64, 64)
+// channels-last took 2.83-2.86x a copy that way, 2.46-2.50x with the scratch kept (C++ harness,
+// Xeon, 2 threads). A call nested on the same thread (none is known) would find no scratch kept
+// and allocate its own.
+constexpr size_t kGnKeptScratchBytes = size_t{16} << 20;
+class GnBwdScratchLease {
+ public:
+  GnBwdScratchLease() : s_(std::move(kept())) {}
+  ~GnBwdScratchLease() {
+    if (s_.bytes() <= kGnKeptScratchBytes) kept() = std::move(s_);
+  }
+  GnBwdScratchLease(const GnBwdScratchLease&) = delete;
+  GnBwdScratchLease& operator=(const GnBwdScratchLease&) = delete;
+  GnBwdScratch& get() { return s_; }
+
+ private:
+  static GnBwdScratch& kept() {
+    static thread_local GnBwdScratch s;
+    return s;
+  }
+  GnBwdScratch s_;
+};
+
 template <class I, Activation A, class T>
 void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFor& pf) {
   const int64_t N = a.d.N, C = a.d.C, G = a.d.G, Cg = C / G, S = a.d.S;
   const int64_t row_bytes = C * static_cast<int64_t>(sizeof(T));
-  // Tiles of x and dy together about the forward's tile size (two inputs are read per row).
-  const int64_t tile_rows = gn_max(1, kGnTileBytes / (2 * row_bytes));
+  // Tiles of the forward's rows (x and dy: twice its bytes). Each tile has fixed costs of the order
+  // of C per-channel steps (first shifts, folds, the moved sums), as large as its vector loop at
+  // half these rows: (2, 640, 32, 32) took 3.9x a copy with tiles of half the rows, 2.4x now
+  // (C++ harness, Xeon, 2 threads; tiles of twice the rows again: 2.3x, but fewer to share out).
+  const int64_t tile_rows = gn_max(1, kGnTileBytes / row_bytes);
   const int64_t tps = (S + tile_rows - 1) / tile_rows;
   // Waves of samples, as in the forward: as many samples as their x and dy fit the L2s of two
   // threads (4 budgets), so that the passes after the first find their tiles in the cache of the
@@ -391,10 +441,13 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
 
   // Per tile of a wave (local index t) and channel: the sum of dz * (x - shift) and of dz.
   const size_t wave_tiles = static_cast<size_t>(wave_samples * tps);
-  std::vector<double> pds(wave_tiles * static_cast<size_t>(C)), pdb(pds.size());
   constexpr bool kFused = A == Activation::kNone;
-  std::vector<GnMoments> partial(wave_tiles * static_cast<size_t>(G));
-  std::vector<float> tsh(kFused ? pds.size() : 0);
+  GnBwdScratchLease lease;
+  GnBwdScratch& scratch = lease.get();
+  double* const pds = gn_at_least(&scratch.pds, wave_tiles * static_cast<size_t>(C));
+  double* const pdb = gn_at_least(&scratch.pdb, wave_tiles * static_cast<size_t>(C));
+  float* const tsh = kFused ? gn_at_least(&scratch.tsh, wave_tiles * static_cast<size_t>(C)) : nullptr;
+  GnMoments* const partial = gn_at_least(&scratch.partial, wave_tiles * static_cast<size_t>(G));
   std::vector<double> mean(static_cast<size_t>(wave_samples * G));
   std::vector<GnBwdRowCoefficients> coef(static_cast<size_t>(wave_samples), GnBwdRowCoefficients(C));
 
@@ -420,17 +473,17 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
         int64_t j = 0, off = 0, nr = 0;
         tile_range(t, &j, &off, &nr);
         if constexpr (kFused) {
-          GnBwdDySums<I, T> sums{a.x + off,          a.dy + off,         C,          tsh.data() + t * C,
-                                 pds.data() + t * C, pdb.data() + t * C, s3.data(), s4.data()};
-          gn_nhwc_moments<I>(a.x + off, nr, C, G, partial.data() + t * G, &sc, sums);
+          GnBwdDySums<I, T> sums{a.x + off,   a.dy + off,  C,         tsh + t * C,
+                                 pds + t * C, pdb + t * C, s3.data(), s4.data()};
+          gn_nhwc_moments<I>(a.x + off, nr, C, G, partial + t * G, &sc, sums);
         } else {
-          gn_nhwc_moments<I>(a.x + off, nr, C, G, partial.data() + t * G, &sc);
+          gn_nhwc_moments<I>(a.x + off, nr, C, G, partial + t * G, &sc);
         }
       }
     });
     for (int64_t j = 0; j < ns; ++j) {
       for (int64_t g = 0; g < G; ++g) {
-        const GnMoments m = gn_merge_tiles(partial.data() + j * tps * G, tps, G, g);
+        const GnMoments m = gn_merge_tiles(partial + j * tps * G, tps, G, g);
         mean[j * G + g] = m.mean;
         a.rstd[(n0 + j) * G + g] = 1.0 / std::sqrt(m.m2 / m.count + a.eps);
       }
@@ -452,8 +505,8 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
         for (int64_t t = end - 1; t >= begin; --t) {
           int64_t j = 0, off = 0, nr = 0;
           tile_range(t, &j, &off, &nr);
-          double* ts1 = pds.data() + t * C;
-          double* ts0 = pdb.data() + t * C;
+          double* ts1 = pds + t * C;
+          double* ts0 = pdb + t * C;
           for (int64_t c = 0; c < C; ++c) ts1[c] = ts0[c] = 0.0;
           for (int64_t b0 = 0; b0 < nr; b0 += kGnMaxBlockRows) {
             const int64_t rows = gn_min(kGnMaxBlockRows, nr - b0);
@@ -475,7 +528,7 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
       double* db = a.db + (n0 + j) * C;
       for (int64_t c = 0; c < C; ++c) ds[c] = db[c] = 0.0;
       for (int64_t t = j * tps; t < (j + 1) * tps; ++t) {
-        const float* shift = kFused ? tsh.data() + t * C : coef[j].mh.data();
+        const float* shift = kFused ? tsh + t * C : coef[j].mh.data();
         for (int64_t g = 0; g < G; ++g) {
           for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
             const double sum_dz = pdb[t * C + c];
