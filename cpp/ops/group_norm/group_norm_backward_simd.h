@@ -430,8 +430,9 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   // threads (4 budgets), so that the passes after the first find their tiles in the cache of the
   // thread that read them (the same static partition of the wave's tiles in every pass). Waves of
   // one sample cost more than they save: each pass's tiles are then too few to share out evenly
-  // ((2, 320, 32, 32) + SiLU: 5.4-6.0x -> 6.3-6.9x a copy, C++ harness, Xeon, 2 threads), so
-  // where fewer than two samples fit, one wave of all.
+  // ((2, 320, 32, 32): 3.1x -> 3.8x a copy, + SiLU 5.4-5.6x -> 6.7-6.9x; (4, 320, 32, 32):
+  // 2.3x -> 2.6-2.7x; C++ harness, Xeon, 2 threads), so where fewer than two samples fit, one
+  // wave of all.
   const int64_t pair_bytes = 2 * S * row_bytes;
   const int64_t fit = 4 * a.cache_budget / gn_max(1, pair_bytes);
   const int64_t wave_samples = fit >= 2 ? gn_min(N, fit) : N;
