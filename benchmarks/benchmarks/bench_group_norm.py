@@ -292,6 +292,37 @@ class GroupNormBackwardSpeedup:
         return measure_speedup(self.ours, self.native)
 
 
+# Shapes of Stable Diffusion's UNet at 256 px (batch 2), and a mid-size one, for the backward
+# against the floor.
+BACKWARD_FLOOR_SHAPES = ["2x320x64x64", "2x640x32x32", "2x1280x16x16", "8x256x32x32"]
+
+
+class GroupNormBackwardVsCopy:
+    """time(opbridge::group_norm_backward: dx and the per-channel sums) / time(x.clone()) in one
+    process, float32, THREADS threads: the backward kernel's cost in units of the memory floor
+    (reading x and dy once and writing dx is 1.5 copies' traffic). Lower is better."""
+
+    params = (BACKWARD_FLOOR_SHAPES, LAYOUTS, ACTIVATIONS)
+    param_names = ["shape", "layout", "activation"]
+    unit = "x copy"
+    timeout = 300
+
+    def setup(self, shape, layout, activation):
+        torch = torch_or_skip()
+        torch.set_num_threads(THREADS)
+        backward = opbridge_torch_op("group_norm_backward").default
+        x, w, b = inputs(parse_shape(shape))
+        xt, wt, bt = (torch.from_numpy(a).float() for a in (x, w, b))
+        if layout == "channels_last":
+            xt = xt.contiguous(memory_format=torch.channels_last)
+        dy = torch.randn_like(xt)
+        self.ours = lambda: backward(dy, xt, GROUPS, wt, bt, EPS, activation)
+        self.copy = xt.clone
+
+    def track_ratio_to_copy(self, shape, layout, activation):
+        return measure_speedup(self.copy, self.ours)
+
+
 class GroupNormCallOverhead:
     """The fixed cost of one call: time(F.group_norm) / time(opbridge's op) on a tiny input
     (1, 32, 1, 8), inputs without requires_grad (inference), float32. Higher is better (goal: >= 1).
