@@ -210,14 +210,21 @@ LAYOUTS = ["contiguous", "channels_last"]
 ACTIVATIONS = ["none", "silu"]
 
 
-def floor_fns(shape, layout, activation, seed=0):
-    """(opbridge's op, torch's F.group_norm (+ F.silu), a same-size copy) on the same input."""
+def torch_inputs(shape, layout, seed=0):
+    """inputs() as float32 torch tensors (x, weight, bias), x in the memory format `layout`."""
     torch = torch_or_skip()
-    op = opbridge_torch_op("group_norm")
     x, w, b = inputs(shape, seed)
     xt, wt, bt = (torch.from_numpy(a).float() for a in (x, w, b))
     if layout == "channels_last":
         xt = xt.contiguous(memory_format=torch.channels_last)
+    return xt, wt, bt
+
+
+def floor_fns(shape, layout, activation, seed=0):
+    """(opbridge's op, torch's F.group_norm (+ F.silu), a same-size copy) on the same input."""
+    torch = torch_or_skip()
+    op = opbridge_torch_op("group_norm")
+    xt, wt, bt = torch_inputs(shape, layout, seed)
     F = torch.nn.functional
     if activation == "silu":
         native = lambda: F.silu(F.group_norm(xt, GROUPS, wt, bt, EPS))  # noqa: E731
@@ -272,10 +279,7 @@ class GroupNormBackwardSpeedup:
         torch.set_num_threads(THREADS)
         op = opbridge_torch_op("group_norm")
         F = torch.nn.functional
-        x, w, b = inputs(parse_shape(shape))
-        xt, wt, bt = (torch.from_numpy(a).float() for a in (x, w, b))
-        if layout == "channels_last":
-            xt = xt.contiguous(memory_format=torch.channels_last)
+        xt, wt, bt = torch_inputs(parse_shape(shape), layout)
         xt.requires_grad_(), wt.requires_grad_(), bt.requires_grad_()
         g = torch.randn_like(xt)
         y_ours = op(xt, GROUPS, wt, bt, EPS, activation)
@@ -311,10 +315,7 @@ class GroupNormBackwardVsCopy:
         torch = torch_or_skip()
         torch.set_num_threads(THREADS)
         backward = opbridge_torch_op("group_norm_backward").default
-        x, w, b = inputs(parse_shape(shape))
-        xt, wt, bt = (torch.from_numpy(a).float() for a in (x, w, b))
-        if layout == "channels_last":
-            xt = xt.contiguous(memory_format=torch.channels_last)
+        xt, wt, bt = torch_inputs(parse_shape(shape), layout)
         dy = torch.randn_like(xt)
         self.ours = lambda: backward(dy, xt, GROUPS, wt, bt, EPS, activation)
         self.copy = xt.clone
