@@ -18,6 +18,7 @@
 // whose x and dy stay in the threads' L2s between the passes where two samples or more fit.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -417,6 +418,100 @@ class GnBwdScratchLease {
   GnBwdScratch s_;
 };
 
+// The per-sample steps of the channels-last backward between its passes, for one range of a
+// pass: the statistics of a wave's local sample j from its tiles' moments (mean, rstd per group;
+// the pre-activation constants mh, za, zo per channel), then ds, db from its tiles' channel sums
+// and the dx constants k2, c3. Each step is redone only when the range moves to another sample.
+template <class T>
+struct GnBwdSampleCoefficients {
+  const group_norm_isa::BackwardArgs<T>& a;
+  int64_t C, G, Cg, S, tps;
+  GnBwdRowCoefficients k;
+  std::vector<double> mean, rstd, ds, db;
+  int64_t have_stats = -1, have_sums = -1;
+
+  GnBwdSampleCoefficients(const group_norm_isa::BackwardArgs<T>& args, int64_t C_, int64_t G_, int64_t Cg_,
+                          int64_t S_, int64_t tps_)
+      : a(args), C(C_), G(G_), Cg(Cg_), S(S_), tps(tps_), k(C_), mean(static_cast<size_t>(G_)),
+        rstd(static_cast<size_t>(G_)) {}
+
+  // part: the sample's tiles' moments ([tps, G]).
+  template <class I>
+  void statistics(int64_t j, const GnMoments* part) {
+    if (j == have_stats) return;
+    for (int64_t g = 0; g < G; ++g) {
+      const GnMoments m = gn_merge_tiles(part, tps, G, g);
+      mean[g] = m.mean;
+      rstd[g] = 1.0 / std::sqrt(m.m2 / m.count + a.eps);
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const GnBwdChannel kc = gn_bwd_channel<I>(a.weight, a.bias, c, mean[c / Cg], rstd[c / Cg]);
+      k.mh[c] = kc.m_hi;
+      k.za[c] = kc.za;
+      k.zo[c] = kc.zo;
+    }
+    have_stats = j;
+  }
+
+  // The statistics of sample j to and from arrays shared between passes (mh, za, zo: [C];
+  // mean, rstd: [G]), so that a pass after the one that computed them need not merge again.
+  void publish(float* mh, float* za, float* zo, double* mean_out, double* rstd_out) const {
+    std::copy(k.mh.begin(), k.mh.end(), mh);
+    std::copy(k.za.begin(), k.za.end(), za);
+    std::copy(k.zo.begin(), k.zo.end(), zo);
+    std::copy(mean.begin(), mean.end(), mean_out);
+    std::copy(rstd.begin(), rstd.end(), rstd_out);
+  }
+  void adopt(int64_t j, const float* mh, const float* za, const float* zo, const double* mean_in,
+             const double* rstd_in) {
+    if (j == have_stats) return;
+    std::copy(mh, mh + C, k.mh.begin());
+    std::copy(za, za + C, k.za.begin());
+    std::copy(zo, zo + C, k.zo.begin());
+    std::copy(mean_in, mean_in + G, mean.begin());
+    std::copy(rstd_in, rstd_in + G, rstd.begin());
+    have_stats = j;
+  }
+
+  // After statistics(j): the tiles' sums ([tps, C] each), taken around a float shift per channel
+  // (tsh, [tps, C], or mh where null), moved to the sample's mean and added up (tile by tile,
+  // channels innermost), then k2 and c3. n >= 0: also stores ds, db and rstd as sample n's.
+  template <class I>
+  void sums(int64_t j, const double* pds, const double* pdb, const float* tsh, int64_t n) {
+    ds.resize(static_cast<size_t>(C));
+    db.resize(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) ds[c] = db[c] = 0.0;
+    for (int64_t t = 0; t < tps; ++t) {
+      const float* shift = tsh != nullptr ? tsh + t * C : k.mh.data();
+      for (int64_t g = 0; g < G; ++g) {
+        for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
+          const double sum_dz = pdb[t * C + c];
+          ds[c] += pds[t * C + c] + (static_cast<double>(shift[c]) - mean[g]) * sum_dz;
+          db[c] += sum_dz;
+        }
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t c0 = g * Cg;
+      float k2 = 0.f, c3 = 0.f;
+      gn_bwd_group_coefficients<I>(a.weight, c0, Cg, static_cast<double>(Cg * S), mean[g], rstd[g], ds.data() + c0,
+                                   db.data() + c0, &k2, &c3);
+      for (int64_t c = c0; c < c0 + Cg; ++c) {
+        k.k2[c] = k2;
+        k.c3[c] = c3;
+      }
+    }
+    if (n >= 0) {
+      for (int64_t c = 0; c < C; ++c) {
+        a.ds[n * C + c] = ds[c];
+        a.db[n * C + c] = db[c];
+      }
+      for (int64_t g = 0; g < G; ++g) a.rstd[n * G + g] = rstd[g];
+    }
+    have_sums = j;
+  }
+};
+
 template <class I, Activation A, class T>
 void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFor& pf) {
   const int64_t N = a.d.N, C = a.d.C, G = a.d.G, Cg = C / G, S = a.d.S;
@@ -451,8 +546,6 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   double* const pdb = gn_at_least(&scratch.pdb, wave_tiles * static_cast<size_t>(C));
   float* const tsh = kFused ? gn_at_least(&scratch.tsh, wave_tiles * static_cast<size_t>(C)) : nullptr;
   GnMoments* const partial = gn_at_least(&scratch.partial, wave_tiles * static_cast<size_t>(G));
-  std::vector<double> mean(static_cast<size_t>(wave_samples * G));
-  std::vector<GnBwdRowCoefficients> coef(static_cast<size_t>(wave_samples), GnBwdRowCoefficients(C));
 
   for (int64_t n0 = 0; n0 < N; n0 += wave_samples) {
     const int64_t ns = gn_min(wave_samples, N - n0);
@@ -484,37 +577,44 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
         }
       }
     });
-    for (int64_t j = 0; j < ns; ++j) {
-      for (int64_t g = 0; g < G; ++g) {
-        const GnMoments m = gn_merge_tiles(partial + j * tps * G, tps, G, g);
-        mean[j * G + g] = m.mean;
-        a.rstd[(n0 + j) * G + g] = 1.0 / std::sqrt(m.m2 / m.count + a.eps);
-      }
-      for (int64_t c = 0; c < C; ++c) {
-        const GnBwdChannel k =
-            gn_bwd_channel<I>(a.weight, a.bias, c, mean[j * G + c / Cg], a.rstd[(n0 + j) * G + c / Cg]);
-        coef[j].mh[c] = k.m_hi;
-        coef[j].za[c] = k.za;
-        coef[j].zo[c] = k.zo;
-      }
-    }
+
+    // The steps per sample between the passes (merging its tiles' moments, the coefficients of
+    // its C channels, moving its tiles' sums) are taken by each range of the next pass for the
+    // samples it touches, in parallel: done serially between the passes, they took a third of the
+    // time at (2, 1280, 8, 8) (28 of 86 us), which went from 10.5-10.9x to 7.0-8.3x a copy this
+    // way, (2, 1280, 16, 16) from 4.0-4.3x to 3.7x (C++ harness, Xeon, 2 threads; results
+    // bit-identical). A sample whose tiles several ranges share has these steps done by each of
+    // them (C-sized work per range); only the range with its first tile stores its ds, db, rstd.
 
     // 2. With an activation (dz needs the statistics): channel sums per tile around m_hi, in float
     // lanes over at most kGnMaxBlockRows rows, then double. Last tile first: the end of what pass
     // 1 read is what surely is still in this thread's cache (as the forward's normalization).
+    // The range with a sample's first tile publishes its statistics for pass 3.
+    std::vector<float> wmh, wza, wzo;
+    std::vector<double> wmean, wrstd;
     if constexpr (!kFused) {
+      for (auto* v : {&wmh, &wza, &wzo}) v->resize(static_cast<size_t>(ns * C));
+      for (auto* v : {&wmean, &wrstd}) v->resize(static_cast<size_t>(ns * G));
       pf(tiles, 1, [&](int64_t begin, int64_t end) {
+        GnBwdSampleCoefficients<T> sample(a, C, G, Cg, S, tps);
         std::vector<float> s1(static_cast<size_t>(C)), s0(static_cast<size_t>(C));
         for (int64_t t = end - 1; t >= begin; --t) {
           int64_t j = 0, off = 0, nr = 0;
           tile_range(t, &j, &off, &nr);
+          if (j != sample.have_stats) {
+            sample.template statistics<I>(j, partial + j * tps * G);
+            if (j * tps >= begin) {
+              sample.publish(wmh.data() + j * C, wza.data() + j * C, wzo.data() + j * C, wmean.data() + j * G,
+                             wrstd.data() + j * G);
+            }
+          }
           double* ts1 = pds + t * C;
           double* ts0 = pdb + t * C;
           for (int64_t c = 0; c < C; ++c) ts1[c] = ts0[c] = 0.0;
           for (int64_t b0 = 0; b0 < nr; b0 += kGnMaxBlockRows) {
             const int64_t rows = gn_min(kGnMaxBlockRows, nr - b0);
             for (int64_t c = 0; c < C; ++c) s1[c] = s0[c] = 0.f;
-            gn_bwd_rows_sums<I, A>(a.x + off + b0 * C, a.dy + off + b0 * C, rows, C, coef[j], s1.data(), s0.data());
+            gn_bwd_rows_sums<I, A>(a.x + off + b0 * C, a.dy + off + b0 * C, rows, C, sample.k, s1.data(), s0.data());
             for (int64_t c = 0; c < C; ++c) {
               ts1[c] += static_cast<double>(s1[c]);
               ts0[c] += static_cast<double>(s0[c]);
@@ -523,48 +623,37 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
         }
       });
     }
-    // The tiles' sums, taken around a float shift per channel (tsh, or m_hi), moved to the
-    // sample's mean and added up (tile by tile, channels innermost: the per-tile rows are
-    // contiguous).
-    for (int64_t j = 0; j < ns; ++j) {
-      double* ds = a.ds + (n0 + j) * C;
-      double* db = a.db + (n0 + j) * C;
-      for (int64_t c = 0; c < C; ++c) ds[c] = db[c] = 0.0;
-      for (int64_t t = j * tps; t < (j + 1) * tps; ++t) {
-        const float* shift = kFused ? tsh + t * C : coef[j].mh.data();
-        for (int64_t g = 0; g < G; ++g) {
-          for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
-            const double sum_dz = pdb[t * C + c];
-            ds[c] += pds[t * C + c] + (static_cast<double>(shift[c]) - mean[j * G + g]) * sum_dz;
-            db[c] += sum_dz;
-          }
-        }
-      }
-    }
-    if (a.dx == nullptr) continue;
 
-    // 3. dx per tile: first tile first after pass 2 (which ended there), last tile first after
-    // pass 1.
-    for (int64_t j = 0; j < ns; ++j) {
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t c0 = g * Cg, ng = (n0 + j) * G + g;
-        float k2 = 0.f, c3 = 0.f;
-        gn_bwd_group_coefficients<I>(a.weight, c0, Cg, static_cast<double>(Cg * S), mean[j * G + g], a.rstd[ng],
-                                     a.ds + (n0 + j) * C + c0, a.db + (n0 + j) * C + c0, &k2, &c3);
-        for (int64_t c = c0; c < c0 + Cg; ++c) {
-          coef[j].k2[c] = k2;
-          coef[j].c3[c] = c3;
-        }
+    // 3. dx per tile (first tile first after pass 2, which ended there; last tile first after
+    // pass 1), each range with the dx coefficients of its samples. Where dx is not wanted, the
+    // same per-sample steps for ds, db and rstd alone, one range per sample.
+    const auto sample_sums = [&](GnBwdSampleCoefficients<T>* sample, int64_t j, bool store) {
+      if constexpr (kFused) {
+        sample->template statistics<I>(j, partial + j * tps * G);
+      } else {
+        sample->adopt(j, wmh.data() + j * C, wza.data() + j * C, wzo.data() + j * C, wmean.data() + j * G,
+                      wrstd.data() + j * G);
       }
+      sample->template sums<I>(j, pds + j * tps * C, pdb + j * tps * C, kFused ? tsh + j * tps * C : nullptr,
+                               store ? n0 + j : -1);
+    };
+    if (a.dx == nullptr) {
+      pf(ns, 1, [&](int64_t begin, int64_t end) {
+        GnBwdSampleCoefficients<T> sample(a, C, G, Cg, S, tps);
+        for (int64_t j = begin; j < end; ++j) sample_sums(&sample, j, true);
+      });
+      continue;
     }
     pf(tiles, 1, [&](int64_t begin, int64_t end) {
+      GnBwdSampleCoefficients<T> sample(a, C, G, Cg, S, tps);
       const auto dx_tile = [&](int64_t t) {
         int64_t j = 0, off = 0, nr = 0;
         tile_range(t, &j, &off, &nr);
+        if (j != sample.have_sums) sample_sums(&sample, j, j * tps >= begin);
         if (stream) {
-          gn_bwd_rows_dx<I, A, true>(a.x + off, a.dy + off, a.dx + off, nr, C, coef[j]);
+          gn_bwd_rows_dx<I, A, true>(a.x + off, a.dy + off, a.dx + off, nr, C, sample.k);
         } else {
-          gn_bwd_rows_dx<I, A, false>(a.x + off, a.dy + off, a.dx + off, nr, C, coef[j]);
+          gn_bwd_rows_dx<I, A, false>(a.x + off, a.dy + off, a.dx + off, nr, C, sample.k);
         }
       };
       if (kFused) {
