@@ -546,6 +546,13 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   double* const pdb = gn_at_least(&scratch.pdb, wave_tiles * static_cast<size_t>(C));
   float* const tsh = kFused ? gn_at_least(&scratch.tsh, wave_tiles * static_cast<size_t>(C)) : nullptr;
   GnMoments* const partial = gn_at_least(&scratch.partial, wave_tiles * static_cast<size_t>(G));
+  // With an activation: each wave sample's statistics, as pass 2 computed them, for pass 3.
+  std::vector<float> wmh, wza, wzo;
+  std::vector<double> wmean, wrstd;
+  if constexpr (!kFused) {
+    for (auto* v : {&wmh, &wza, &wzo}) v->resize(static_cast<size_t>(wave_samples * C));
+    for (auto* v : {&wmean, &wrstd}) v->resize(static_cast<size_t>(wave_samples * G));
+  }
 
   for (int64_t n0 = 0; n0 < N; n0 += wave_samples) {
     const int64_t ns = gn_min(wave_samples, N - n0);
@@ -590,11 +597,7 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
     // lanes over at most kGnMaxBlockRows rows, then double. Last tile first: the end of what pass
     // 1 read is what surely is still in this thread's cache (as the forward's normalization).
     // The range with a sample's first tile publishes its statistics for pass 3.
-    std::vector<float> wmh, wza, wzo;
-    std::vector<double> wmean, wrstd;
     if constexpr (!kFused) {
-      for (auto* v : {&wmh, &wza, &wzo}) v->resize(static_cast<size_t>(ns * C));
-      for (auto* v : {&wmean, &wrstd}) v->resize(static_cast<size_t>(ns * G));
       pf(tiles, 1, [&](int64_t begin, int64_t end) {
         GnBwdSampleCoefficients<T> sample(a, C, G, Cg, S, tps);
         std::vector<float> s1(static_cast<size_t>(C)), s0(static_cast<size_t>(C));
