@@ -26,7 +26,9 @@ def _channels_last(t):
 
 # (shape, groups): channels longer than one summation block (S > 2048) with a tail; a channel-last
 # sample cut into several tiles; C not a multiple of any vector width; one channel per group;
-# a single group; rank 3 and 5; tiny spatial extent.
+# a single group; rank 3 and 5; tiny spatial extent; short channels (S <= 128, or 256 with SiLU:
+# summed several channels at a time) in groups of more channels than a vector has lanes, with
+# remainders.
 SHAPES = [
     ((2, 8, 64, 70), 4),
     ((1, 24, 96, 100), 6),
@@ -36,6 +38,9 @@ SHAPES = [
     ((3, 12, 517), 4),
     ((2, 8, 3, 4, 5), 2),
     ((4, 32, 2, 1), 8),
+    ((2, 80, 8, 8), 2),
+    ((2, 36, 5, 7), 2),
+    ((2, 40, 10, 20), 2),
 ]
 IDS = [f"{s}-G{g}" for s, g in SHAPES]
 
@@ -137,10 +142,12 @@ def test_16bit_backward(torch_isa, rng, dtype, tol, layout):
 
 @pytest.mark.parametrize("act", ["none", "silu"])
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
-def test_backward_at_large_offset(torch_isa, rng, layout, act):
+@pytest.mark.parametrize("shape", [(2, 16, 30, 41), (2, 48, 9, 7)])
+def test_backward_at_large_offset(torch_isa, rng, shape, layout, act):
     # Mean 1e6, spread 1.7: x - mean keeps its digits in float32 only if the mean is
     # subtracted as the forward does (m_hi + m_lo); the gradient must stay that accurate.
-    x, w, b, dy = _case(rng, (2, 16, 30, 41), offset=1e6)
+    # Long channels, and short ones (summed several channels at a time).
+    x, w, b, dy = _case(rng, shape, offset=1e6)
     x32 = x.float()
     want = ref_backward(x32.double().numpy(), 4, w.numpy(), dy.numpy(), 1e-5, bias=b.numpy(), activation=act)
     xs, dys = x32, dy.float()

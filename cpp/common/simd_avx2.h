@@ -49,6 +49,21 @@ struct SimdAvx2 {
     const __m128d t = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
     return _mm_cvtsd_f64(_mm_add_sd(t, _mm_unpackhi_pd(t, t)));
   }
+  static void hsum_w(const V* v, double* out) {
+    V t[4], u[2];
+    for (int j = 0; j < 4; ++j) {
+      const V a = v[2 * j], b = v[2 * j + 1];
+      t[j] = _mm256_add_ps(_mm256_unpacklo_ps(a, b), _mm256_unpackhi_ps(a, b));
+    }
+    for (int j = 0; j < 2; ++j) {
+      const __m256d a = _mm256_castps_pd(t[2 * j]), b = _mm256_castps_pd(t[2 * j + 1]);
+      u[j] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)), _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+    }
+    // u[j]: (vectors 4j..4j+3 over the low 128 bits; over the high 128 bits)
+    const V s = _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20), _mm256_permute2f128_ps(u[0], u[1], 0x31));
+    _mm256_storeu_pd(out, _mm256_cvtps_pd(_mm256_castps256_ps128(s)));
+    _mm256_storeu_pd(out + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(s, 1)));
+  }
 
   static float to_f32(float v) { return v; }
   static float to_f32(Half v) { return _cvtsh_ss(v.bits); }

@@ -11,6 +11,10 @@
 //   scalef(p, n)             p * 2^n for integral n in [-250, 250], overflowing to inf and
 //                            underflowing to 0 (or a subnormal) as the exact product would
 //   hsum(v)                  the lanes' sum, added in double
+//   hsum_w(v, out)           out[j] = the lanes' sum of v[j] for the W vectors v[0..W), added in
+//                            float (a tree of W - 1 additions per vector) and widened to double: a
+//                            transposed reduction, about a fifth of W hsums' instructions, for
+//                            lanes that each hold a short sum
 //   load / store(T*)         W elements of T (float, Half, BFloat16) <-> float lanes
 //   load_n / store_n(T*, n)  the first n < W elements (other lanes read as 0, never touched)
 //   to_f32(T)                one element to float
@@ -63,6 +67,30 @@ struct SimdAvx512 {
     const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(a));
     const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(a, 1));
     return _mm512_reduce_add_pd(_mm512_add_pd(lo, hi));
+  }
+  static void hsum_w(const V* v, double* out) {
+    // Each step adds pairs of vectors lane-shuffled so that one result holds partial sums of
+    // twice as many input vectors, until one vector holds the 16 sums in order.
+    V t[8], u[4], w[2];
+    for (int j = 0; j < 8; ++j) {
+      const V a = v[2 * j], b = v[2 * j + 1];
+      // per block: (a0 + a2, b0 + b2, a1 + a3, b1 + b3)
+      t[j] = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m512d a = _mm512_castps_pd(t[2 * j]), b = _mm512_castps_pd(t[2 * j + 1]);
+      // per block: the block's sums of vectors 4j .. 4j + 3
+      u[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    for (int j = 0; j < 2; ++j) {
+      // blocks: (vectors 8j..8j+3 over blocks 0+1, over 2+3; 8j+4..8j+7 over 0+1, over 2+3)
+      w[j] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * j], u[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                           _mm512_shuffle_f32x4(u[2 * j], u[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    }
+    const V s = _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    _mm512_storeu_pd(out, _mm512_cvtps_pd(_mm512_castps512_ps256(s)));
+    _mm512_storeu_pd(out + 8, _mm512_cvtps_pd(_mm512_extractf32x8_ps(s, 1)));
   }
 
   static float to_f32(float v) { return v; }

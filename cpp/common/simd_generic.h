@@ -66,6 +66,14 @@ struct SimdGeneric {
     d = _mm_add_sd(d, _mm_unpackhi_pd(d, d));
     return _mm_cvtsd_f64(d);
   }
+  static void hsum_w(const V* v, double* out) {
+    for (int j = 0; j < W; ++j) {
+      // ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), a tree as in the vector versions
+      const __m128 s = _mm_add_ps(v[j].lo, v[j].hi);
+      const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+      out[j] = static_cast<double>(_mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1))));
+    }
+  }
 
   static float to_f32(float v) { return v; }
   static float to_f32(Half v) { return half_to_float(v.bits); }
@@ -185,6 +193,16 @@ struct SimdGeneric {
     double s = 0.0;
     for (int l = 0; l < W; ++l) s += static_cast<double>(a.v[l]);
     return s;
+  }
+  static void hsum_w(const V* v, double* out) {
+    for (int j = 0; j < W; ++j) {
+      float t[W];
+      for (int l = 0; l < W; ++l) t[l] = v[j].v[l];
+      for (int h = W / 2; h > 0; h /= 2) {
+        for (int l = 0; l < h; ++l) t[l] += t[l + h];
+      }
+      out[j] = static_cast<double>(t[0]);
+    }
   }
 
   static float to_f32(float v) { return v; }
