@@ -323,29 +323,63 @@ void gn_bwd_rows_sums(const T* x, const T* dy, int64_t rows, int64_t C, const Gn
 }
 
 // dx for `rows` rows of C channels with per-channel coefficients. Stream: non-temporal stores,
-// for rows whose every vector is aligned (C a multiple of W, dx vector-aligned).
+// for rows whose every vector is aligned (C a multiple of W, dx vector-aligned). Two rows at a
+// time, so that each vector of the five coefficients serves two rows; full vectors with plain
+// loads, the channels past the last full vector with masked ones.
 template <class I, Activation A, bool Stream, class T>
 void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, const GnBwdRowCoefficients& k) {
   using V = typename I::V;
   constexpr int W = I::W;
-  for (int64_t row = 0; row < rows; ++row) {
-    const T* xr = x + row * C;
-    const T* dyr = dy + row * C;
-    T* dxr = dx + row * C;
-    for (int64_t c = 0; c < C; c += W) {
-      const int r = static_cast<int>(gn_min(W, C - c));
-      const V xv = I::sub(I::load_n(xr + c, r), I::load_n(k.mh.data() + c, r));
-      const V za = I::load_n(k.za.data() + c, r);
-      const V d = gn_dz<I, A>(I::load_n(dyr + c, r), xv, za, I::load_n(k.zo.data() + c, r));
-      const V v = I::fmadd(za, d,
-                           I::fmadd(I::load_n(k.k2.data() + c, r), xv, I::load_n(k.c3.data() + c, r)));
-      if (Stream) {
-        I::stream(dxr + c, v);
-      } else if (r == W) {
-        I::store(dxr + c, v);
-      } else {
-        I::store_n(dxr + c, v, r);
-      }
+  const float* mh = k.mh.data();
+  const float* za = k.za.data();
+  const float* zo = k.zo.data();
+  const float* k2 = k.k2.data();
+  const float* c3 = k.c3.data();
+  const int64_t cv = C / W * W;
+  const int tail = static_cast<int>(C - cv);
+  const auto put = [](T* p, V v) {
+    if (Stream) {
+      I::stream(p, v);
+    } else {
+      I::store(p, v);
+    }
+  };
+  int64_t row = 0;
+  for (; row + 2 <= rows; row += 2) {
+    const T* x0 = x + row * C;
+    const T* x1 = x0 + C;
+    const T* d0 = dy + row * C;
+    const T* d1 = d0 + C;
+    T* o0 = dx + row * C;
+    T* o1 = o0 + C;
+    for (int64_t c = 0; c < cv; c += W) {
+      const V m = I::load(mh + c), a = I::load(za + c), o = I::load(zo + c);
+      const V q = I::load(k2 + c), e = I::load(c3 + c);
+      const V xv0 = I::sub(I::load(x0 + c), m), xv1 = I::sub(I::load(x1 + c), m);
+      put(o0 + c, I::fmadd(a, gn_dz<I, A>(I::load(d0 + c), xv0, a, o), I::fmadd(q, xv0, e)));
+      put(o1 + c, I::fmadd(a, gn_dz<I, A>(I::load(d1 + c), xv1, a, o), I::fmadd(q, xv1, e)));
+    }
+  }
+  for (; row < rows; ++row) {
+    const T* x0 = x + row * C;
+    const T* d0 = dy + row * C;
+    T* o0 = dx + row * C;
+    for (int64_t c = 0; c < cv; c += W) {
+      const V a = I::load(za + c);
+      const V xv0 = I::sub(I::load(x0 + c), I::load(mh + c));
+      put(o0 + c, I::fmadd(a, gn_dz<I, A>(I::load(d0 + c), xv0, a, I::load(zo + c)),
+                           I::fmadd(I::load(k2 + c), xv0, I::load(c3 + c))));
+    }
+  }
+  if (tail > 0) {
+    // Streaming needs C a multiple of W, so these stores are never streamed.
+    for (row = 0; row < rows; ++row) {
+      const int64_t off = row * C + cv;
+      const V a = I::load_n(za + cv, tail);
+      const V xv = I::sub(I::load_n(x + off, tail), I::load_n(mh + cv, tail));
+      const V d = gn_dz<I, A>(I::load_n(dy + off, tail), xv, a, I::load_n(zo + cv, tail));
+      I::store_n(dx + off, I::fmadd(a, d, I::fmadd(I::load_n(k2 + cv, tail), xv, I::load_n(c3 + cv, tail))),
+                 tail);
     }
   }
 }
@@ -517,11 +551,15 @@ struct GnBwdSampleCoefficients {
       mean[g] = m.mean;
       rstd[g] = 1.0 / std::sqrt(m.m2 / m.count + a.eps);
     }
-    for (int64_t c = 0; c < C; ++c) {
-      const GnBwdChannel kc = gn_bwd_channel<I>(a.weight, a.bias, c, mean[c / Cg], rstd[c / Cg]);
-      k.mh[c] = kc.m_hi;
-      k.za[c] = kc.za;
-      k.zo[c] = kc.zo;
+    // Group by group: an integer division per channel (c / Cg) cost more than the channel's own
+    // arithmetic.
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
+        const GnBwdChannel kc = gn_bwd_channel<I>(a.weight, a.bias, c, mean[g], rstd[g]);
+        k.mh[c] = kc.m_hi;
+        k.za[c] = kc.za;
+        k.zo[c] = kc.zo;
+      }
     }
     have_stats = j;
   }

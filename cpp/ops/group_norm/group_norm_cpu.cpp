@@ -540,14 +540,18 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T
     }
   }
   if (dweight != nullptr || dbias != nullptr) {
-    for (int64_t c = 0; c < C; ++c) {
-      double sw = 0.0, sb = 0.0;
-      for (int64_t n = 0; n < N; ++n) {
-        sw += ds[n * C + c] * grstd[n * G + c / Cg];
-        sb += db[n * C + c];
+    // Group by group: a division per channel (c / Cg) took longer than the rest of this loop
+    // (1280 of them, serial on the calling thread, a few µs at (2, 1280, 8, 8)).
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
+        double sw = 0.0, sb = 0.0;
+        for (int64_t n = 0; n < N; ++n) {
+          sw += ds[n * C + c] * grstd[n * G + g];
+          sb += db[n * C + c];
+        }
+        if (dweight != nullptr) dweight[c] = from_acc<T>(static_cast<A>(sw));
+        if (dbias != nullptr) dbias[c] = from_acc<T>(static_cast<A>(sb));
       }
-      if (dweight != nullptr) dweight[c] = from_acc<T>(static_cast<A>(sw));
-      if (dbias != nullptr) dbias[c] = from_acc<T>(static_cast<A>(sb));
     }
   }
   return Status::Ok();
