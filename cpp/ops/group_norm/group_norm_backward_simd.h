@@ -126,11 +126,12 @@ void gn_bwd_channel_sums(const T* x, const T* dy, int64_t n, const GnBwdChannel&
 
 // Channels of at most this many elements have their sums taken W channels at a time
 // (gn_bwd_short_channel_sums; each float lane then sums at most 256 / W terms, fewer than in
-// gn_bwd_channel_sums). Kernel against a copy (C++ harness, Xeon, 2 threads), one channel at a
-// time -> W at a time: S = 64 (2, 1280, 8, 8) 6.3-7.1x -> 4.5-5.0x, + SiLU 14.5-15.2x -> 9.1-9.9x;
-// S = 128 (4, 640, 8, 16) 4.9x -> 3.6-3.9x. At S = 256 it gains with SiLU ((2, 1280, 16, 16)
-// 4.7-4.8x -> 4.2x, (2, 640, 16, 16) 9.4-9.5x -> 7.7-8.0x), not without (2.36-2.39x ->
-// 2.39-2.50x); at S = 1024 3% either way.
+// gn_bwd_channel_sums). Kernel against a copy (C++ harness built with the release flags, Xeon, 2
+// threads, alternated runs), one channel at a time -> W at a time: S = 64 (2, 1280, 8, 8)
+// 4.4-4.5x -> 3.2-3.4x, + SiLU 10.5-10.9x -> 8.5x; S = 128 (4, 640, 8, 16) 3.7-3.8x -> 3.2-3.4x,
+// + SiLU 8.6-9.3x -> 7.8-8.4x. At S = 256 it gains with SiLU ((2, 1280, 16, 16) 4.3-4.4x ->
+// 3.9-4.0x), not without (2, 1280, 16, 16 2.2-2.3x -> 2.3-2.4x, others within noise); at S = 1024
+// no clear gain either way.
 template <Activation A>
 constexpr int64_t kGnBwdShort = A == Activation::kNone ? 128 : 256;
 
