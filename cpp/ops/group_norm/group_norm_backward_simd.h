@@ -85,8 +85,39 @@ void gn_bwd_group_coefficients(const T* weight, int64_t c0, int64_t Cg, double M
 }
 
 // Elements per block of the channel sums: two accumulator pairs of W lanes, so each float lane
-// sums at most kGnBwdBlock / (2 * W) <= 128 terms before folding into double (as kGnBlock).
+// sums at most kGnBwdBlock / (2 * W) <= 128 terms, and the pairs are added once, before folding
+// into double (as kGnBlock).
 constexpr int64_t kGnBwdBlock = kGnBlock / 2;
+
+// The float lanes of sum(dz * (x - m_hi)) (*a) and sum(dz) (*q) over the elements [b, e) of one
+// channel: two accumulator pairs (two chains of dependent additions per sum), added at the end.
+template <class I, Activation A, class T>
+void gn_bwd_channel_lanes(const T* x, const T* dy, int64_t b, int64_t e, const GnBwdChannel& k, typename I::V* a,
+                          typename I::V* q) {
+  using V = typename I::V;
+  constexpr int W = I::W;
+  const V mh = I::set1(k.m_hi), za = I::set1(k.za), zo = I::set1(k.zo);
+  V a0 = I::zero(), a1 = I::zero(), q0 = I::zero(), q1 = I::zero();
+  int64_t i = b;
+  for (; i + 2 * W <= e; i += 2 * W) {
+    const V x0 = I::sub(I::load(x + i), mh), x1 = I::sub(I::load(x + i + W), mh);
+    const V d0 = gn_dz<I, A>(I::load(dy + i), x0, za, zo), d1 = gn_dz<I, A>(I::load(dy + i + W), x1, za, zo);
+    a0 = I::fmadd(d0, x0, a0);
+    a1 = I::fmadd(d1, x1, a1);
+    q0 = I::add(q0, d0);
+    q1 = I::add(q1, d1);
+  }
+  for (; i < e; i += W) {
+    const int r = static_cast<int>(gn_min(W, e - i));
+    // Lanes past the end are zero in both sums (dz and x - m_hi both masked to 0).
+    const V xv = I::sub_n(I::load_n(x + i, r), mh, r);
+    const V d = I::sub_n(gn_dz<I, A>(I::load_n(dy + i, r), xv, za, zo), I::zero(), r);
+    a0 = I::fmadd(d, xv, a0);
+    q0 = I::add(q0, d);
+  }
+  *a = I::add(a0, a1);
+  *q = I::add(q0, q1);
+}
 
 // sum(dz * (x - m_hi)) and sum(dz) over one channel's n contiguous elements, in float lanes
 // folded into double every kGnBwdBlock elements.
@@ -94,31 +125,12 @@ template <class I, Activation A, class T>
 void gn_bwd_channel_sums(const T* x, const T* dy, int64_t n, const GnBwdChannel& k, double* sum_dzx,
                          double* sum_dz) {
   using V = typename I::V;
-  constexpr int W = I::W;
-  const V mh = I::set1(k.m_hi), za = I::set1(k.za), zo = I::set1(k.zo);
   double s1 = 0.0, s0 = 0.0;
   for (int64_t b0 = 0; b0 < n; b0 += kGnBwdBlock) {
-    const int64_t b1 = gn_min(n, b0 + kGnBwdBlock);
-    V a0 = I::zero(), a1 = I::zero(), q0 = I::zero(), q1 = I::zero();
-    int64_t i = b0;
-    for (; i + 2 * W <= b1; i += 2 * W) {
-      const V x0 = I::sub(I::load(x + i), mh), x1 = I::sub(I::load(x + i + W), mh);
-      const V d0 = gn_dz<I, A>(I::load(dy + i), x0, za, zo), d1 = gn_dz<I, A>(I::load(dy + i + W), x1, za, zo);
-      a0 = I::fmadd(d0, x0, a0);
-      a1 = I::fmadd(d1, x1, a1);
-      q0 = I::add(q0, d0);
-      q1 = I::add(q1, d1);
-    }
-    for (; i < b1; i += W) {
-      const int r = static_cast<int>(gn_min(W, b1 - i));
-      // Lanes past the end are zero in both sums (dz and x - m_hi both masked to 0).
-      const V xv = I::sub_n(I::load_n(x + i, r), mh, r);
-      const V d = I::sub_n(gn_dz<I, A>(I::load_n(dy + i, r), xv, za, zo), I::zero(), r);
-      a0 = I::fmadd(d, xv, a0);
-      q0 = I::add(q0, d);
-    }
-    s1 += I::hsum(a0) + I::hsum(a1);
-    s0 += I::hsum(q0) + I::hsum(q1);
+    V a = I::zero(), q = I::zero();
+    gn_bwd_channel_lanes<I, A>(x, dy, b0, gn_min(n, b0 + kGnBwdBlock), k, &a, &q);
+    s1 += I::hsum(a);
+    s0 += I::hsum(q);
   }
   *sum_dzx = s1;
   *sum_dz = s0;
@@ -150,39 +162,7 @@ void gn_bwd_short_channel_sums(const T* xg, const T* dyg, int64_t Cg, int64_t S,
   for (int64_t c0 = 0; c0 < Cg; c0 += W) {
     const int nc = static_cast<int>(gn_min(W, Cg - c0));
     for (int j = 0; j < nc; ++j) {
-      const GnBwdChannel& k = ks[c0 + j];
-      const T* x = xg + (c0 + j) * S;
-      const T* dy = dyg + (c0 + j) * S;
-      const V mh = I::set1(k.m_hi), za = I::set1(k.za), zo = I::set1(k.zo);
-      // Two accumulator pairs (two chains of dependent additions per sum).
-      V a = I::zero(), q = I::zero(), a1 = I::zero(), q1 = I::zero();
-      int64_t i = 0;
-      for (; i + 2 * W <= S; i += 2 * W) {
-        const V xv = I::sub(I::load(x + i), mh), xv1 = I::sub(I::load(x + i + W), mh);
-        const V d = gn_dz<I, A>(I::load(dy + i), xv, za, zo), d1 = gn_dz<I, A>(I::load(dy + i + W), xv1, za, zo);
-        a = I::fmadd(d, xv, a);
-        a1 = I::fmadd(d1, xv1, a1);
-        q = I::add(q, d);
-        q1 = I::add(q1, d1);
-      }
-      a = I::add(a, a1);
-      q = I::add(q, q1);
-      for (; i + W <= S; i += W) {
-        const V xv = I::sub(I::load(x + i), mh);
-        const V d = gn_dz<I, A>(I::load(dy + i), xv, za, zo);
-        a = I::fmadd(d, xv, a);
-        q = I::add(q, d);
-      }
-      if (i < S) {
-        const int r = static_cast<int>(S - i);
-        // Lanes past the end are zero in both sums (dz and x - m_hi both masked to 0).
-        const V xv = I::sub_n(I::load_n(x + i, r), mh, r);
-        const V d = I::sub_n(gn_dz<I, A>(I::load_n(dy + i, r), xv, za, zo), I::zero(), r);
-        a = I::fmadd(d, xv, a);
-        q = I::add(q, d);
-      }
-      acc_dzx[j] = a;
-      acc_dz[j] = q;
+      gn_bwd_channel_lanes<I, A>(xg + (c0 + j) * S, dyg + (c0 + j) * S, 0, S, ks[c0 + j], &acc_dzx[j], &acc_dz[j]);
     }
     for (int j = nc; j < W; ++j) acc_dzx[j] = acc_dz[j] = I::zero();
     I::hsum_w(acc_dzx, s_dzx);
