@@ -58,8 +58,9 @@ constexpr int64_t kGnMaxBlockRows = 128;
 // Smallest amount of work (elements) worth a parallel task: ~64 KB of float, a few
 // microseconds, well above the cost of handing a task to a thread.
 constexpr int64_t kGnMinTaskElems = int64_t{1} << 14;
-// Rows of a [N, S, C] tile: about this many bytes, so that a sample splits into enough tiles
-// to balance the threads and the per-tile work (merging G moments) stays negligible.
+// Rows of a [N, S, C] tile: at most this many bytes (a sample's rows shared evenly between its
+// tiles), so that a sample splits into enough tiles to balance the threads and the per-tile work
+// (merging G moments) stays negligible.
 constexpr int64_t kGnTileBytes = int64_t{256} << 10;
 // [N, S, C] samples that fit the cache budget are one task each from this many samples on: with
 // fewer, whole-sample tasks would leave threads idle (or unevenly loaded) on common pools.
@@ -666,8 +667,11 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
   }
 
   // Waves of samples cut into tiles of rows: statistics of all tiles, merge, normalization.
-  const int64_t tile_rows = gn_max(1, kGnTileBytes / row_bytes);
-  const int64_t tiles_per_sample = (S + tile_rows - 1) / tile_rows;
+  // Rows shared evenly between a sample's tiles (not tiles of the most rows and a short last
+  // one): (1, 1280, 16, 16) 3.1-3.2x -> 2.4-2.9x a copy, (2, 320, 64, 64) 1.40x -> 1.34-1.35x.
+  const int64_t max_rows = gn_max(1, kGnTileBytes / row_bytes);
+  const int64_t tiles_per_sample = (S + max_rows - 1) / max_rows;
+  const int64_t tile_rows = (S + tiles_per_sample - 1) / tiles_per_sample;
   // A wave holds as many samples as the L2s of two threads (4 budgets): its tiles are spread
   // over the threads, so each thread's part of it stays in its own L2 between the passes. Each
   // wave costs two parallel passes, which weigh on small tensors: (2, 320, 32, 32)
