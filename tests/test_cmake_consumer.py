@@ -253,6 +253,42 @@ def test_kernels_without_any_framework(consumer, tmp_path, rng):
     np.testing.assert_allclose(np.load(tmp_path / "0.npy"), expected, rtol=1e-4, atol=1e-5)
 
 
+# (shape, groups): contiguous channels of 63 elements (the short-channel sums) with C not a
+# multiple of any vector width; a channels-last sample of two tiles, so that ranges split samples.
+BACKWARD_DIRECT_CASES = [((3, 40, 9, 7), 4), ((2, 64, 40, 40), 8)]
+
+
+@pytest.mark.parametrize("ranges", [1, 3])
+@pytest.mark.parametrize("activation", ["none", "silu"])
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+@pytest.mark.parametrize("shape,groups", BACKWARD_DIRECT_CASES, ids=[str(c[0]) for c in BACKWARD_DIRECT_CASES])
+def test_backward_kernel_without_any_framework(consumer, tmp_path, rng, shape, groups, layout, activation, ranges):
+    # group_norm_backward_cpu from C++ with and without dx: dx = nullptr (dweight and dbias only)
+    # is a path of the C++ API that neither torch nor ORT takes.
+    from reference import group_norm_backward as ref_backward
+
+    x = (rng.standard_normal(shape) * 1.7 + 0.3).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal(shape[1]).astype(np.float32)
+    b = (rng.standard_normal(shape[1]) * 0.5).astype(np.float32)
+    to_file = (lambda a: np.ascontiguousarray(np.moveaxis(a, 1, -1))) if layout == "nhwc" else (lambda a: a)
+    for name, a in (("x", to_file(x)), ("dy", to_file(dy)), ("w", w), ("b", b)):
+        np.save(tmp_path / f"{name}.npy", a)
+    dx, dw, db, dw_only, db_only = run_program(
+        consumer / "group_norm_backward_direct",
+        [tmp_path / "x.npy", tmp_path / "w.npy", tmp_path / "b.npy", tmp_path / "dy.npy", groups, 1e-5, layout,
+         activation, ranges, tmp_path], tmp_path, n_out=5)
+    if layout == "nhwc":
+        dx = np.moveaxis(dx, -1, 1)
+    want = ref_backward(x, groups, w, dy, 1e-5, bias=b, activation=activation)
+    for got, wnt in zip((dx, dw, db), want):
+        scale = max(1.0, float(np.abs(wnt).max()))
+        np.testing.assert_allclose(got.astype(np.float64), wnt, rtol=0, atol=2e-5 * scale)
+    # Without dx, the same dweight and dbias, bit for bit (the same sums in the same order).
+    np.testing.assert_array_equal(dw_only, dw)
+    np.testing.assert_array_equal(db_only, db)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("op", OPS)
 def test_cpp_program_runs_model_on_cuda(consumer, tmp_path, rng, op):
