@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import opbridge
-from fuzz import harness, oracle
+from fuzz import harness
 from fuzz.ops.inverse import CHECKED_LIMIT
 from onnx_models import single_node_model
 
@@ -126,7 +126,15 @@ def test_inf_in_small_float32_matrices_does_not_crash(ort_worker, rng, n):
         assert status == "ok", (status, reply)
         assert reply[0] == "ok" or "singular" in reply[2], reply
         if reply[0] == "ok":
-            finite = [m for m in range(4) if np.isfinite(a[m]).all()]
-            ref = np.linalg.inv(a[finite].astype(np.float64))
-            exp = oracle.Expected(ref, "float32", 1e-3 * np.abs(ref).max())
-            assert oracle.compare(reply[1][0][finite], exp) is None
+            # The finite matrices' inverses within the documented bound 10 n k eps (as above):
+            # a fixed 1e-3 of the largest entry failed on an ill-conditioned Gaussian matrix
+            # (OPBRIDGE_TEST_SEED=1686847324, n = 6: relative error 2.1e-3).
+            for m in range(4):
+                if not np.isfinite(a[m]).all():
+                    continue
+                k = np.linalg.cond(a[m].astype(np.float64))
+                bound = 10 * n * k * EPS[np.float32]
+                if bound <= CHECKED_LIMIT:
+                    ref = np.linalg.inv(a[m].astype(np.float64))
+                    err = np.abs(reply[1][0][m].astype(np.float64) - ref).max() / np.abs(ref).max()
+                    assert err <= bound, f"matrix {m}: cond={k:.2g}, relative error {err:.3g} > {bound:.3g}"
