@@ -318,6 +318,11 @@ void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, con
   const float* c3 = k.c3.data();
   const int64_t cv = C / W * W;
   const int tail = static_cast<int>(C - cv);
+  // dx of loaded x and dy with the coefficients m_hi, za, zo, k2, c3.
+  const auto value = [](V xr, V dyv, V m, V a, V o, V q, V e) {
+    const V xv = I::sub(xr, m);
+    return I::fmadd(a, gn_dz<I, A>(dyv, xv, a, o), I::fmadd(q, xv, e));
+  };
   const auto put = [](T* p, V v) {
     if (Stream) {
       I::stream(p, v);
@@ -336,9 +341,8 @@ void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, con
     for (int64_t c = 0; c < cv; c += W) {
       const V m = I::load(mh + c), a = I::load(za + c), o = I::load(zo + c);
       const V q = I::load(k2 + c), e = I::load(c3 + c);
-      const V xv0 = I::sub(I::load(x0 + c), m), xv1 = I::sub(I::load(x1 + c), m);
-      put(o0 + c, I::fmadd(a, gn_dz<I, A>(I::load(d0 + c), xv0, a, o), I::fmadd(q, xv0, e)));
-      put(o1 + c, I::fmadd(a, gn_dz<I, A>(I::load(d1 + c), xv1, a, o), I::fmadd(q, xv1, e)));
+      put(o0 + c, value(I::load(x0 + c), I::load(d0 + c), m, a, o, q, e));
+      put(o1 + c, value(I::load(x1 + c), I::load(d1 + c), m, a, o, q, e));
     }
   }
   for (; row < rows; ++row) {
@@ -346,20 +350,18 @@ void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, con
     const T* d0 = dy + row * C;
     T* o0 = dx + row * C;
     for (int64_t c = 0; c < cv; c += W) {
-      const V a = I::load(za + c);
-      const V xv0 = I::sub(I::load(x0 + c), I::load(mh + c));
-      put(o0 + c, I::fmadd(a, gn_dz<I, A>(I::load(d0 + c), xv0, a, I::load(zo + c)),
-                           I::fmadd(I::load(k2 + c), xv0, I::load(c3 + c))));
+      put(o0 + c, value(I::load(x0 + c), I::load(d0 + c), I::load(mh + c), I::load(za + c), I::load(zo + c),
+                        I::load(k2 + c), I::load(c3 + c)));
     }
   }
   if (tail > 0) {
     // Streaming needs C a multiple of W, so these stores are never streamed.
     for (row = 0; row < rows; ++row) {
       const int64_t off = row * C + cv;
-      const V a = I::load_n(za + cv, tail);
-      const V xv = I::sub(I::load_n(x + off, tail), I::load_n(mh + cv, tail));
-      const V d = gn_dz<I, A>(I::load_n(dy + off, tail), xv, a, I::load_n(zo + cv, tail));
-      I::store_n(dx + off, I::fmadd(a, d, I::fmadd(I::load_n(k2 + cv, tail), xv, I::load_n(c3 + cv, tail))),
+      I::store_n(dx + off,
+                 value(I::load_n(x + off, tail), I::load_n(dy + off, tail), I::load_n(mh + cv, tail),
+                       I::load_n(za + cv, tail), I::load_n(zo + cv, tail), I::load_n(k2 + cv, tail),
+                       I::load_n(c3 + cv, tail)),
                  tail);
     }
   }
@@ -521,20 +523,18 @@ struct GnBwdSampleCoefficients {
   GnBwdSampleCoefficients(const group_norm_isa::BackwardArgs<T>& args, int64_t C_, int64_t G_, int64_t Cg_,
                           int64_t S_, int64_t tps_)
       : a(args), C(C_), G(G_), Cg(Cg_), S(S_), tps(tps_), k(C_), mean(static_cast<size_t>(G_)),
-        rstd(static_cast<size_t>(G_)) {}
+        rstd(static_cast<size_t>(G_)), ds(static_cast<size_t>(C_)), db(static_cast<size_t>(C_)) {}
 
   // part: the sample's tiles' moments ([tps, G]).
   template <class I>
   void statistics(int64_t j, const GnMoments* part) {
     if (j == have_stats) return;
+    // Group by group: an integer division per channel (c / Cg) cost more than the channel's own
+    // arithmetic.
     for (int64_t g = 0; g < G; ++g) {
       const GnMoments m = gn_merge_tiles(part, tps, G, g);
       mean[g] = m.mean;
       rstd[g] = 1.0 / std::sqrt(m.m2 / m.count + a.eps);
-    }
-    // Group by group: an integer division per channel (c / Cg) cost more than the channel's own
-    // arithmetic.
-    for (int64_t g = 0; g < G; ++g) {
       for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {
         const GnBwdChannel kc = gn_bwd_channel<I>(a.weight, a.bias, c, mean[g], rstd[g]);
         k.mh[c] = kc.m_hi;
@@ -570,8 +570,6 @@ struct GnBwdSampleCoefficients {
   // channels innermost), then k2 and c3. n >= 0: also stores ds, db and rstd as sample n's.
   template <class I>
   void sums(int64_t j, const double* pds, const double* pdb, const float* tsh, int64_t n) {
-    ds.resize(static_cast<size_t>(C));
-    db.resize(static_cast<size_t>(C));
     for (int64_t c = 0; c < C; ++c) ds[c] = db[c] = 0.0;
     for (int64_t t = 0; t < tps; ++t) {
       const float* shift = tsh != nullptr ? tsh + t * C : k.mh.data();
@@ -613,12 +611,8 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   // pass 1 alone at (2, 512, 64, 64) took 1.45x the time of a plain read of x and dy, 1.24x now;
   // the whole backward at (2, 640, 32, 32) 2.6-2.7x a copy, 2.4x now (C++ harness, Xeon, 2
   // threads, scratch kept; tiles of twice these rows: 2.5-2.7x there, fewer to share out).
-  // The sample's rows are shared evenly between its tiles: with tiles of the most rows and a short
-  // last one, the threads' shares of a sample or two were uneven ((1, 320, 32, 32): 5 tiles of
-  // 204 rows and one of 4, 3.9-4.0x a copy with 171 rows each, 4.9-5.0x before).
-  const int64_t max_rows = gn_max(1, kGnTileBytes / row_bytes);
-  const int64_t tps = (S + max_rows - 1) / max_rows;
-  const int64_t tile_rows = (S + tps - 1) / tps;
+  int64_t tps = 0;
+  const int64_t tile_rows = gn_tile_rows(S, row_bytes, &tps);
   // Waves of samples, as in the forward: as many samples as their x and dy fit the L2s of two
   // threads (4 budgets), so that the passes after the first find their tiles in the cache of the
   // thread that read them (the same static partition of the wave's tiles in every pass). Waves of
