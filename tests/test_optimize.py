@@ -82,13 +82,15 @@ def _run_ort(path, feeds, library=True):
 
 
 def decomposition_model(rng, *, style="torchscript", c=8, g=4, spatial=(5, 6), mul=True, add=True,
-                        in_affine=False, dtype=np.float32, eps=1e-5, batch="N", then_silu=False):
+                        in_affine=False, dtype=np.float32, eps=1e-5, batch="N", then_silu=False, restore=True):
     """X -> Reshape [0, G, -1] -> InstanceNormalization -> Reshape(shape of X) -> Mul -> Add.
 
     style: "torchscript" (Constant nodes, Shape(X)), "dynamo" (initializers, Shape(X, start=0)) or
     "static" (the restoring shape is a constant; batch must be static). in_affine: the
     InstanceNormalization gets a per-group scale/shift other than 1/0 (no exporter does that, but
-    the rewrite folds it). Returns (model, params) with the float64 values for the reference."""
+    the rewrite folds it). restore=False: no second Reshape (the dynamo exporter drops it where
+    it does nothing: rank 3, G = C). Returns (model, params) with the float64 values for the
+    reference."""
     rank = 2 + len(spatial)
     shape = [batch, c, *spatial]
     s = rng.uniform(0.5, 1.5, g) if in_affine else np.ones(g)
@@ -109,14 +111,17 @@ def decomposition_model(rng, *, style="torchscript", c=8, g=4, spatial=(5, 6), m
     const("in_bias", t.astype(dtype))
     nodes.append(helper.make_node("Reshape", ["x", "grouped_shape"], ["grouped"]))
     nodes.append(helper.make_node("InstanceNormalization", ["grouped", "in_scale", "in_bias"], ["normed"], epsilon=eps))
-    if style == "static":
+    if not restore:
+        pass
+    elif style == "static":
         const("x_shape", np.array(shape, np.int64))
     elif style == "dynamo":
         nodes.append(helper.make_node("Shape", ["x"], ["x_shape"], start=0))
     else:
         nodes.append(helper.make_node("Shape", ["x"], ["x_shape"]))
-    nodes.append(helper.make_node("Reshape", ["normed", "x_shape"], ["restored"]))
-    y = "restored"
+    if restore:
+        nodes.append(helper.make_node("Reshape", ["normed", "x_shape"], ["restored"]))
+    y = "restored" if restore else "normed"
     if mul:
         inits.append(numpy_helper.from_array(w.astype(dtype).reshape(bshape), "weight"))
         nodes.append(helper.make_node("Mul", [y, "weight"], ["scaled"]))
@@ -130,7 +135,8 @@ def decomposition_model(rng, *, style="torchscript", c=8, g=4, spatial=(5, 6), m
         nodes.append(helper.make_node("Mul", [y, "sig"], ["act"]))
         y = "act"
     nodes.append(helper.make_node("Identity", [y], ["y"]))
-    model = _model(nodes, [_vi("x", dtype, shape)], [_vi("y", dtype, shape)], inits)
+    out_shape = shape if restore else [batch, g, None]
+    model = _model(nodes, [_vi("x", dtype, shape)], [_vi("y", dtype, out_shape)], inits)
     return model, dict(g=g, s=s, t=t, w=w if mul else None, b=b if add else None, eps=eps, silu=then_silu)
 
 
@@ -176,6 +182,36 @@ def test_decomposition_of_other_ranks_and_folded_instance_norm_affine(tmp_path, 
     assert (opbridge.DOMAIN, "GroupNorm") in _ops(dst) and ("", "InstanceNormalization") not in _ops(dst)
     x = rng.standard_normal((2, 6, *spatial)).astype(np.float32)
     np.testing.assert_allclose(_run_ort(dst, {"x": x})[0], decomposition_ref(x, p), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mul, add", [(True, True), (False, False)])
+@pytest.mark.parametrize("style", ["torchscript", "dynamo"])
+def test_decomposition_without_the_restoring_reshape_when_it_does_nothing(tmp_path, capsys, rng, style, mul, add):
+    """GroupNorm(C, C) of a 3-D X: the dynamo exporter's optimizer drops the second Reshape, which
+    gives X's shape anyway (wav2vec2's feature encoder); the rest is still one GroupNorm."""
+    model, p = decomposition_model(rng, style=style, c=6, g=6, spatial=(7,), mul=mul, add=add, in_affine=True,
+                                   restore=False)
+    src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
+    code, out, _ = _optimize_cli(capsys, src, dst, "--dim", "N=3")
+    assert code == 0, out
+    assert _optimize.LABEL_DECOMPOSITION_3D in out and "x1" in out
+    assert _ops(dst) == [(opbridge.DOMAIN, "GroupNorm"), ("", "Identity")], _ops(dst)
+    assert _attr(_gn_nodes(onnx.load(dst))[0], "num_groups") == 6
+    x = rng.standard_normal((3, 6, 7)).astype(np.float32) * 2 + 0.5
+    np.testing.assert_allclose(_run_ort(dst, {"x": x})[0], decomposition_ref(x, p), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("c, g, spatial", [(6, 3, (7,)), (6, 6, (3, 4))])
+def test_instance_norm_without_the_restoring_reshape_is_not_a_group_norm(tmp_path, capsys, rng, c, g, spatial):
+    """Without the second Reshape the InstanceNormalization's output is (N, G, C/G * S): X's shape
+    only for rank 3 and G = C. Otherwise nothing is rewritten (and nothing is said about it)."""
+    model, _ = decomposition_model(rng, style="dynamo", c=c, g=g, spatial=spatial, mul=False, add=False,
+                                   restore=False)
+    src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
+    code, out, _ = _optimize_cli(capsys, src, dst)
+    assert code == 0, out
+    assert "no GroupNorm pattern found" in out and "not rewritten" not in out
+    assert ("", "InstanceNormalization") in _ops(dst) and not _gn_nodes(onnx.load(dst))
 
 
 def test_float16_decomposition(tmp_path, capsys, rng):
@@ -713,6 +749,40 @@ def test_exported_fused_model_matches_torch_in_ort(rng, dynamo, opset):
     with torch.no_grad():
         expect = net(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(sess.run(None, {sess.get_inputs()[0].name: x})[0], expect, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dynamo, opset", _export_cases())
+def test_export_of_a_one_channel_per_group_norm_on_sequences(rng, dynamo, opset):
+    """nn.GroupNorm(C, C) on (N, C, L), as in wav2vec2's feature encoder: the dynamo exporter
+    writes it without the second Reshape (see test_decomposition_without_the_restoring_reshape...);
+    every exporter's form becomes ai.opbridge::GroupNorm, and the model computes what torch does."""
+    torch = _torch()
+    torch.manual_seed(int(rng.integers(2**31)))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv1d(8, 8, 3)
+            self.gn1 = torch.nn.GroupNorm(8, 8)
+            self.gn2 = torch.nn.GroupNorm(2, 8)
+            with torch.no_grad():
+                for gn in (self.gn1, self.gn2):
+                    gn.weight.uniform_(0.5, 1.5)
+                    gn.bias.uniform_(-0.5, 0.5)
+
+        def forward(self, x):
+            return torch.nn.functional.silu(self.gn2(torch.nn.functional.gelu(self.gn1(self.conv(x)))))
+
+    net = Net().eval()
+    proto = opbridge.onnx.export(net, (torch.randn(2, 8, 40),), dynamo=dynamo, opset_version=opset)
+    ops = [n.op_type for n in proto.graph.node]
+    assert [_attr(n, "num_groups") for n in _gn_nodes(proto)] == [8, 2], ops
+    assert "InstanceNormalization" not in ops and "GroupNormalization" not in ops
+    x = rng.standard_normal((2, 8, 40)).astype(np.float32)
+    with torch.no_grad():
+        expect = net(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(reference_run(proto, {proto.graph.input[0].name: x})[0], expect, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.torch

@@ -225,24 +225,28 @@ def _make_rule_classes():
             return y
 
     class Decomposition(_ToGroupNorm):
-        """Reshape(X, [0, G, -1]) -> InstanceNormalization -> Reshape(Shape(X)) [-> Mul(w)] [-> Add(b)]."""
+        """Reshape(X, [0, G, -1]) -> InstanceNormalization -> Reshape(Shape(X)) [-> Mul(w)] [-> Add(b)].
 
-        def __init__(self, session: _Session, name: str, mul: bool, add: bool) -> None:
+        restore=False: the same without the second Reshape, which the dynamo exporter's optimizer
+        removes where it does nothing: X of rank 3 with one channel per group (G = C), where the
+        grouping Reshape gives X's own shape (wav2vec2's GroupNorm(512, 512) on (N, 512, L))."""
+
+        def __init__(self, session: _Session, name: str, mul: bool, add: bool, restore: bool = True) -> None:
             super().__init__(session, name)
-            self.mul, self.add = mul, add
+            self.mul, self.add, self.restore = mul, add, restore
 
         def pattern(self, op, x, grouped_shape, in_scale, in_bias, out_shape, weight, bias):
             grouped = op.Reshape(x, grouped_shape, _outputs=["grouped"])
             normed = op.InstanceNormalization(grouped, in_scale, in_bias, _outputs=["normed"])
-            y = op.Reshape(normed, out_shape, _outputs=["restored"])
+            y = op.Reshape(normed, out_shape, _outputs=["restored"]) if self.restore else normed
             if self.mul:
                 y = op.Mul(y, weight)
             if self.add:
                 y = op.Add(y, bias)
             return y
 
-        def check(self, context, x, grouped_shape, in_scale, in_bias, out_shape, grouped, normed, restored,
-                  weight=None, bias=None, **_):
+        def check(self, context, x, grouped_shape, in_scale, in_bias, grouped, normed, out_shape=None,
+                  restored=None, weight=None, bias=None, **_):
             self._graph = context.graph_or_function
             node = normed.producer()
             try:
@@ -250,8 +254,9 @@ def _make_rule_classes():
                                            restored, weight, bias)
             except _Skip as e:
                 # Only the core's failures are worth a note: a failing Mul/Add is left in place by
-                # the next rule, which rewrites the core alone.
-                return self._fail(node, str(e), note=not (self.mul or self.add))
+                # the next rule, which rewrites the core alone. Without the second Reshape, a
+                # Reshape + InstanceNormalization is most often not a GroupNorm at all: no note.
+                return self._fail(node, str(e), note=self.restore and not (self.mul or self.add))
             return pattern.MatchResult()
 
         def _analyze(self, x, grouped_shape, in_scale, in_bias, out_shape, grouped, normed, restored, weight,
@@ -282,7 +287,11 @@ def _make_rule_classes():
                     rest == -1 or (per_group is not None and rest == per_group)):
                 raise _Skip(f"{_NOT_REWRITTEN}: the grouping Reshape's shape {gs.tolist()} is not "
                             f"[0, {groups}, -1] (one group per {channels // groups} channels)")
-            if not self._restores(out_shape, restored, x, dims):
+            if not self.restore:
+                if rank != 3 or groups != channels:
+                    raise _Skip(f"{_NOT_REWRITTEN}: without a Reshape after InstanceNormalization, X must be "
+                                "of rank 3 with one channel per group")
+            elif not self._restores(out_shape, restored, x, dims):
                 raise _Skip(f"{_NOT_REWRITTEN}: the second Reshape does not restore X's shape")
             eps = normed.producer().attributes.get_float("epsilon", 1e-5)
 
@@ -328,8 +337,8 @@ def _make_rule_classes():
                     return False
             return unknown == 0 or (unknown == 1 and None not in dims[1:])
 
-        def rewrite(self, op, x, restored=None, **_):
-            return self._emit(op, self._plan, restored.name or "group_norm")
+        def rewrite(self, op, x, normed=None, restored=None, **_):
+            return self._emit(op, self._plan, (restored if self.restore else normed).name or "group_norm")
 
     class GroupNormalization(_ToGroupNorm):
         """GroupNormalization-18 (per-group scale/bias) or -21 (per-channel)."""
@@ -493,6 +502,7 @@ def _as_const_or_value(value: Any) -> Any:
 
 # Labels of what a rewrite did, in report order.
 LABEL_DECOMPOSITION = "GroupNorm decomposition (Reshape, InstanceNormalization, Reshape, Mul, Add)"
+LABEL_DECOMPOSITION_3D = "GroupNorm decomposition, 3-D X, G = C (Reshape, InstanceNormalization, Mul, Add)"
 LABEL_GN18 = "GroupNormalization-18 (per-group scale/bias made per-channel)"
 LABEL_GN21 = "GroupNormalization-21"
 LABEL_MS = "com.microsoft::GroupNorm"
@@ -530,9 +540,11 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
     stages: list[tuple[str, list, Callable[[Any], Any] | None]] = []
     if "decomposition" in sources:
         # Longest form first: each later rule would otherwise match a prefix of a longer one.
-        for mul, add in ((True, True), (True, False), (False, True), (False, False)):
-            name = f"opbridge.decomposition.{int(mul)}{int(add)}"
-            stages.append((LABEL_DECOMPOSITION, [Decomposition.rule(session, name, mul, add)], None))
+        for restore in (True, False):
+            for mul, add in ((True, True), (True, False), (False, True), (False, False)):
+                name = f"opbridge.decomposition.{int(mul)}{int(add)}{'' if restore else '.3d'}"
+                stages.append((LABEL_DECOMPOSITION if restore else LABEL_DECOMPOSITION_3D,
+                               [Decomposition.rule(session, name, mul, add, restore)], None))
     if "gn21" in sources:
         stages.append((LABEL_GN21, [GroupNormalization.rule(session, "opbridge.group_normalization_21", True)], None))
     if "gn18" in sources:
