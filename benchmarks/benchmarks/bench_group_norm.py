@@ -220,17 +220,17 @@ def torch_inputs(shape, layout, seed=0):
     return xt, wt, bt
 
 
-def floor_fns(shape, layout, activation, seed=0):
+def floor_fns(shape, layout, activation, seed=0, groups=GROUPS):
     """(opbridge's op, torch's F.group_norm (+ F.silu), a same-size copy) on the same input."""
     torch = torch_or_skip()
     op = opbridge_torch_op("group_norm")
     xt, wt, bt = torch_inputs(shape, layout, seed)
     F = torch.nn.functional
     if activation == "silu":
-        native = lambda: F.silu(F.group_norm(xt, GROUPS, wt, bt, EPS))  # noqa: E731
+        native = lambda: F.silu(F.group_norm(xt, groups, wt, bt, EPS))  # noqa: E731
     else:
-        native = lambda: F.group_norm(xt, GROUPS, wt, bt, EPS)  # noqa: E731
-    ours = lambda: op(xt, GROUPS, wt, bt, EPS, activation)  # noqa: E731
+        native = lambda: F.group_norm(xt, groups, wt, bt, EPS)  # noqa: E731
+    ours = lambda: op(xt, groups, wt, bt, EPS, activation)  # noqa: E731
     copy = lambda: xt.clone()  # noqa: E731  (keeps the memory format, allocates like the ops)
     return ours, native, copy
 
@@ -258,6 +258,29 @@ class TorchGroupNormVsCopy(GroupNormVsCopy):
 
     def track_ratio_to_copy(self, shape, layout, activation):
         return measure_speedup(self.copy, self.native)
+
+
+# GroupNorm(C, C) of sequences (N, C, L): wav2vec2's feature encoder (and HuBERT's, WavLM's) on 1 s
+# and 4 s of 16 kHz audio, and a batch of shorter clips. Each group is one channel of L elements,
+# which starts inside a vector where L is not a multiple of 16.
+SEQUENCE_SHAPES = ["1x512x3199", "4x512x3199", "8x512x799"]
+
+
+class GroupNormSequenceVsCopy:
+    """time(opbridge group_norm) / time(x.clone()) for GroupNorm(C, C) of (N, C, L) inputs, float32
+    (goal: <= 1.10, a group fits the L2). Lower is better."""
+
+    params = (SEQUENCE_SHAPES, ["ours", "torch"])
+    param_names = ["shape", "impl"]
+    unit = "x copy"
+    timeout = 300
+
+    def setup(self, shape, impl):
+        dims = parse_shape(shape)
+        self.ours, self.native, self.copy = floor_fns(dims, "contiguous", "none", groups=dims[1])
+
+    def track_ratio_to_copy(self, shape, impl):
+        return measure_speedup(self.copy, self.ours if impl == "ours" else self.native)
 
 
 # Shapes of the backward comparison: the floor shapes that a training step meets most.
