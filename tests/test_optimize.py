@@ -82,15 +82,18 @@ def _run_ort(path, feeds, library=True):
 
 
 def decomposition_model(rng, *, style="torchscript", c=8, g=4, spatial=(5, 6), mul=True, add=True,
-                        in_affine=False, dtype=np.float32, eps=1e-5, batch="N", then_silu=False, restore=True):
+                        in_affine=False, dtype=np.float32, eps=1e-5, batch="N", then_silu=False, restore=True,
+                        cast_like=None):
     """X -> Reshape [0, G, -1] -> InstanceNormalization -> Reshape(shape of X) -> Mul -> Add.
 
     style: "torchscript" (Constant nodes, Shape(X)), "dynamo" (initializers, Shape(X, start=0)) or
     "static" (the restoring shape is a constant; batch must be static). in_affine: the
     InstanceNormalization gets a per-group scale/shift other than 1/0 (no exporter does that, but
     the rewrite folds it). restore=False: no second Reshape (the dynamo exporter drops it where
-    it does nothing: rank 3, G = C). Returns (model, params) with the float64 values for the
-    reference."""
+    it does nothing: rank 3, G = C). cast_like: the weight and bias are stored in this type and
+    pass through CastLike(·, y) before the Mul / Add, as the dynamo exporter writes them for
+    bfloat16 (there with the type they already have). Returns (model, params) with the float64
+    values for the reference."""
     rank = 2 + len(spatial)
     shape = [batch, c, *spatial]
     s = rng.uniform(0.5, 1.5, g) if in_affine else np.ones(g)
@@ -122,13 +125,19 @@ def decomposition_model(rng, *, style="torchscript", c=8, g=4, spatial=(5, 6), m
     if restore:
         nodes.append(helper.make_node("Reshape", ["normed", "x_shape"], ["restored"]))
     y = "restored" if restore else "normed"
+    def affine(name, arr, y):
+        if cast_like is None:
+            inits.append(numpy_helper.from_array(arr.astype(dtype).reshape(bshape), name))
+            return name
+        inits.append(numpy_helper.from_array(arr.astype(cast_like).reshape(bshape), name + "_stored"))
+        nodes.append(helper.make_node("CastLike", [name + "_stored", y], [name]))
+        return name
+
     if mul:
-        inits.append(numpy_helper.from_array(w.astype(dtype).reshape(bshape), "weight"))
-        nodes.append(helper.make_node("Mul", [y, "weight"], ["scaled"]))
+        nodes.append(helper.make_node("Mul", [y, affine("weight", w, y)], ["scaled"]))
         y = "scaled"
     if add:
-        inits.append(numpy_helper.from_array(b.astype(dtype).reshape(bshape), "bias"))
-        nodes.append(helper.make_node("Add", [y, "bias"], ["shifted"]))
+        nodes.append(helper.make_node("Add", [y, affine("bias", b, y)], ["shifted"]))
         y = "shifted"
     if then_silu:
         nodes.append(helper.make_node("Sigmoid", [y], ["sig"]))
@@ -212,6 +221,36 @@ def test_instance_norm_without_the_restoring_reshape_is_not_a_group_norm(tmp_pat
     assert code == 0, out
     assert "no GroupNorm pattern found" in out and "not rewritten" not in out
     assert ("", "InstanceNormalization") in _ops(dst) and not _gn_nodes(onnx.load(dst))
+
+
+def test_cast_like_to_the_same_type_does_not_keep_the_affine_and_silu_apart(tmp_path, capsys, rng):
+    """The dynamo exporter writes Mul(y, CastLike(w, y)) / Add(·, CastLike(b, ·)) for bfloat16: a
+    CastLike that changes nothing, whose second input made y a value read twice, so that only the
+    core was rewritten, and the Mul, Add and SiLU stayed. (float32 here, so that ORT checks it on
+    any CPU: the rule looks at types, not at which.)"""
+    model, p = decomposition_model(rng, style="dynamo", cast_like=np.float32, then_silu=True)
+    src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
+    code, out, _ = _optimize_cli(capsys, src, dst, "--dim", "N=2")
+    assert code == 0, out
+    assert _optimize.LABEL_CAST_LIKE in out and _optimize.LABEL_SILU in out
+    assert _ops(dst) == [(opbridge.DOMAIN, "GroupNorm"), ("", "Identity")], _ops(dst)
+    assert _attr(_gn_nodes(onnx.load(dst))[0], "activation") == b"silu"
+    x = rng.standard_normal((2, 8, 5, 6)).astype(np.float32)
+    np.testing.assert_allclose(_run_ort(dst, {"x": x})[0], decomposition_ref(x, p), rtol=1e-4, atol=1e-4)
+
+
+def test_cast_like_that_casts_stays(tmp_path, capsys, rng):
+    """A float16 weight cast to float32 is a real cast: it stays, and so do the Mul and Add it
+    feeds (the core is still rewritten)."""
+    model, p = decomposition_model(rng, style="dynamo", cast_like=np.float16)
+    src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
+    code, out, _ = _optimize_cli(capsys, src, dst, "--dim", "N=2")
+    assert code == 0, out
+    assert _optimize.LABEL_CAST_LIKE not in out
+    assert [op for _, op in _ops(dst)].count("CastLike") == 2 and (opbridge.DOMAIN, "GroupNorm") in _ops(dst)
+    x = rng.standard_normal((2, 8, 5, 6)).astype(np.float32)
+    p = dict(p, w=p["w"].astype(np.float16).astype(np.float64), b=p["b"].astype(np.float16).astype(np.float64))
+    np.testing.assert_allclose(_run_ort(dst, {"x": x})[0], decomposition_ref(x, p), rtol=1e-4, atol=1e-4)
 
 
 def test_float16_decomposition(tmp_path, capsys, rng):
@@ -600,6 +639,25 @@ def test_a_model_the_check_cannot_run_is_refused(tmp_path, capsys, rng):
     assert code == 1 and "com.acme::Frobnicate" in out and not os.path.exists(dst)
 
 
+def test_a_model_ort_cannot_load_on_this_provider_is_refused_as_such(tmp_path, capsys, rng):
+    """A bfloat16 Conv has no CPU kernel in ORT: the original model cannot be loaded, and the
+    message says so (not that the rewritten one cannot), with the way out."""
+    model, _ = decomposition_model(rng, style="dynamo", dtype=np.float32)
+    model = onnx.helper.make_model(model.graph, opset_imports=model.opset_import, ir_version=IR_VERSION)
+    wconv = rng.standard_normal((8, 8, 1, 1)).astype(np.float32)
+    bf16 = onnx.numpy_helper.from_array(wconv, "wconv")
+    bf16 = helper.make_tensor("wconv", TensorProto.BFLOAT16, [8, 8, 1, 1],
+                              onnx.numpy_helper.to_array(bf16).astype(np.float32).reshape(-1).tolist())
+    model.graph.initializer.append(bf16)
+    model.graph.node.insert(0, helper.make_node("Conv", ["xb", "wconv"], ["xc"]))
+    model.graph.node.insert(1, helper.make_node("Cast", ["xc"], ["x"], to=TensorProto.FLOAT))
+    model.graph.input[0].CopyFrom(helper.make_tensor_value_info("xb", TensorProto.BFLOAT16, ["N", 8, 5, 6]))
+    src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
+    code, out, _ = _optimize_cli(capsys, src, dst)
+    assert code == 1 and "cannot load the original model" in out and "--provider" in out, out
+    assert not os.path.exists(dst)
+
+
 def test_optimizing_in_place(tmp_path, capsys, rng):
     model, p = decomposition_model(rng)
     src = _save(model, tmp_path)
@@ -783,6 +841,40 @@ def test_export_of_a_one_channel_per_group_norm_on_sequences(rng, dynamo, opset)
     with torch.no_grad():
         expect = net(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(reference_run(proto, {proto.graph.input[0].name: x})[0], expect, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dynamo, opset", _export_cases()[:2] + _export_cases()[3:4])
+def test_bfloat16_export_fuses_group_norm_and_silu(rng, dynamo, opset):
+    """A bfloat16 nn.GroupNorm + SiLU becomes one node from every exporter (the dynamo one writes
+    CastLike nodes around the affine), and runs in ORT as torch computes it."""
+    torch = _torch()
+    torch.manual_seed(int(rng.integers(2**31)))
+    gn = torch.nn.GroupNorm(4, 16)
+    with torch.no_grad():
+        gn.weight.uniform_(0.5, 1.5)
+        gn.bias.uniform_(-0.5, 0.5)
+    net = torch.nn.Sequential(gn, torch.nn.SiLU()).eval().to(torch.bfloat16)
+    x = torch.randn(2, 16, 6, 5).to(torch.bfloat16)
+    proto = opbridge.onnx.export(net, (x,), dynamo=dynamo, opset_version=opset)
+    assert [(d, op) for d, op in _ops(proto) if op not in ("Identity",)] == [(opbridge.DOMAIN, "GroupNorm")], \
+        _ops(proto)
+    assert _attr(_gn_nodes(proto)[0], "activation") == b"silu"
+    # numpy has no bfloat16 that ORT takes: bind the bits as OrtValues of ONNX type BFLOAT16.
+    sess = opbridge.InferenceSession(proto)
+    xs = torch.from_numpy(rng.standard_normal((2, 16, 6, 5)).astype(np.float32)).to(torch.bfloat16)
+    bits = xs.view(torch.int16).numpy().view(np.uint16)
+    out = np.full(bits.shape, 0x7FC0, dtype=np.uint16)  # NaN bits
+    binding = sess.io_binding()
+    binding.bind_ortvalue_input(sess.get_inputs()[0].name,
+                                ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, TensorProto.BFLOAT16))
+    binding.bind_ortvalue_output(sess.get_outputs()[0].name,
+                                 ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out, TensorProto.BFLOAT16))
+    sess.run_with_iobinding(binding)
+    got = torch.from_numpy(out.view(np.int16)).view(torch.bfloat16).float().numpy()
+    expect = group_norm_act_ref(xs.double().numpy(), 4, gn.weight.double().detach().numpy(),
+                                gn.bias.double().detach().numpy(), activation="silu")
+    np.testing.assert_allclose(got, expect, atol=5e-2, rtol=5e-2)
 
 
 @pytest.mark.torch

@@ -425,6 +425,50 @@ def _make_rule_classes():
             plan.bias = _as_const_or_value(plan.bias)
             return self._emit(op, plan, y.name or "group_norm")
 
+    class SameTypeCastLike(pattern.RewriteRuleClassBase):
+        """CastLike(v, like) where v already has like's type, and like is the output of a GroupNorm
+        decomposition (a Reshape of an InstanceNormalization) or of the Mul after it: the dynamo
+        exporter writes Mul(restored, CastLike(w, restored)) and Add(·, CastLike(b, ·)) for
+        bfloat16, and those second readers kept the Mul and Add (and a following SiLU) out of the
+        rewrite."""
+
+        def __init__(self, session: _Session) -> None:
+            super().__init__(name="opbridge.same_type_cast_like")
+            self.session = session
+            self._graph: Any = None
+
+        def pattern(self, op, v, like):
+            return op.CastLike(v, like)
+
+        @staticmethod
+        def _restored(value) -> bool:
+            node = value.producer()
+            source = node.inputs[0].producer() if node is not None and node.inputs and node.inputs[0] else None
+            return node is not None and node.op_type == "Reshape" and source is not None and (
+                source.op_type == "InstanceNormalization")
+
+        def check(self, context, v, like, **_):
+            self._graph = context.graph_or_function
+            node = like.producer()
+            after_mul = node is not None and node.op_type == "Mul" and any(
+                i is not None and self._restored(i) for i in node.inputs)
+            if not (self._restored(like) or after_mul):
+                return pattern.MatchResult().fail("not after a GroupNorm decomposition")
+            if v.dtype is None or v.dtype != like.dtype:
+                return pattern.MatchResult().fail("a real cast")
+            return pattern.MatchResult()
+
+        def rewrite(self, op, v, **_):
+            # v itself where it is an intermediate value (see TransposePair.rewrite); a constant
+            # (the exporters' weight and bias: C elements) is copied into a new initializer.
+            arr = _const(v)
+            if arr is not None and (v.is_initializer() or v.producer() is not None):
+                name = self.session.fresh_name(self._graph, v.name or "cast_like")
+                return op.initializer(ir.tensor(arr, dtype=v.dtype, name=name), name=name)
+            if v.producer() is None or v.is_graph_output() or v.is_initializer():
+                return op.Identity(v)
+            return v
+
     class TransposePair(pattern.RewriteRuleClassBase):
         """Transpose(Transpose(v, p1), p2) with p1 then p2 the identity -> v, where one of the two
         was inserted around a channels-last GroupNorm."""
@@ -491,7 +535,7 @@ def _make_rule_classes():
             attrs["activation"] = SILU
             return op.GroupNorm(*node.inputs, _domain=DOMAIN, **attrs)
 
-    return Decomposition, GroupNormalization, MicrosoftGroupNorm, TransposePair, FuseSilu
+    return Decomposition, GroupNormalization, MicrosoftGroupNorm, TransposePair, FuseSilu, SameTypeCastLike
 
 
 def _as_const_or_value(value: Any) -> Any:
@@ -503,6 +547,7 @@ def _as_const_or_value(value: Any) -> Any:
 # Labels of what a rewrite did, in report order.
 LABEL_DECOMPOSITION = "GroupNorm decomposition (Reshape, InstanceNormalization, Reshape, Mul, Add)"
 LABEL_DECOMPOSITION_3D = "GroupNorm decomposition, 3-D X, G = C (Reshape, InstanceNormalization, Mul, Add)"
+LABEL_CAST_LIKE = "CastLike to the type it already has, after a GroupNorm decomposition: removed"
 LABEL_GN18 = "GroupNormalization-18 (per-group scale/bias made per-channel)"
 LABEL_GN21 = "GroupNormalization-21"
 LABEL_MS = "com.microsoft::GroupNorm"
@@ -531,7 +576,8 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
     unknown = set(sources) - set(SOURCES)
     if unknown:
         raise ValueError(f"sources: unknown {sorted(unknown)}; expected a subset of {SOURCES}")
-    Decomposition, GroupNormalization, MicrosoftGroupNorm, TransposePair, FuseSilu = _make_rule_classes()
+    Decomposition, GroupNormalization, MicrosoftGroupNorm, TransposePair, FuseSilu, SameTypeCastLike = (
+        _make_rule_classes())
     session = _Session()
     _infer_shapes(model)
     ms_rule_name = "opbridge.com_microsoft_group_norm"
@@ -539,6 +585,7 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
     # (label, rules, what to run after them when they changed something)
     stages: list[tuple[str, list, Callable[[Any], Any] | None]] = []
     if "decomposition" in sources:
+        stages.append((LABEL_CAST_LIKE, [SameTypeCastLike.rule(session)], None))
         # Longest form first: each later rule would otherwise match a prefix of a longer one.
         for restore in (True, False):
             for mul, add in ((True, True), (True, False), (False, True), (False, False)):
@@ -810,9 +857,18 @@ def check_against(original: str, rewritten: str, *, providers: Sequence[str], di
         else:
             return (f"cannot check the rewrite: the original model uses {', '.join(missing)}, which nothing "
                     f"here runs ({', '.join(providers)}); nothing was written")
+    orig_sess = None
+    if not use_reference:
+        # The original first: where it cannot be loaded either (a bfloat16 Conv has no CPU kernel),
+        # the rewrite is not what failed.
+        try:
+            orig_sess = _session(original, providers)
+        except Exception as e:  # ORT raises its own exception types
+            return (f"onnxruntime {ort.__version__} cannot load the original model with {', '.join(providers)}, "
+                    f"so the rewrite cannot be checked (--provider selects another execution provider): {e}")
     try:
         new_sess = _session(rewritten, providers)
-    except Exception as e:  # ORT raises its own exception types
+    except Exception as e:
         return f"onnxruntime {ort.__version__} cannot load the rewritten model: {e}"
     names = [o.name for o in new_sess.get_outputs()]
     how = ("onnx's reference evaluator, com.microsoft::GroupNorm in float64 numpy" if use_reference
@@ -823,12 +879,6 @@ def check_against(original: str, rewritten: str, *, providers: Sequence[str], di
                 "1e-3 (float32, float64), 2e-2 (float16), 5e-2 (bfloat16), exact (integers)")
     print(f"  agreement required per output: max |rewritten - original| <= tol * max(1, max |original|); "
           f"tol {tol_text}", file=out)
-    orig_sess = None
-    if not use_reference:
-        try:
-            orig_sess = _session(original, providers)
-        except Exception as e:
-            return f"onnxruntime {ort.__version__} cannot load the original model, so the rewrite cannot be checked: {e}"
     worst: dict[str, tuple[float, str]] = {}
     failure = ""
     for run in range(runs):
