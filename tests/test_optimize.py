@@ -114,17 +114,16 @@ def decomposition_model(rng, *, style="torchscript", c=8, g=4, spatial=(5, 6), m
     const("in_bias", t.astype(dtype))
     nodes.append(helper.make_node("Reshape", ["x", "grouped_shape"], ["grouped"]))
     nodes.append(helper.make_node("InstanceNormalization", ["grouped", "in_scale", "in_bias"], ["normed"], epsilon=eps))
-    if not restore:
-        pass
-    elif style == "static":
-        const("x_shape", np.array(shape, np.int64))
-    elif style == "dynamo":
-        nodes.append(helper.make_node("Shape", ["x"], ["x_shape"], start=0))
-    else:
-        nodes.append(helper.make_node("Shape", ["x"], ["x_shape"]))
+    y = "normed"
     if restore:
+        if style == "static":
+            const("x_shape", np.array(shape, np.int64))
+        elif style == "dynamo":
+            nodes.append(helper.make_node("Shape", ["x"], ["x_shape"], start=0))
+        else:
+            nodes.append(helper.make_node("Shape", ["x"], ["x_shape"]))
         nodes.append(helper.make_node("Reshape", ["normed", "x_shape"], ["restored"]))
-    y = "restored" if restore else "normed"
+        y = "restored"
     def affine(name, arr, y):
         if cast_like is None:
             inits.append(numpy_helper.from_array(arr.astype(dtype).reshape(bshape), name))

@@ -172,6 +172,15 @@ class _Session:
         return name
 
 
+def _replacement(op: Any, v: Any) -> Any:
+    """What a rule returns to replace its match by the existing value v. Returning v itself renames
+    it to the replaced value's name (the rewriter keeps that name): fine for an intermediate value,
+    not for a graph input, output or initializer, which get an Identity."""
+    if v.producer() is None or v.is_graph_output() or v.is_initializer():
+        return op.Identity(v)
+    return v
+
+
 def _make_rule_classes():
     """The rule classes (built on first use, so that importing this module stays cheap)."""
     ir = _ir()
@@ -442,10 +451,12 @@ def _make_rule_classes():
 
         @staticmethod
         def _restored(value) -> bool:
+            """Whether value is Reshape(InstanceNormalization(...), ...)."""
             node = value.producer()
-            source = node.inputs[0].producer() if node is not None and node.inputs and node.inputs[0] else None
-            return node is not None and node.op_type == "Reshape" and source is not None and (
-                source.op_type == "InstanceNormalization")
+            if node is None or node.op_type != "Reshape" or node.inputs[0] is None:
+                return False
+            source = node.inputs[0].producer()
+            return source is not None and source.op_type == "InstanceNormalization"
 
         def check(self, context, v, like, **_):
             self._graph = context.graph_or_function
@@ -459,15 +470,13 @@ def _make_rule_classes():
             return pattern.MatchResult()
 
         def rewrite(self, op, v, **_):
-            # v itself where it is an intermediate value (see TransposePair.rewrite); a constant
-            # (the exporters' weight and bias: C elements) is copied into a new initializer.
+            # A constant (the exporters' weight and bias: C elements) is copied into a new
+            # initializer; anything else is replaced as _replacement says.
             arr = _const(v)
             if arr is not None and (v.is_initializer() or v.producer() is not None):
                 name = self.session.fresh_name(self._graph, v.name or "cast_like")
                 return op.initializer(ir.tensor(arr, dtype=v.dtype, name=name), name=name)
-            if v.producer() is None or v.is_graph_output() or v.is_initializer():
-                return op.Identity(v)
-            return v
+            return _replacement(op, v)
 
     class TransposePair(pattern.RewriteRuleClassBase):
         """Transpose(Transpose(v, p1), p2) with p1 then p2 the identity -> v, where one of the two
@@ -492,11 +501,7 @@ def _make_rule_classes():
             return pattern.MatchResult()
 
         def rewrite(self, op, v, t2=None, **_):
-            # Returning v itself renames it to t2's name (the rewriter keeps the replaced value's
-            # name): fine for an intermediate value, not for a graph input, output or initializer.
-            if v.producer() is None or v.is_graph_output() or v.is_initializer():
-                return op.Identity(v)
-            return v
+            return _replacement(op, v)
 
     class FuseSilu(pattern.RewriteRuleClassBase):
         """ai.opbridge::GroupNorm followed by a SiLU form -> GroupNorm(activation="silu")."""

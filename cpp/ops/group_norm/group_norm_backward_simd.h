@@ -188,8 +188,7 @@ void gn_bwd_channel_dx(const T* x, const T* dy, T* dx, int64_t n, const GnBwdCha
   };
   int64_t i = 0;
   if (Stream) {
-    constexpr uintptr_t kAlign = W * sizeof(T);
-    const int64_t head = static_cast<int64_t>((kAlign - reinterpret_cast<uintptr_t>(dx) % kAlign) % kAlign / sizeof(T));
+    const int64_t head = gn_unaligned_head<I>(dx);
     if (head > 0) {
       i = gn_min(head, n);
       const int r = static_cast<int>(i);

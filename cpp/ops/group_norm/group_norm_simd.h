@@ -69,6 +69,14 @@ constexpr int64_t kGnMinSampleTasks = 8;
 inline int64_t gn_min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t gn_max(int64_t a, int64_t b) { return a > b ? a : b; }
 
+// Elements of T before the first address at or after p that is aligned to a vector of I
+// (0 <= result < I::W): where aligned loads and streaming stores can start.
+template <class I, class T>
+int64_t gn_unaligned_head(const T* p) {
+  constexpr uintptr_t kAlign = I::W * sizeof(T);
+  return static_cast<int64_t>((kAlign - reinterpret_cast<uintptr_t>(p) % kAlign) % kAlign / sizeof(T));
+}
+
 // Rows per tile of a [N, S, C] sample whose rows take row_bytes each, and the tiles per sample
 // (*tiles): the fewest tiles of at most kGnTileBytes, the rows shared evenly between them (not
 // full tiles and a short last one, which left the threads' shares of a sample or two uneven:
@@ -133,8 +141,7 @@ void gn_shifted_sums(const T* p, int64_t n, float shift, double* sum, double* su
   // The elements before the first vector-aligned one (fewer than W) are summed on their own, so
   // that the loop's loads never straddle two cache lines where a group starts inside a vector:
   // (1, 512, 3199) [wav2vec2's GroupNorm(512, 512)], forward 1.12-1.13x -> 1.05-1.08x a copy.
-  constexpr uintptr_t kAlign = W * sizeof(T);
-  int64_t i = gn_min(n, static_cast<int64_t>((kAlign - reinterpret_cast<uintptr_t>(p) % kAlign) % kAlign / sizeof(T)));
+  int64_t i = gn_min(n, gn_unaligned_head<I>(p));
   if (i > 0) {
     a2 = I::sub_n(I::load_n(p, static_cast<int>(i)), s, static_cast<int>(i));
     q2 = I::mul(a2, a2);
@@ -273,8 +280,7 @@ void gn_apply(const T* x, T* y, int64_t n, float m_hi, float a, float off, const
   if (Stream) {
     // Streaming stores need vector-aligned addresses: the elements before the first aligned
     // one (fewer than W) are stored normally.
-    constexpr uintptr_t kAlign = W * sizeof(T);
-    const int64_t head = static_cast<int64_t>((kAlign - reinterpret_cast<uintptr_t>(y) % kAlign) % kAlign / sizeof(T));
+    const int64_t head = gn_unaligned_head<I>(y);
     if (head > 0) {
       i = gn_min(head, n);
       I::store_n(y, f(I::load_n(x, static_cast<int>(i))), static_cast<int>(i));
@@ -631,10 +637,7 @@ void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficien
     return gn_act<I, A>(I::fmadd(I::sub(I::load_n(xr + c, n), I::load_n(mh + c, n)), I::load_n(ka + c, n),
                                  I::load_n(ko + c, n)));
   };
-  constexpr uintptr_t kAlign = W * sizeof(T);
-  const int64_t head =
-      Stream ? gn_min(C, static_cast<int64_t>((kAlign - reinterpret_cast<uintptr_t>(y) % kAlign) % kAlign / sizeof(T)))
-             : 0;
+  const int64_t head = Stream ? gn_min(C, gn_unaligned_head<I>(y)) : 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * C;
     T* yr = y + r * C;
