@@ -1,0 +1,74 @@
+"""benchmarks/cpp/group_norm_vs_floor.cpp (GroupNorm's kernel against the memory floor) builds
+against the installed package as its header says, its float64 check of the kernel passes, and it
+prints one row per shape and layout."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import opbridge
+from cmake_helpers import REPO
+
+SOURCE = REPO / "benchmarks" / "cpp" / "group_norm_vs_floor.cpp"
+ROW = re.compile(
+    r"^(?P<shape>\d+,\d+,\d+,\d+)\s+(?P<layout>contiguous|channels_last)\s+[\d.]+\s+"
+    r"(?P<floor>[\d.]+)x\s+(?P<kernel>[\d.]+)x\s+(?P<silu>[\d.]+)x\s+(?P<err>\S+)$"
+)
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> Path:
+    cxx = os.environ.get("CXX") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++ or $CXX)")
+    package = Path(opbridge.__file__).parent
+    library = package / "lib" / "libopbridge_kernels.a"
+    if not library.is_file():
+        pytest.skip(f"{library} is not installed")
+    exe = tmp_path_factory.mktemp("gn_vs_floor") / "gn_vs_floor"
+    # The build line of the program's header.
+    cmd = [cxx, "-O2", "-std=c++17", "-march=native", "-fopenmp", f"-I{package / 'include'}", "-o", str(exe),
+           str(SOURCE), str(library)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return exe
+
+
+def run(program: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    return subprocess.run([str(program), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_group_norm_vs_floor_checks_and_reports(program):
+    # Odd sizes (tails of every vector loop, units that are no multiple of a vector) and a
+    # channels-last shape whose rows are whole vectors.
+    result = run(program, "--rounds", "1", "--groups", "4", "3,12,5,7", "2,64,9,9")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [m.groupdict() for m in map(ROW.match, result.stdout.splitlines()) if m]
+    assert [(r["shape"], r["layout"]) for r in rows] == [
+        ("3,12,5,7", "contiguous"), ("3,12,5,7", "channels_last"),
+        ("2,64,9,9", "contiguous"), ("2,64,9,9", "channels_last"),
+    ], result.stdout
+    for r in rows:
+        assert float(r["err"]) <= 1e-4, r
+        assert all(float(r[k]) > 0 for k in ("floor", "kernel", "silu")), r
+    assert "WRONG" not in result.stdout
+    assert result.stdout.splitlines()[0].count(";") >= 4, result.stdout  # the machine line: CPU, threads, L2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--groups", "5", "2,12,4,4"], "C is not a multiple of G = 5"),
+    (["2,12,4"], "usage:"),
+    (["--groups", "0", "2,12,4,4"], "C is not a multiple of G = 0"),
+])
+def test_group_norm_vs_floor_refuses_bad_arguments(program, args, message):
+    result = run(program, *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stdout == ""
