@@ -41,35 +41,11 @@
 #include <string>
 #include <vector>
 
+#include "floor_schedules.h"
+
 namespace {
 
-#if defined(__AVX512F__)
-using V = __m512;
-constexpr int kW = 16;
-V vload(const float* p) { return _mm512_loadu_ps(p); }
-V vadd(V a, V b) { return _mm512_add_ps(a, b); }
-V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-V vset(float a) { return _mm512_set1_ps(a); }
-V vzero() { return _mm512_setzero_ps(); }
-void vstore(float* p, V v) { _mm512_storeu_ps(p, v); }
-void vstream(float* p, V v) { _mm512_stream_ps(p, v); }
-float vsum(V v) { return _mm512_reduce_add_ps(v); }
-#else
-using V = __m256;
-constexpr int kW = 8;
-V vload(const float* p) { return _mm256_loadu_ps(p); }
-V vadd(V a, V b) { return _mm256_add_ps(a, b); }
-V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-V vset(float a) { return _mm256_set1_ps(a); }
-V vzero() { return _mm256_setzero_ps(); }
-void vstore(float* p, V v) { _mm256_storeu_ps(p, v); }
-void vstream(float* p, V v) { _mm256_stream_ps(p, v); }
-float vsum(V v) {
-  alignas(32) float t[8];
-  _mm256_store_ps(t, v);
-  return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
-}
-#endif
+using namespace floor_schedules;
 
 // The parallel-for handed to the kernel: [0, n) in at most omp_get_max_threads() contiguous
 // chunks of at least `grain`, one per thread, as torch's at::parallel_for splits a range.
@@ -81,37 +57,6 @@ void omp_runner(void*, int64_t n, int64_t grain, opbridge::ParallelFor::Body bod
     const int64_t b = omp_get_thread_num() * chunk, e = std::min(n, b + chunk);
     if (b < e) body(ctx, b, e);
   }
-}
-
-float read_sum(const float* p, int64_t n) {
-  V a = vzero(), b = vzero(), c = vzero(), d = vzero();
-  int64_t i = 0;
-  for (; i + 4 * kW <= n; i += 4 * kW) {
-    a = vadd(a, vload(p + i));
-    b = vadd(b, vload(p + i + kW));
-    c = vadd(c, vload(p + i + 2 * kW));
-    d = vadd(d, vload(p + i + 3 * kW));
-  }
-  float s = vsum(vadd(vadd(a, b), vadd(c, d)));
-  for (; i < n; ++i) s += p[i];
-  return s;
-}
-
-// y = x * 1.1 + 0.2 over n elements; streaming stores need y 64-byte aligned (units of the
-// shapes here are multiples of 64 bytes, and the buffers are aligned).
-template <bool Stream>
-void scale_shift(const float* x, float* y, int64_t n) {
-  const V s = vset(1.1f), o = vset(0.2f);
-  int64_t i = 0;
-  for (; i + kW <= n; i += kW) {
-    const V v = vfma(vload(x + i), s, o);
-    if (Stream) {
-      vstream(y + i, v);
-    } else {
-      vstore(y + i, v);
-    }
-  }
-  for (; i < n; ++i) y[i] = x[i] * 1.1f + 0.2f;
 }
 
 // float64 GroupNorm of x ([N, C, S], or [N, S, C] when channels_last), with SiLU if silu.

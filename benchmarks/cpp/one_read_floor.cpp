@@ -23,60 +23,11 @@
 #include <functional>
 #include <vector>
 
+#include "floor_schedules.h"
+
 namespace {
 
-#if defined(__AVX512F__)
-using V = __m512;
-constexpr int kW = 16;
-V vload(const float* p) { return _mm512_load_ps(p); }
-V vadd(V a, V b) { return _mm512_add_ps(a, b); }
-V vfma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-V vset(float a) { return _mm512_set1_ps(a); }
-V vzero() { return _mm512_setzero_ps(); }
-void vstore(float* p, V v) { _mm512_store_ps(p, v); }
-void vstream(float* p, V v) { _mm512_stream_ps(p, v); }
-float vsum(V v) { return _mm512_reduce_add_ps(v); }
-#else
-using V = __m256;
-constexpr int kW = 8;
-V vload(const float* p) { return _mm256_load_ps(p); }
-V vadd(V a, V b) { return _mm256_add_ps(a, b); }
-V vfma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-V vset(float a) { return _mm256_set1_ps(a); }
-V vzero() { return _mm256_setzero_ps(); }
-void vstore(float* p, V v) { _mm256_store_ps(p, v); }
-void vstream(float* p, V v) { _mm256_stream_ps(p, v); }
-float vsum(V v) {
-  alignas(32) float t[8];
-  _mm256_store_ps(t, v);
-  return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
-}
-#endif
-
-// Sum of p[0..n), n a multiple of 4 * kW (four chains: the read is the cost, not the adds).
-float read_sum(const float* p, int64_t n) {
-  V a = vzero(), b = vzero(), c = vzero(), d = vzero();
-  for (int64_t i = 0; i < n; i += 4 * kW) {
-    a = vadd(a, vload(p + i));
-    b = vadd(b, vload(p + i + kW));
-    c = vadd(c, vload(p + i + 2 * kW));
-    d = vadd(d, vload(p + i + 3 * kW));
-  }
-  return vsum(vadd(vadd(a, b), vadd(c, d)));
-}
-
-template <bool Stream>
-void scale_shift(const float* x, float* y, int64_t n) {
-  const V s = vset(1.1f), o = vset(0.2f);
-  for (int64_t i = 0; i < n; i += kW) {
-    const V v = vfma(vload(x + i), s, o);
-    if (Stream) {
-      vstream(y + i, v);
-    } else {
-      vstore(y + i, v);
-    }
-  }
-}
+using namespace floor_schedules;
 
 // Runs body(begin, count) on each thread's contiguous half (third, ...) of n elements.
 void on_threads(int64_t n, const std::function<void(int64_t, int64_t)>& body) {

@@ -403,6 +403,19 @@ void gn_forward_nchw(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
 
 // ---- [N, S, C] ---------------------------------------------------------------------------------
 
+// One step of gn_rows_sums for one vector of channels: with d = x - s in each of four rows
+// (ld elements apart), a += (d0 + d1) + (d2 + d3) and q += d0^2 + d1^2 + d2^2 + d3^2 (one
+// addition into each per-channel sum per four rows). Both variants below take this step, so
+// they add the same terms in the same order.
+template <class I, class T>
+void gn_four_rows_sums(const T* x0, int64_t ld, typename I::V s, typename I::V* a, typename I::V* q) {
+  using V = typename I::V;
+  const V d0 = I::sub(I::load(x0), s), d1 = I::sub(I::load(x0 + ld), s);
+  const V d2 = I::sub(I::load(x0 + 2 * ld), s), d3 = I::sub(I::load(x0 + 3 * ld), s);
+  *a = I::add(*a, I::add(I::add(d0, d1), I::add(d2, d3)));
+  *q = I::add(*q, I::fmadd(d0, d0, I::fmadd(d1, d1, I::fmadd(d2, d2, I::mul(d3, d3)))));
+}
+
 // gn_rows_sums for rows of exactly NV vectors, with the shifts and both sums of every channel
 // held in registers over all the rows (the same additions in the same order, so the same
 // result). In memory, each sum's load-add-store through L1 chained one step of four rows to the
@@ -423,17 +436,7 @@ void gn_rows_sums_in_registers(const T* x, int64_t rows, int64_t ld, const float
   }
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
-    const T* x0 = x + r * ld;
-    const T* x1 = x0 + ld;
-    const T* x2 = x1 + ld;
-    const T* x3 = x2 + ld;
-    for (int k = 0; k < NV; ++k) {
-      const int64_t c = k * W;
-      const V d0 = I::sub(I::load(x0 + c), s[k]), d1 = I::sub(I::load(x1 + c), s[k]);
-      const V d2 = I::sub(I::load(x2 + c), s[k]), d3 = I::sub(I::load(x3 + c), s[k]);
-      a[k] = I::add(a[k], I::add(I::add(d0, d1), I::add(d2, d3)));
-      q[k] = I::add(q[k], I::fmadd(d0, d0, I::fmadd(d1, d1, I::fmadd(d2, d2, I::mul(d3, d3)))));
-    }
+    for (int k = 0; k < NV; ++k) gn_four_rows_sums<I>(x + r * ld + k * W, ld, s[k], &a[k], &q[k]);
   }
   for (; r < rows; ++r) {
     const T* xr = x + r * ld;
@@ -488,11 +491,10 @@ void gn_rows_sums(const T* x, int64_t rows, int64_t C, int64_t ld, const float* 
     const T* x2 = x1 + ld;
     const T* x3 = x2 + ld;
     for (int64_t c = 0; c < cv; c += W) {
-      const V s = I::load(sh + c);
-      const V d0 = I::sub(I::load(x0 + c), s), d1 = I::sub(I::load(x1 + c), s);
-      const V d2 = I::sub(I::load(x2 + c), s), d3 = I::sub(I::load(x3 + c), s);
-      I::store(s1 + c, I::add(I::load(s1 + c), I::add(I::add(d0, d1), I::add(d2, d3))));
-      I::store(s2 + c, I::add(I::load(s2 + c), I::fmadd(d0, d0, I::fmadd(d1, d1, I::fmadd(d2, d2, I::mul(d3, d3))))));
+      V a = I::load(s1 + c), q = I::load(s2 + c);
+      gn_four_rows_sums<I>(x0 + c, ld, I::load(sh + c), &a, &q);
+      I::store(s1 + c, a);
+      I::store(s2 + c, q);
     }
     if (tail > 0) {
       const V s = I::load_n(sh + cv, tail);
