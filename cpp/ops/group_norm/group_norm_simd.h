@@ -416,6 +416,14 @@ void gn_four_rows_sums(const T* x0, int64_t ld, typename I::V s, typename I::V* 
   *q = I::add(*q, I::fmadd(d0, d0, I::fmadd(d1, d1, I::fmadd(d2, d2, I::mul(d3, d3)))));
 }
 
+// The same for one row (the rows left over after the steps of four): a += d, q += d^2.
+template <class I, class T>
+void gn_one_row_sums(const T* xr, typename I::V s, typename I::V* a, typename I::V* q) {
+  const typename I::V d = I::sub(I::load(xr), s);
+  *a = I::add(*a, d);
+  *q = I::fmadd(d, d, *q);
+}
+
 // gn_rows_sums for rows of exactly NV vectors, with the shifts and both sums of every channel
 // held in registers over all the rows (the same additions in the same order, so the same
 // result). In memory, each sum's load-add-store through L1 chained one step of four rows to the
@@ -439,16 +447,24 @@ void gn_rows_sums_in_registers(const T* x, int64_t rows, int64_t ld, const float
     for (int k = 0; k < NV; ++k) gn_four_rows_sums<I>(x + r * ld + k * W, ld, s[k], &a[k], &q[k]);
   }
   for (; r < rows; ++r) {
-    const T* xr = x + r * ld;
-    for (int k = 0; k < NV; ++k) {
-      const V d = I::sub(I::load(xr + k * W), s[k]);
-      a[k] = I::add(a[k], d);
-      q[k] = I::fmadd(d, d, q[k]);
-    }
+    for (int k = 0; k < NV; ++k) gn_one_row_sums<I>(x + r * ld + k * W, s[k], &a[k], &q[k]);
   }
   for (int k = 0; k < NV; ++k) {
     I::store(s1 + k * W, a[k]);
     I::store(s2 + k * W, q[k]);
+  }
+}
+
+// gn_rows_sums_in_registers<I, nv> for a run-time nv in [1, NV]; false where nv is outside.
+template <class I, int NV, class T>
+bool gn_rows_sums_in_registers_upto(int64_t nv, const T* x, int64_t rows, int64_t ld, const float* sh, float* s1,
+                                    float* s2) {
+  if constexpr (NV == 0) {
+    return false;
+  } else {
+    if (nv != NV) return gn_rows_sums_in_registers_upto<I, NV - 1>(nv, x, rows, ld, sh, s1, s2);
+    gn_rows_sums_in_registers<I, NV>(x, rows, ld, sh, s1, s2);
+    return true;
   }
 }
 
@@ -466,24 +482,7 @@ void gn_rows_sums(const T* x, int64_t rows, int64_t C, int64_t ld, const float* 
   const int64_t cv = C / W * W;
   const int tail = static_cast<int>(C - cv);
   constexpr int kMaxRegisterVectors = W >= 16 ? 8 : 4;
-  if (tail == 0 && C <= kMaxRegisterVectors * W) {
-    switch (C / W) {
-      case 1: return gn_rows_sums_in_registers<I, 1>(x, rows, ld, sh, s1, s2);
-      case 2: return gn_rows_sums_in_registers<I, 2>(x, rows, ld, sh, s1, s2);
-      case 3: return gn_rows_sums_in_registers<I, 3>(x, rows, ld, sh, s1, s2);
-      case 4: return gn_rows_sums_in_registers<I, 4>(x, rows, ld, sh, s1, s2);
-      default: break;
-    }
-    if constexpr (kMaxRegisterVectors > 4) {
-      switch (C / W) {
-        case 5: return gn_rows_sums_in_registers<I, 5>(x, rows, ld, sh, s1, s2);
-        case 6: return gn_rows_sums_in_registers<I, 6>(x, rows, ld, sh, s1, s2);
-        case 7: return gn_rows_sums_in_registers<I, 7>(x, rows, ld, sh, s1, s2);
-        case 8: return gn_rows_sums_in_registers<I, 8>(x, rows, ld, sh, s1, s2);
-        default: break;
-      }
-    }
-  }
+  if (tail == 0 && gn_rows_sums_in_registers_upto<I, kMaxRegisterVectors>(C / W, x, rows, ld, sh, s1, s2)) return;
   int64_t r = 0;
   for (; r + 4 <= rows; r += 4) {
     const T* x0 = x + r * ld;
@@ -511,9 +510,10 @@ void gn_rows_sums(const T* x, int64_t rows, int64_t C, int64_t ld, const float* 
   for (; r < rows; ++r) {
     const T* xr = x + r * ld;
     for (int64_t c = 0; c < cv; c += W) {
-      const V d = I::sub(I::load(xr + c), I::load(sh + c));
-      I::store(s1 + c, I::add(I::load(s1 + c), d));
-      I::store(s2 + c, I::fmadd(d, d, I::load(s2 + c)));
+      V a = I::load(s1 + c), q = I::load(s2 + c);
+      gn_one_row_sums<I>(xr + c, I::load(sh + c), &a, &q);
+      I::store(s1 + c, a);
+      I::store(s2 + c, q);
     }
     if (tail > 0) {
       const V d = I::sub_n(I::load_n(xr + cv, tail), I::load_n(sh + cv, tail), tail);
