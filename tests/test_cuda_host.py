@@ -184,3 +184,416 @@ def test_group_norm_nhwc_kernel_decomposition(host_programs, tmp_path, rng, dtyp
             np.testing.assert_allclose(got_mean, mean, rtol=0, atol=tol * 4, err_msg=f"mean, VEC={vec}")
             np.testing.assert_allclose(y, want, rtol=0, atol=tol * max(1.0, float(np.abs(want).max())),
                                        err_msg=f"y, VEC={vec}, grid={grid}")
+
+
+# ---- The kernel files themselves, on an emulated device ----------------------------------------
+#
+# tests/cuda_host/simt_ops.cpp links cuda/ops/*/*_kernel.cu, compiled with the host compiler
+# against tests/cuda_host/sim/ (a CPU emulation of the CUDA runtime: every CUDA thread a fiber
+# with its own stack, __syncthreads and warp shuffles as real barriers between them, clusters
+# with distributed shared memory, shared memory as exact-size heap buffers; see sim/simt.h), and
+# calls the launchers as the adapters do. Under
+# OPBRIDGE_CUDA_HOST_SANITIZE=1 it is built with AddressSanitizer and UndefinedBehaviorSanitizer:
+# any access outside a buffer (device or shared memory) fails the test, as compute-sanitizer's
+# memcheck would on a GPU.
+
+SIM = HOST / "sim"
+KERNEL_FILES = [ROOT / "cuda" / "ops" / op / f"{op}_kernel.cu" for op in ("inverse", "group_norm", "ms_deform_attn")]
+# The emulated device: few SMs, so that launches use small grids and the grid-stride loops wrap.
+SIM_SMS = 1
+
+
+def _sanitized() -> bool:
+    return os.environ.get("OPBRIDGE_CUDA_HOST_SANITIZE") == "1"
+
+
+@pytest.fixture(scope="session")
+def simt_ops(tmp_path_factory):
+    """The simt_ops program (built once per session, the translation units two at a time)."""
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("needs a C++ compiler")
+    out = tmp_path_factory.mktemp("simt_ops")
+    flags = ["-std=c++20", "-pthread", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", f"-I{SIM}",
+             f"-I{ROOT / 'cuda'}", f"-I{ROOT / 'cpp' / 'include'}"]
+    if _sanitized():
+        flags += ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+    else:
+        flags += ["-O1"]
+    sources = [(src, ["-x", "c++"]) for src in KERNEL_FILES]
+    sources += [(ROOT / "cuda" / "common" / "device.cpp", []), (SIM / "simt.cpp", []), (HOST / "simt_ops.cpp", [])]
+    objects, pending = [], []
+    for i, (src, lang) in enumerate(sources):
+        obj = out / f"{i}_{src.stem}.o"
+        pending.append(subprocess.Popen([cxx, *flags, *lang, "-c", str(src), "-o", str(obj)], stderr=subprocess.PIPE,
+                                        text=True))
+        objects.append(obj)
+        if len(pending) == 2 or i == len(sources) - 1:
+            for p in pending:
+                _, err = p.communicate()
+                assert p.returncode == 0, err[-4000:]
+            pending = []
+    exe = out / "simt_ops"
+    result = subprocess.run([cxx, *flags, *map(str, objects), "-o", str(exe)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return exe
+
+
+@pytest.fixture(scope="session")
+def simt_selftest(tmp_path_factory):
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("needs a C++ compiler")
+    exe = tmp_path_factory.mktemp("simt_selftest") / "simt_selftest"
+    flags = ["-std=c++20", "-pthread", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", f"-I{SIM}",
+             f"-I{ROOT / 'cuda'}", f"-I{ROOT / 'cpp' / 'include'}", "-O1", "-g"]
+    if _sanitized():
+        flags += ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+    r = subprocess.run([cxx, *flags, str(HOST / "simt_selftest.cpp"), str(SIM / "simt.cpp"), "-o", str(exe)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return exe
+
+
+# case -> what the emulation must print (None: the case must succeed)
+SELFTEST = {
+    "reduce": None,
+    "cluster": None,
+    "nan-abs": None,
+    "divergent": "divergent __syncthreads in block 0",
+    "exited-lane": "not every lane of the warp reached",
+    "deadlock": "can make no progress",
+    "shared-oob": "heap-buffer-overflow",
+}
+
+
+@pytest.mark.parametrize("case", list(SELFTEST))
+def test_emulation_self_check(simt_selftest, case):
+    """The emulation computes right (a block reduction over a partial warp, a cluster reading its
+    blocks' shared memory) and reports the mistakes it is there to find, so that a kernel test
+    passing on it means something."""
+    if case == "shared-oob" and not _sanitized():
+        pytest.skip("an out-of-bounds shared-memory read is reported by AddressSanitizer (OPBRIDGE_CUDA_HOST_SANITIZE=1)")
+    r = subprocess.run([str(simt_selftest), case], capture_output=True, text=True, timeout=120)
+    if SELFTEST[case] is None:
+        assert r.returncode == 0, r.stderr[-3000:]
+    else:
+        assert r.returncode != 0 and SELFTEST[case] in r.stderr, r.stderr[-3000:]
+
+
+def _simt(exe, tmp_path, op, dtype, payload: bytes, sms=SIM_SMS, cc=90):
+    """Runs one launcher call; returns the output file's bytes and what the emulation reports."""
+    src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
+    src.write_bytes(payload)
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0", UBSAN_OPTIONS="print_stacktrace=1")
+    result = subprocess.run([str(exe), op, dtype, str(sms), str(cc), str(src), str(dst)], capture_output=True,
+                            text=True, env=env, timeout=900)
+    assert result.returncode == 0, f"simt_ops {op} {dtype} exited with {result.returncode}:\n{result.stderr[-6000:]}"
+    assert "launches=" in result.stderr
+    return dst.read_bytes(), result.stderr
+
+
+def _round_to(dtype: str, a):
+    """a rounded to `dtype` (round to nearest even), as float64: inputs the kernels hold exactly."""
+    a = np.asarray(a, dtype=np.float64)
+    if dtype == "double":
+        return a.copy()
+    if dtype == "float":
+        return a.astype(np.float32).astype(np.float64)
+    if dtype == "half":
+        return a.astype(np.float16).astype(np.float64)
+    assert dtype == "bfloat16"
+    u = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+# -- Inverse: every path of the launcher ---------------------------------------------------------
+
+# n: 1 and 2 (the float 2 x 2 adjugate kernel), every register-path width W = next_pow2(n) with
+# its edges (3, 4, 5, 8, 9, 16, 17, 31, 32), the shared-memory path's ends (33, 64; 40 is where a
+# GPU found the out-of-bounds read), the in-place global path past it (65, 97).
+INVERSE_SIZES = [1, 2, 3, 4, 5, 8, 9, 16, 17, 31, 32, 33, 40, 64, 65, 97]
+
+
+def _inverse_batch(n: int) -> int:
+    # Small matrices: enough for the register path's grid-stride loop to wrap on the one-SM
+    # device (32 blocks of 128 / W matrices); larger ones: a few blocks (each matrix costs a
+    # block's worth of emulated threads for n steps).
+    w = 1 << max(0, (n - 1).bit_length())
+    if n <= 8:
+        return 32 * (128 // w) + 3
+    return 5 if n <= 40 else 3
+
+
+def _inverse_call(exe, tmp_path, dtype, a, nan_on_singular=False, in_place=False, sms=SIM_SMS):
+    batch, n, _ = a.shape
+    header = np.array([batch, n, int(nan_on_singular), int(in_place)], dtype=np.int64)
+    raw, _ = _simt(exe, tmp_path, "inverse", dtype, header.tobytes() + a.tobytes(), sms=sms)
+    err, info = np.frombuffer(raw[:16], dtype=np.int64)
+    return int(err), int(np.uint64(info)), np.frombuffer(raw[16:], dtype=np.float64).reshape(a.shape)
+
+
+INFO_OK = (1 << 64) - 1
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+@pytest.mark.parametrize("n", INVERSE_SIZES)
+def test_inverse_kernels_emulated(simt_ops, tmp_path, rng, dtype, n):
+    """Well-conditioned matrices: each path's result against float64 numpy, out of place and in
+    place (the adapters' two uses), the report word left at 'no singular matrix'."""
+    batch = _inverse_batch(n)
+    a = _round_to(dtype, rng.standard_normal((batch, n, n)) + np.eye(n) * (2.0 * np.sqrt(n)))
+    expect = np.linalg.inv(a)
+    tol = {"float": 1e-4, "double": 1e-11}[dtype] * max(1.0, float(np.abs(expect).max()))
+    for in_place in (False, True):
+        err, info, y = _inverse_call(simt_ops, tmp_path, dtype, a, in_place=in_place)
+        assert err == 0 and info == INFO_OK, (err, hex(info))
+        np.testing.assert_allclose(y, expect, rtol=0, atol=tol, err_msg=f"in_place={in_place}")
+
+
+def _singular_batch(rng, dtype, n, batch):
+    a = rng.standard_normal((batch, n, n)) + np.eye(n) * (2.0 * np.sqrt(n))
+    a[1, n - 1] = a[1, 0]  # two equal rows: the last pivot is exactly zero (step n - 1)
+    a[2, :, 0] = 0.0  # a zero column: the first pivot is zero (step 0), then NaN everywhere
+    return _round_to(dtype, a)
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+@pytest.mark.parametrize("n", [2, 3, 8, 32, 33, 40, 64, 65])
+def test_inverse_kernels_emulated_singular(simt_ops, tmp_path, rng, dtype, n):
+    """Singular matrices (equal rows, a zero column) among invertible ones: the report names the
+    first singular matrix and the step of its zero pivot; with nan_on_singular its output is all
+    NaN and the others are exact. The zero column leaves NaNs behind its zero pivot: the pivot
+    search must still pick a row of the matrix (the out-of-bounds read a GPU found at n = 40)."""
+    if n == 2:
+        a = _round_to(dtype, rng.standard_normal((4, 2, 2)) + np.eye(2) * 3)
+        a[1, 1] = a[1, 0]
+        a[2, :, 0] = 0.0
+    else:
+        a = _singular_batch(rng, dtype, n, 4)
+    ok = [0, 3]
+    expect = np.linalg.inv(a[ok])
+    tol = {"float": 1e-4, "double": 1e-11}[dtype] * max(1.0, float(np.abs(expect).max()))
+    for nan_on_singular in (False, True):
+        err, info, y = _inverse_call(simt_ops, tmp_path, dtype, a, nan_on_singular=nan_on_singular)
+        assert err == 0
+        assert (info >> 24, info & 0xFFFFFF) == (1, n - 1), hex(info)
+        np.testing.assert_allclose(y[ok], expect, rtol=0, atol=tol)
+        if nan_on_singular:
+            assert np.isnan(y[1]).all() and np.isnan(y[2]).all()
+    # The zero column alone: reported at step 0.
+    err, info, _ = _inverse_call(simt_ops, tmp_path, dtype, a[2:])
+    assert err == 0 and (info >> 24, info & 0xFFFFFF) == (0, 0), hex(info)
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+@pytest.mark.parametrize("n", [3, 17, 40, 65])
+def test_inverse_kernels_emulated_nonfinite(simt_ops, tmp_path, rng, dtype, n):
+    """NaN and inf entries: not singular (no pivot is exactly zero), a NaN entry's matrix gets
+    NaN in its result, and every other matrix of the batch is exact (the infinite entries'
+    matrix may come out finite: the exact inverse is)."""
+    a = _round_to(dtype, rng.standard_normal((4, n, n)) + np.eye(n) * (2.0 * np.sqrt(n)))
+    a[1, n // 2, n // 3] = np.nan
+    a[2, 0, n - 1] = np.inf
+    a[2, n - 1, 0] = -np.inf
+    err, info, y = _inverse_call(simt_ops, tmp_path, dtype, a)
+    assert err == 0 and info == INFO_OK, hex(info)
+    assert np.isnan(y[1]).any()
+    ok = [0, 3]
+    expect = np.linalg.inv(a[ok])
+    tol = {"float": 1e-4, "double": 1e-11}[dtype] * max(1.0, float(np.abs(expect).max()))
+    np.testing.assert_allclose(y[ok], expect, rtol=0, atol=tol)
+
+
+def test_inverse_kernels_emulated_block_path_wraps(simt_ops, tmp_path, rng):
+    """The shared-memory path's grid-stride loop: more matrices than blocks (32 on the one-SM
+    device), so one block inverts two in turn (its shared memory and singular flag reused), a
+    singular one among them."""
+    n, batch = 33, 34
+    a = _round_to("float", rng.standard_normal((batch, n, n)) + np.eye(n) * (2.0 * np.sqrt(n)))
+    a[32, :, 5] = 0.0  # inverted second by block 0
+    err, info, y = _inverse_call(simt_ops, tmp_path, "float", a, nan_on_singular=True)
+    assert err == 0 and info >> 24 == 32, hex(info)
+    ok = [i for i in range(batch) if i != 32]
+    expect = np.linalg.inv(a[ok])
+    np.testing.assert_allclose(y[ok], expect, rtol=0, atol=1e-4 * max(1.0, float(np.abs(expect).max())))
+    assert np.isnan(y[32]).all()
+
+
+def test_inverse_emulation_catches_the_gpu_read(simt_ops, tmp_path, rng):
+    """The emulation finds what compute-sanitizer found on an H200: with the pivot search's key
+    taken through fabs again (the code before the fix in cuda/ops/inverse/inverse_kernel.cu),
+    the zero-column matrix at n = 40 reads the shared-memory vectors past their end. A copy of
+    the kernel file with that one change is built with AddressSanitizer and must fail; the real
+    file passes the same input in test_inverse_kernels_emulated_singular."""
+    if not _sanitized():
+        pytest.skip("needs OPBRIDGE_CUDA_HOST_SANITIZE=1 (the read is found by AddressSanitizer)")
+    src = (ROOT / "cuda" / "ops" / "inverse" / "inverse_kernel.cu").read_text()
+    fixed = ["return static_cast<long long>(__float_as_uint(v) & 0x7fffffffu);",
+             "return __double_as_longlong(v) & 0x7fffffffffffffffLL;"]
+    before = ["return static_cast<long long>(__float_as_uint(fabsf(v)));", "return __double_as_longlong(fabs(v));"]
+    for f, b in zip(fixed, before):
+        assert src.count(f) == 1, f"the fix is no longer written as {f!r}: update this test"
+        src = src.replace(f, b)
+    reverted = tmp_path / "inverse" / "inverse_kernel.cu"
+    reverted.parent.mkdir()
+    reverted.write_text(src)
+    (reverted.parent / "inverse.cuh").write_text((ROOT / "cuda" / "ops" / "inverse" / "inverse.cuh").read_text())
+    cxx = shutil.which("c++") or shutil.which("g++")
+    objdir = Path(simt_ops).parent
+    obj = tmp_path / "inverse_reverted.o"
+    flags = ["-std=c++20", "-pthread", "-Wno-unknown-pragmas", f"-I{SIM}", f"-I{ROOT / 'cuda'}",
+             f"-I{ROOT / 'cpp' / 'include'}", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+    r = subprocess.run([cxx, *flags, "-x", "c++", "-c", str(reverted), "-o", str(obj)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    others = sorted(o for o in objdir.glob("*.o") if "inverse_kernel" not in o.name)
+    exe = tmp_path / "simt_ops_reverted"
+    r = subprocess.run([cxx, *flags, str(obj), *map(str, others), "-o", str(exe)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a = _singular_batch(rng, "double", 40, 5)
+    header = np.array([5, 40, 0, 0], dtype=np.int64)
+    (tmp_path / "in.bin").write_bytes(header.tobytes() + a.tobytes())
+    r = subprocess.run([str(exe), "inverse", "double", str(SIM_SMS), "90", str(tmp_path / "in.bin"),
+                        str(tmp_path / "out.bin")], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert "heap-buffer-overflow" in r.stderr and "inverse_block_kernel<double, true>" in r.stderr, r.stderr[-3000:]
+
+
+# -- GroupNorm: every path of the launcher -------------------------------------------------------
+
+# (N, C, S, G, channels_last, compute capability): which path the one-SM device takes.
+#   fused:    a group in registers: tiny groups, many per block (M = 10, 32), up to a full
+#             512-thread block (M = 8192, the path's limit)
+#   cluster:  sm_90: a group over a cluster of blocks (M = 8193, 12288, 65536: 2 to 8 blocks), or
+#             split for parallelism (M = 4096 with one group)
+#   split:    sm_80 past the fused limit (M = 12288), or past the cluster limit (M = 65540)
+#   nhwc:     channels_last (Cg = 1, 2, 3, 8; several tiles; a group over several 256-channel pieces)
+GN_PATH_CASES = [
+    ("fused-tiny", (2, 6, 5, 3, False, 90)),
+    ("fused-small", (3, 8, 16, 4, False, 90)),
+    ("fused-one-per-channel", (2, 7, 1, 7, False, 90)),
+    ("fused-full-block", (2, 4, 4096, 2, False, 80)),
+    ("cluster-1", (1, 2, 2048, 1, False, 90)),
+    ("cluster-2-odd", (1, 1, 8193, 1, False, 90)),
+    ("cluster-2", (2, 6, 4096, 2, False, 90)),
+    ("cluster-8", (1, 4, 16384, 1, False, 90)),
+    ("split-sm80", (2, 6, 4096, 2, False, 80)),
+    ("split-large", (1, 2, 32770, 1, False, 90)),
+    ("nhwc-cg1", (2, 6, 7, 6, True, 90)),
+    ("nhwc-cg3", (2, 12, 40, 4, True, 90)),
+    ("nhwc-cg8", (1, 64, 300, 8, True, 90)),
+    ("nhwc-pieces", (1, 600, 9, 1, True, 90)),
+]
+
+GN_TOL = {"double": 1e-11, "float": 3e-5, "half": 3e-3, "bfloat16": 2e-2}
+
+
+def _group_norm_call(exe, tmp_path, dtype, x_mem, g, w, b, channels_last, activation, cc, offset=0, eps=1e-5):
+    """x_mem: the input as laid out in memory, (N, C, S) or (N, S, C) with channels_last."""
+    n = x_mem.shape[0]
+    c, s = (x_mem.shape[2], x_mem.shape[1]) if channels_last else (x_mem.shape[1], x_mem.shape[2])
+    header = np.array([n, c, s, g, int(channels_last), 1 if activation == "silu" else 0, int(w is not None),
+                       int(b is not None), offset], dtype=np.int64)
+    w_ = np.zeros(c) if w is None else w
+    b_ = np.zeros(c) if b is None else b
+    payload = header.tobytes() + np.array([eps]).tobytes() + x_mem.tobytes() + w_.tobytes() + b_.tobytes()
+    raw, _ = _simt(exe, tmp_path, "group_norm", dtype, payload, cc=cc)
+    err = int(np.frombuffer(raw[:8], dtype=np.int64)[0])
+    return err, np.frombuffer(raw[8:], dtype=np.float64).reshape(x_mem.shape)
+
+
+def _gn_inputs(rng, dtype, n, c, s, channels_last):
+    shape = (n, s, c) if channels_last else (n, c, s)
+    x = _round_to(dtype, rng.standard_normal(shape) * 2.0 + 3.0)
+    w = _round_to(dtype, rng.standard_normal(c))
+    b = _round_to(dtype, rng.standard_normal(c))
+    return x, w, b
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+@pytest.mark.parametrize("case", [c for _, c in GN_PATH_CASES], ids=[i for i, _ in GN_PATH_CASES])
+def test_group_norm_kernels_emulated(simt_ops, tmp_path, rng, dtype, case):
+    """Each path against float64, with 128-bit vectors (aligned) and scalar accesses (x and y one
+    element past a 16-byte boundary), with and without the fused SiLU, weight and bias."""
+    n, c, s, g, channels_last, cc = case
+    x, w, b = _gn_inputs(rng, dtype, n, c, s, channels_last)
+    for offset, activation, affine in ((0, "none", True), (1, "silu", True), (0, "silu", False)):
+        wa, ba = (w, b) if affine else (None, None)
+        err, y = _group_norm_call(simt_ops, tmp_path, dtype, x, g, wa, ba, channels_last, activation, cc, offset)
+        assert err == 0
+        want = cuda_ref.group_norm_any(x, g, wa, ba, 1e-5, activation, channels_last=channels_last)
+        np.testing.assert_allclose(y, want, rtol=0, atol=GN_TOL[dtype] * max(1.0, float(np.abs(want).max())),
+                                   err_msg=f"offset={offset}, activation={activation}, affine={affine}")
+
+
+@pytest.mark.parametrize("dtype", ["half", "bfloat16"])
+@pytest.mark.parametrize("case", ["fused-small", "cluster-2", "split-sm80", "nhwc-cg8"])
+def test_group_norm_kernels_emulated_16bit(simt_ops, tmp_path, rng, dtype, case):
+    """float16 / bfloat16 storage (statistics in float): 8-element vectors and scalar accesses."""
+    n, c, s, g, channels_last, cc = dict(GN_PATH_CASES)[case]
+    x, w, b = _gn_inputs(rng, dtype, n, c, s, channels_last)
+    for offset in (0, 1):
+        err, y = _group_norm_call(simt_ops, tmp_path, dtype, x, g, w, b, channels_last, "silu", cc, offset)
+        assert err == 0
+        want = cuda_ref.group_norm_any(x, g, w, b, 1e-5, "silu", channels_last=channels_last)
+        np.testing.assert_allclose(y, want, rtol=0, atol=GN_TOL[dtype] * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.parametrize("case", ["fused-small", "cluster-2", "split-sm80", "nhwc-cg3"])
+def test_group_norm_kernels_emulated_nonfinite(simt_ops, tmp_path, rng, case):
+    """A NaN and an inf in one group each: those groups' outputs are NaN, every other group is
+    exact (no statistic leaks between groups, in any path's partial sums)."""
+    n, c, s, g, channels_last, cc = dict(GN_PATH_CASES)[case]
+    x, w, b = _gn_inputs(rng, "float", n, c, s, channels_last)
+    xg = np.moveaxis(x, -1, 1) if channels_last else x  # (N, C, S) view
+    cg = c // g
+    xg[0, 0, 0] = np.nan  # group (0, 0)
+    xg[-1, c - 1, s - 1] = np.inf  # group (N - 1, G - 1)
+    err, y = _group_norm_call(simt_ops, tmp_path, "float", x, g, w, b, channels_last, "none", cc)
+    assert err == 0
+    yg = (np.moveaxis(y, -1, 1) if channels_last else y).reshape(n, g, cg, s)
+    assert np.isnan(yg[0, 0]).all() and np.isnan(yg[-1, -1]).all()
+    want = cuda_ref.group_norm_any(x, g, w, b, 1e-5, "none", channels_last=channels_last)
+    wg = (np.moveaxis(want, -1, 1) if channels_last else want).reshape(n, g, cg, s)
+    keep = np.ones((n, g), dtype=bool)
+    keep[0, 0] = keep[-1, -1] = False
+    if keep.any():
+        np.testing.assert_allclose(yg[keep], wg[keep], rtol=0,
+                                   atol=GN_TOL["float"] * max(1.0, float(np.abs(wg[keep]).max())))
+
+
+# -- MultiScaleDeformableAttention: forward and backward launchers --------------------------------
+
+
+# Every shape in float and double; the 16-bit types (accumulated in a float workspace) on one
+# shape with scalar accesses and one with vectors.
+MSDA_EMULATED = [(t, c) for t in ("double", "float") for c in range(len(MSDA_CASES))]
+MSDA_EMULATED += [(t, c) for t in ("half", "bfloat16") for c in (1, 4)]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("dtype", "case"), MSDA_EMULATED)
+def test_ms_deform_attn_kernels_emulated(simt_ops, tmp_path, rng, dtype, case):
+    """Forward and backward through the launchers (the backward with the caller's workspace and
+    with the launcher's own, stream-ordered one), locations partly outside the maps and some NaN
+    / inf, against float64 autograd."""
+    n, m, d, lq, p, levels = MSDA_CASES[case]
+    value, shapes, starts, loc, attn, grad = _msda_inputs(rng, n, m, d, lq, p, levels, nonfinite=True)
+    value, loc, attn, grad = (_round_to(dtype, a) for a in (value, loc, attn, grad))
+    want = cuda_ref.ms_deform_attn_with_grads(value, shapes, starts, loc, attn, grad)
+    header = np.array([n, value.shape[1], m, d, lq, len(levels), p], dtype=np.int64)
+    tol = {"double": 1e-11, "float": 2e-5, "half": 4e-3, "bfloat16": 3e-2}[dtype]
+    for own_workspace in (1, 0):
+        payload = b"".join(a.tobytes() for a in (header, shapes, starts, np.array([own_workspace], dtype=np.int64),
+                                                  value, loc, attn, grad))
+        raw, _ = _simt(simt_ops, tmp_path, "ms_deform_attn", dtype, payload)
+        errs = np.frombuffer(raw[:16], dtype=np.int64)
+        assert (errs == 0).all(), errs
+        got = np.frombuffer(raw[16:], dtype=np.float64)
+        parts = np.split(got, np.cumsum([x.size for x in want])[:-1])
+        for name, g_, w_ in zip(("output", "grad_value", "grad_sampling_locations", "grad_attention_weights"), parts,
+                                want):
+            w_ = w_.reshape(-1)
+            np.testing.assert_allclose(g_, w_, rtol=0, atol=tol * max(1.0, float(np.abs(w_).max())),
+                                       err_msg=f"{name}, own_workspace={own_workspace}")

@@ -23,6 +23,18 @@
 
 #include "common/device.h"
 
+// Shared memory is declared through these macros, so that the host emulation of the runtime
+// (tests/cuda_host/sim/simt.h, which defines its own forms) can give every block and declaration
+// a buffer of its own, of exactly the declared size.
+//   OPBRIDGE_SHARED_ARRAY(T, name, count)  __shared__ T name[count]
+//   OPBRIDGE_SHARED_VAR(T, name)           __shared__ T name
+//   OPBRIDGE_DYNAMIC_SHARED(T, name)       the launch's dynamic shared memory, 16-byte aligned
+#ifndef OPBRIDGE_SIMT_HOST
+#define OPBRIDGE_SHARED_ARRAY(T, name, count) __shared__ T name[count]
+#define OPBRIDGE_SHARED_VAR(T, name) __shared__ T name
+#define OPBRIDGE_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
 namespace opbridge::cuda {
 
 // A stream chosen by the caller. See the file comment.

@@ -187,8 +187,8 @@ __global__ void __launch_bounds__(kMaxBlock, 1)
                             int tpg, acc<D> eps, Activation act) {
   using A = acc<D>;
   constexpr int kVecs = kItems / VEC;
-  __shared__ A red[kMaxBlock / 32];
-  __shared__ A part[2];
+  OPBRIDGE_SHARED_ARRAY(A, red, kMaxBlock / 32);
+  OPBRIDGE_SHARED_ARRAY(A, part, 2);
   const int S = static_cast<int>(sdiv.d);
 
   int64_t base = 0, step = 1, sub = 0;
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(kSplitBlock)
                               acc<D>* __restrict__ partial) {
   using A = acc<D>;
   constexpr int kVecs = kItems / VEC;
-  __shared__ Moments<A> sm[32];
+  OPBRIDGE_SHARED_ARRAY(Moments<A>, sm, 32);
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     const int64_t ng = t / K, k = t - ng * K;
     const int64_t begin = k * chunk;
@@ -352,7 +352,7 @@ template <class A>
 __global__ void __launch_bounds__(kSplitBlock)
     group_norm_finalize_kernel(const A* __restrict__ partial, int64_t NG, int64_t M, int64_t chunk, int64_t K,
                                double eps, A* __restrict__ stats) {
-  __shared__ Moments<double> sm[32];
+  OPBRIDGE_SHARED_ARRAY(Moments<double>, sm, 32);
   for (int64_t ng = blockIdx.x; ng < NG; ng += gridDim.x) {
     Moments<double> m{0.0, 0.0, 0.0};
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
@@ -361,7 +361,9 @@ __global__ void __launch_bounds__(kSplitBlock)
     }
     m = block_moments(m, sm);
     if (threadIdx.x == 0) {
-      const double var = m.m2 > 0.0 ? m.m2 / static_cast<double>(M) : 0.0;
+      // M2 is a sum of non-negative terms; NaN (a NaN or an infinity in the group) must reach
+      // the output as in the fused path, not become a zero variance.
+      const double var = m.m2 / static_cast<double>(M);
       stats[2 * ng] = static_cast<A>(m.mean);
       stats[2 * ng + 1] = static_cast<A>(1.0 / sqrt(var + eps));
     }
@@ -448,7 +450,7 @@ template <class D, int VEC>
 __global__ void __launch_bounds__(kNhwcBlock)
     group_norm_nhwc_partial_kernel(const D* __restrict__ x, NhwcPlan p, int64_t tiles, acc<D>* __restrict__ partial) {
   using A = acc<D>;
-  __shared__ Moments<A> sm[kNhwcBlock];
+  OPBRIDGE_SHARED_ARRAY(Moments<A>, sm, kNhwcBlock);
   const int tid = static_cast<int>(threadIdx.x);
   const int warp = tid >> 5, lane = tid & 31;
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
@@ -476,7 +478,7 @@ __global__ void __launch_bounds__(kNhwcBlock)
 template <class A>
 __global__ void __launch_bounds__(kSplitBlock)
     group_norm_nhwc_finalize_kernel(const A* __restrict__ partial, NhwcPlan p, double eps, A* __restrict__ stats) {
-  __shared__ Moments<double> sm[32];
+  OPBRIDGE_SHARED_ARRAY(Moments<double>, sm, 32);
   const int64_t NG = p.N * p.G;
   const int64_t per_group = p.K * p.PC;
   for (int64_t ng = blockIdx.x; ng < NG; ng += gridDim.x) {
@@ -490,7 +492,7 @@ __global__ void __launch_bounds__(kSplitBlock)
     }
     m = block_moments(m, sm);
     if (threadIdx.x == 0) {
-      const double var = m.m2 > 0.0 ? m.m2 / static_cast<double>(p.S * p.Cg) : 0.0;
+      const double var = m.m2 / static_cast<double>(p.S * p.Cg);  // NaN propagates (see above)
       stats[2 * ng] = static_cast<A>(m.mean);
       stats[2 * ng + 1] = static_cast<A>(1.0 / sqrt(var + eps));
     }

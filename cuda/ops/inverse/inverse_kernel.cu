@@ -50,12 +50,16 @@ constexpr int64_t kMaxBlocksPerSm = 32;
 constexpr int64_t kMaxGlobalBlocks = 1024;
 
 // |v| as an integer that orders like |v| and puts NaN above +inf (IEEE magnitudes compare like
-// their bit patterns); -1 marks rows that do not take part in a pivot search.
+// their bit patterns), always >= 0; -1 marks rows that do not take part in a pivot search. The
+// sign bit is cleared with an integer mask, not with fabs: PTX's abs returns "an unspecified NaN"
+// for a NaN, and GPUs give one with the sign bit set, whose double key was negative. A column of
+// NaNs (what a zero pivot leaves behind) then had no row above -1, the pivot row came out as n,
+// and the column-order step read piv past its end (an out-of-bounds shared-memory read).
 __device__ __forceinline__ long long magnitude_key(float v) {
-  return static_cast<long long>(__float_as_uint(fabsf(v)));
+  return static_cast<long long>(__float_as_uint(v) & 0x7fffffffu);
 }
 __device__ __forceinline__ long long magnitude_key(double v) {
-  return __double_as_longlong(fabs(v));  // sign bit cleared: non-negative
+  return __double_as_longlong(v) & 0x7fffffffffffffffLL;
 }
 
 // a wins over b: larger key, the smaller row on ties (the first maximum, as LAPACK's i?amax).
@@ -249,16 +253,16 @@ template <class T, bool IN_SHARED>
 __global__ void __launch_bounds__(IN_SHARED ? kSharedBlock : kGlobalBlock, 1)
     inverse_block_kernel(const T* a, T* out, int64_t batch, int n, int tpr, unsigned char* ws, int64_t ws_stride,
                          uint64_t* info, bool nan_on_singular) {
-  __shared__ long long red_key[32];
-  __shared__ int red_row[32];
-  __shared__ int failed;
+  OPBRIDGE_SHARED_ARRAY(long long, red_key, 32);
+  OPBRIDGE_SHARED_ARRAY(int, red_row, 32);
+  OPBRIDGE_SHARED_VAR(int, failed);
   const int64_t nn = static_cast<int64_t>(n) * n;
   const int64_t ld = IN_SHARED ? n + 1 : n;
   // Vectors: q = pivot row (q[k] = 1), rk = old row k, l = multipliers; piv and col: ints.
   T* m_shared = nullptr;
   unsigned char* vec_base;
   if constexpr (IN_SHARED) {
-    extern __shared__ __align__(16) unsigned char smem[];
+    OPBRIDGE_DYNAMIC_SHARED(unsigned char, smem);
     m_shared = reinterpret_cast<T*>(smem);
     vec_base = smem + ((ld * n * sizeof(T) + 15) / 16) * 16;
   } else {

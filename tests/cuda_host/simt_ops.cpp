@@ -1,0 +1,261 @@
+// Runs opbridge's CUDA launchers on the CPU: the kernel files themselves (cuda/ops/*/*_kernel.cu,
+// compiled with the host compiler against the runtime emulation in tests/cuda_host/sim/), called
+// the way the torch and ORT adapters call them, for tests/test_cuda_host.py. Built with
+// AddressSanitizer and UndefinedBehaviorSanitizer under OPBRIDGE_CUDA_HOST_SANITIZE=1.
+//
+//   simt_ops OP TYPE SMS CC IN OUT
+//     OP    inverse | group_norm | ms_deform_attn
+//     TYPE  float | double | half | bfloat16 (inverse: float | double)
+//     SMS   the emulated device's SM count (small counts make the grid-stride loops wrap)
+//     CC    its compute capability as major * 10 + minor (>= 90: thread-block clusters)
+// Every "device" buffer has exactly the size the launcher may touch (outputs pre-filled with
+// 0xff bytes, so an element never written reads NaN). Values travel as float64 in both files;
+// inputs must be exactly representable in TYPE.
+//
+// inverse         IN:  int64 batch, n, nan_on_singular, in_place; float64 a[batch * n * n]
+//                 OUT: int64 error, int64 info, float64 out[batch * n * n]
+// group_norm      IN:  int64 N, C, S, G, channels_last, activation, has_weight, has_bias,
+//                      offset (elements x and y start past a 16-byte boundary); float64 eps,
+//                      x[N * C * S] (memory order), weight[C], bias[C]
+//                 OUT: int64 error, float64 y[N * C * S]
+// ms_deform_attn  IN:  int64 N, S, M, D, Lq, L, P, spatial_shapes[L][2], level_start_index[L],
+//                      own_workspace (1: the caller passes the backward's workspace, 0: the
+//                      launcher allocates it); float64 value, sampling_locations,
+//                      attention_weights, grad_output
+//                 OUT: int64 forward error, backward error; float64 output, grad_value,
+//                      grad_sampling_locations, grad_attention_weights
+// Prints "launches=K threads=T" (what the emulation ran) on stderr.
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/launch.cuh"
+#include "ops/group_norm/group_norm.cuh"
+#include "ops/inverse/inverse.cuh"
+#include "ops/ms_deform_attn/ms_deform_attn.cuh"
+#include "opbridge/dtype.h"
+
+namespace {
+
+using opbridge::BFloat16;
+using opbridge::Half;
+
+[[noreturn]] void die(const char* what) {
+  std::fprintf(stderr, "simt_ops: %s\n", what);
+  std::exit(2);
+}
+
+// Device memory: exactly `count` elements after `offset` slack elements.
+template <class T>
+struct Buffer {
+  void* mem = nullptr;
+  T* p = nullptr;
+  size_t n = 0;
+  Buffer(size_t count, size_t offset = 0, bool poison = true) : n(count) {
+    if (posix_memalign(&mem, 64, (count + offset) * sizeof(T) + (count + offset == 0 ? 1 : 0)) != 0) die("oom");
+    p = static_cast<T*>(mem) + offset;
+    std::memset(mem, poison ? 0xff : 0, (count + offset) * sizeof(T));
+  }
+  ~Buffer() { std::free(mem); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+template <class T>
+T from_double(double v) {
+  if constexpr (std::is_same_v<T, Half>) {
+    return Half{opbridge::float_to_half(static_cast<float>(v))};
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return BFloat16{opbridge::float_to_bf16(static_cast<float>(v))};
+  } else {
+    return static_cast<T>(v);
+  }
+}
+template <class T>
+double to_double(T v) {
+  if constexpr (std::is_same_v<T, Half>) {
+    return opbridge::half_to_float(v.bits);
+  } else if constexpr (std::is_same_v<T, BFloat16>) {
+    return opbridge::bf16_to_float(v.bits);
+  } else {
+    return static_cast<double>(v);
+  }
+}
+
+struct Io {
+  FILE* in;
+  FILE* out;
+  std::vector<int64_t> ints(size_t n) {
+    std::vector<int64_t> v(n);
+    if (n && std::fread(v.data(), 8, n, in) != n) die("short input");
+    return v;
+  }
+  std::vector<double> doubles(size_t n) {
+    std::vector<double> v(n);
+    if (n && std::fread(v.data(), 8, n, in) != n) die("short input");
+    return v;
+  }
+  template <class T>
+  void read(Buffer<T>& b) {
+    const std::vector<double> v = doubles(b.n);
+    for (size_t i = 0; i < b.n; ++i) b.p[i] = from_double<T>(v[i]);
+  }
+  void put(int64_t v) { std::fwrite(&v, 8, 1, out); }
+  template <class T>
+  void write(const Buffer<T>& b) {
+    for (size_t i = 0; i < b.n; ++i) {
+      const double d = to_double(b.p[i]);
+      std::fwrite(&d, 8, 1, out);
+    }
+  }
+};
+
+cudaStream_t the_stream() {
+  // Any non-null handle: the emulation runs every stream in order.
+  static char s;
+  return reinterpret_cast<cudaStream_t>(&s);
+}
+
+template <class T>
+int run_inverse(Io& io) {
+  const std::vector<int64_t> h = io.ints(4);
+  const int64_t batch = h[0], n = h[1];
+  const bool nan_on_singular = h[2] != 0, in_place = h[3] != 0;
+  const size_t count = static_cast<size_t>(batch * n * n);
+  Buffer<T> a(count), out(in_place ? 0 : count);
+  io.read(a);
+  Buffer<uint64_t> info(1);
+  const size_t ws_bytes = opbridge::cuda::inverse_workspace_bytes<T>(batch, n);
+  Buffer<unsigned char> ws(ws_bytes);
+  T* dst = in_place ? a.p : out.p;
+  const cudaError_t e = opbridge::cuda::launch_inverse<T>(the_stream(), a.p, dst, batch, n, info.p,
+                                                          ws_bytes > 0 ? ws.p : nullptr, ws_bytes, nan_on_singular);
+  io.put(e);
+  io.put(static_cast<int64_t>(*info.p));
+  io.write(in_place ? a : out);
+  return 0;
+}
+
+template <class T>
+int run_group_norm(Io& io) {
+  const std::vector<int64_t> h = io.ints(9);
+  opbridge::GroupNormDims d;
+  d.N = h[0];
+  d.C = h[1];
+  d.S = h[2];
+  d.G = h[3];
+  d.channels_last = h[4] != 0;
+  const auto act = static_cast<opbridge::Activation>(h[5]);
+  const bool has_w = h[6] != 0, has_b = h[7] != 0;
+  const size_t offset = static_cast<size_t>(h[8]);
+  const double eps = io.doubles(1)[0];
+  const size_t count = static_cast<size_t>(d.N * d.C * d.S);
+  Buffer<T> x(count, offset), y(count, offset), w(static_cast<size_t>(d.C)), b(static_cast<size_t>(d.C));
+  io.read(x);
+  io.read(w);
+  io.read(b);
+  const size_t ws_bytes = opbridge::cuda::group_norm_workspace_bytes<T>(d);
+  Buffer<unsigned char> ws(ws_bytes);
+  const cudaError_t e = opbridge::cuda::launch_group_norm<T>(the_stream(), x.p, has_w ? w.p : nullptr,
+                                                             has_b ? b.p : nullptr, y.p, d, eps, act,
+                                                             ws_bytes > 0 ? ws.p : nullptr, ws_bytes);
+  io.put(e);
+  io.write(y);
+  return 0;
+}
+
+template <class T>
+int run_ms_deform_attn(Io& io) {
+  const std::vector<int64_t> h = io.ints(7);
+  opbridge::MsDeformAttnDims d;
+  d.N = h[0];
+  d.S = h[1];
+  d.M = h[2];
+  d.D = h[3];
+  d.Lq = h[4];
+  d.L = h[5];
+  d.P = h[6];
+  const std::vector<int64_t> shapes = io.ints(static_cast<size_t>(2 * d.L));
+  const std::vector<int64_t> starts = io.ints(static_cast<size_t>(d.L));
+  const bool own_workspace = io.ints(1)[0] != 0;
+  const size_t nv = static_cast<size_t>(d.N * d.S * d.M * d.D);
+  const size_t nw = static_cast<size_t>(d.N * d.Lq * d.M * d.L * d.P);
+  const size_t no = static_cast<size_t>(d.N * d.Lq * d.M * d.D);
+  Buffer<T> value(nv), loc(2 * nw), attn(nw), grad_out(no), out(no), gv(nv), gloc(2 * nw), gattn(nw);
+  io.read(value);
+  io.read(loc);
+  io.read(attn);
+  io.read(grad_out);
+  const cudaError_t ef = opbridge::cuda::launch_ms_deform_attn<T>(the_stream(), value.p, shapes.data(), starts.data(),
+                                                                  loc.p, attn.p, out.p, d);
+  cudaError_t eb;
+  if (own_workspace) {
+    const size_t ws_bytes = opbridge::cuda::ms_deform_attn_backward_workspace_bytes<T>(d);
+    Buffer<unsigned char> ws(ws_bytes);
+    eb = opbridge::cuda::launch_ms_deform_attn_backward<T>(the_stream(), grad_out.p, value.p, shapes.data(),
+                                                           starts.data(), loc.p, attn.p, gv.p, gloc.p, gattn.p, d,
+                                                           ws_bytes > 0 ? ws.p : nullptr, ws_bytes);
+  } else {
+    eb = opbridge::cuda::launch_ms_deform_attn_backward<T>(the_stream(), grad_out.p, value.p, shapes.data(),
+                                                           starts.data(), loc.p, attn.p, gv.p, gloc.p, gattn.p, d);
+  }
+  io.put(ef);
+  io.put(eb);
+  io.write(out);
+  io.write(gv);
+  io.write(gloc);
+  io.write(gattn);
+  return 0;
+}
+
+template <template <class> class Run>
+int dispatch(const std::string& type, Io& io, bool half_types) {
+  if (type == "float") return Run<float>::go(io);
+  if (type == "double") return Run<double>::go(io);
+  if (half_types && type == "half") return Run<Half>::go(io);
+  if (half_types && type == "bfloat16") return Run<BFloat16>::go(io);
+  die("unknown TYPE");
+}
+
+template <class T> struct Inverse { static int go(Io& io) { return run_inverse<T>(io); } };
+template <class T> struct GroupNorm { static int go(Io& io) { return run_group_norm<T>(io); } };
+template <class T> struct MsDeformAttn { static int go(Io& io) { return run_ms_deform_attn<T>(io); } };
+
+void on_alarm(int) {
+  const char msg[] = "simt_ops: no result within the time limit (a barrier that not every thread reaches?)\n";
+  (void)!write(2, msg, sizeof msg - 1);
+  _exit(3);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 7) die("usage: simt_ops OP TYPE SMS CC IN OUT");
+  const std::string op = argv[1], type = argv[2];
+  simt::config().sm_count = std::atoi(argv[3]);
+  simt::config().cc_major = std::atoi(argv[4]) / 10;
+  simt::config().cc_minor = std::atoi(argv[4]) % 10;
+  std::signal(SIGALRM, on_alarm);
+  alarm(600);
+  Io io{std::fopen(argv[5], "rb"), std::fopen(argv[6], "wb")};
+  if (io.in == nullptr || io.out == nullptr) die("cannot open IN or OUT");
+  int rc;
+  if (op == "inverse") {
+    rc = dispatch<Inverse>(type, io, false);
+  } else if (op == "group_norm") {
+    rc = dispatch<GroupNorm>(type, io, true);
+  } else if (op == "ms_deform_attn") {
+    rc = dispatch<MsDeformAttn>(type, io, true);
+  } else {
+    die("unknown OP");
+  }
+  std::fclose(io.in);
+  std::fclose(io.out);
+  std::fprintf(stderr, "launches=%lld threads=%lld\n", static_cast<long long>(simt::stats().launches.load()),
+               static_cast<long long>(simt::stats().threads.load()));
+  return rc;
+}
