@@ -11,7 +11,9 @@ real kernels where there is a GPU.
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -281,6 +283,10 @@ def test_emulation_self_check(simt_selftest, case):
         assert r.returncode != 0 and SELFTEST[case] in r.stderr, r.stderr[-3000:]
 
 
+# The kernels (by address in simt_ops) that this session's emulated calls launched.
+_LAUNCHED: set[int] = set()
+
+
 def _simt(exe, tmp_path, op, dtype, payload: bytes, sms=SIM_SMS, cc=90):
     """Runs one launcher call; returns the output file's bytes and what the emulation reports."""
     src, dst = tmp_path / "in.bin", tmp_path / "out.bin"
@@ -290,6 +296,7 @@ def _simt(exe, tmp_path, op, dtype, payload: bytes, sms=SIM_SMS, cc=90):
                             text=True, env=env, timeout=900)
     assert result.returncode == 0, f"simt_ops {op} {dtype} exited with {result.returncode}:\n{result.stderr[-6000:]}"
     assert "launches=" in result.stderr
+    _LAUNCHED.update(int(line[7:], 16) for line in result.stderr.splitlines() if line.startswith("kernel="))
     return dst.read_bytes(), result.stderr
 
 
@@ -597,3 +604,31 @@ def test_ms_deform_attn_kernels_emulated(simt_ops, tmp_path, rng, dtype, case):
             w_ = w_.reshape(-1)
             np.testing.assert_allclose(g_, w_, rtol=0, atol=tol * max(1.0, float(np.abs(w_).max())),
                                        err_msg=f"{name}, own_workspace={own_workspace}")
+
+
+# -- Every kernel ran --------------------------------------------------------------------------
+
+
+def test_every_kernel_launched_in_emulation(simt_ops, request):
+    """Every __global__ function of cuda/ops (each instantiation the launchers can choose, as
+    linked into simt_ops) was launched by the emulated tests above: no kernel path goes untested
+    on the host. Measured over this file's tests, so it runs last and only with all of them."""
+    emulated = [it for it in request.session.items
+                if it.module is request.module and "simt_ops" in getattr(it, "fixturenames", ())
+                and it is not request.node]
+    everything = {name for name, f in vars(request.module).items() if name.startswith("test_") and callable(f)
+                  and "simt_ops" in inspect.signature(f).parameters and name != request.node.originalname}
+    if {it.originalname for it in emulated} != everything:
+        pytest.skip("kernel coverage is measured over the whole of tests/test_cuda_host.py")
+    names = set()
+    for src in KERNEL_FILES:
+        names.update(re.findall(r"__global__ void (?:__launch_bounds__\([^)]*\)\s*)?(\w+)\(", src.read_text()))
+    nm = subprocess.run(["nm", "-C", "--defined-only", str(simt_ops)], capture_output=True, text=True, check=True)
+    kernels = {}
+    for line in nm.stdout.splitlines():
+        addr, kind, name = line.split(" ", 2)
+        if kind in "tTwW" and any(f"::{k}<" in name or f"::{k}(" in name for k in names) and "{lambda" not in name:
+            kernels[int(addr, 16)] = name
+    assert len(kernels) >= len(names), (sorted(names), len(kernels))
+    missed = sorted(name for addr, name in kernels.items() if addr not in _LAUNCHED)
+    assert not missed, "kernels no emulated test launched:\n" + "\n".join(missed)

@@ -24,7 +24,10 @@
 //                      attention_weights, grad_output
 //                 OUT: int64 forward error, backward error; float64 output, grad_value,
 //                      grad_sampling_locations, grad_attention_weights
-// Prints "launches=K threads=T" (what the emulation ran) on stderr.
+// Prints "launches=K threads=T" (what the emulation ran) and a line "kernel=OFFSET" per kernel
+// launched (its address in this executable) on stderr.
+#include <dlfcn.h>
+
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
@@ -257,5 +260,13 @@ int main(int argc, char** argv) {
   std::fclose(io.out);
   std::fprintf(stderr, "launches=%lld threads=%lld\n", static_cast<long long>(simt::stats().launches.load()),
                static_cast<long long>(simt::stats().threads.load()));
+  // The kernels that ran, as offsets into this executable (the test names them with nm).
+  for (const void* k : simt::stats().kernels) {
+    Dl_info info;
+    if (dladdr(k, &info) != 0) {
+      std::fprintf(stderr, "kernel=%#llx\n", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(k) -
+                                                                           reinterpret_cast<uintptr_t>(info.dli_fbase)));
+    }
+  }
   return rc;
 }

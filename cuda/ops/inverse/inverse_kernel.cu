@@ -374,7 +374,13 @@ cudaError_t launch_small(Stream stream, const DeviceInfo& dev, const T* a, T* ou
   const LaunchShape shape{dim3(static_cast<unsigned>(blocks)), dim3(kSmallBlock), 0, 1};
   switch (w) {
     case 1: return launch(inverse_small_kernel<T, 1>, shape, stream, a, out, batch, n, info, nan_on_singular);
-    case 2: return launch(inverse_small_kernel<T, 2>, shape, stream, a, out, batch, n, info, nan_on_singular);
+    case 2:
+      // float n == 2 takes the adjugate kernel (launch_inverse): no register kernel for it.
+      if constexpr (std::is_same_v<T, float>) {
+        return cudaErrorInvalidValue;
+      } else {
+        return launch(inverse_small_kernel<T, 2>, shape, stream, a, out, batch, n, info, nan_on_singular);
+      }
     case 4: return launch(inverse_small_kernel<T, 4>, shape, stream, a, out, batch, n, info, nan_on_singular);
     case 8: return launch(inverse_small_kernel<T, 8>, shape, stream, a, out, batch, n, info, nan_on_singular);
     case 16: return launch(inverse_small_kernel<T, 16>, shape, stream, a, out, batch, n, info, nan_on_singular);

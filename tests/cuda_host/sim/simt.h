@@ -6,9 +6,11 @@
 //
 // This folder stands in for the CUDA headers (cuda_runtime.h, cuda_runtime_api.h, cuda_fp16.h,
 // cuda_bf16.h, cooperative_groups.h) on the include path. What it models:
-//   - Every CUDA thread is an OS thread, so code between barriers runs truly concurrently.
-//     A launch runs its grid one thread-block cluster at a time (a cluster is one block unless
-//     the launch asks for more); the blocks of a cluster run together.
+//   - Every CUDA thread is a fiber with a stack of its own (sim/simt.cpp switches between them);
+//     a block's threads take turns on one OS thread, switching only where CUDA threads
+//     synchronize or exit. A launch runs its grid one thread-block cluster at a time (a cluster
+//     is one block unless the launch asks for more); the blocks of a cluster run together, on OS
+//     threads of their own.
 //   - __syncthreads() is a barrier over the block's threads that have not exited; every thread
 //     must reach it from the same source line (else: "divergent __syncthreads", abort).
 //   - Warp shuffles and ballots exchange values through the warp's slots and a barrier over
@@ -146,6 +148,12 @@ inline Config& config() {
 struct Stats {
   std::atomic<int64_t> launches{0};
   std::atomic<int64_t> threads{0};
+  std::mutex mu;
+  std::vector<const void*> kernels;  // each kernel launched, once
+  void launched(const void* kernel) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (std::find(kernels.begin(), kernels.end(), kernel) == kernels.end()) kernels.push_back(kernel);
+  }
 };
 inline Stats& stats() {
   static Stats s;
@@ -156,7 +164,7 @@ inline Stats& stats() {
 
 // ---- CUDA threads as fibers -------------------------------------------------------------------
 //
-// The threads of a block are fibers (ucontext) run by one OS thread, the block's runner, which
+// The threads of a block are fibers run by one OS thread, the block's runner, which
 // switches between them only where CUDA threads synchronize (__syncthreads, warp exchanges,
 // cluster barriers) or exit; the blocks of a cluster have runners of their own, on OS threads
 // that meet at the cluster barriers. A barrier that can never complete (threads waiting at
@@ -603,6 +611,7 @@ cudaError_t cudaOccupancyMaxActiveClusters(int* clusters, void (*)(Params...), c
 template <class... Params, class... Args>
 cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* cfg, void (*kernel)(Params...), Args&&... args) {
   // The kernel's parameters, converted once as the launch does; each thread gets copies.
+  simt::stats().launched(reinterpret_cast<const void*>(kernel));
   auto params = std::make_shared<std::tuple<std::decay_t<Params>...>>(std::forward<Args>(args)...);
   return simt::run_grid(*cfg, [kernel, params]() { std::apply(kernel, *params); });
 }
