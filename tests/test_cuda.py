@@ -324,9 +324,14 @@ def test_group_norm_cuda_unaligned_and_offset(rng, dtype, shape, groups):
 def test_group_norm_cuda_on_side_stream(rng):
     """The op runs on torch's current stream: work queued on a side stream stays ordered."""
     x = _rounded(rng, (4, 32, 16, 16), torch.float32)
-    s = torch.cuda.Stream()
+    xc = x.cuda()
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()  # non-blocking: not ordered with the legacy default stream
     with torch.cuda.stream(s):
-        xd = x.to("cuda", non_blocking=False) * 3.0
+        # The stream is held back (~0.1 s) before it writes xd: a kernel queued on any other
+        # stream would read xd before the write.
+        torch.cuda._sleep(100_000_000)
+        xd = xc * 3.0
         y = torch.ops.opbridge.group_norm(xd, 8, None, None, 1e-5) + 1.0
     s.synchronize()
     expect = ref.group_norm(x.double().numpy() * 3.0, 8) + 1.0
@@ -353,7 +358,9 @@ def test_group_norm_cuda_gradients(rng):
     g = _rounded(rng, (3, 6, 4, 5), torch.float64)
     grads = []
     for dev in ("cpu", "cuda"):
-        xs, ws, bs = (t.to(dev).requires_grad_() for t in (x, w, b))
+        # detach(): x.to("cpu") is x itself, and a leaf that requires grad would make its CUDA
+        # copy a non-leaf (whose .grad stays None).
+        xs, ws, bs = (t.detach().to(dev).requires_grad_() for t in (x, w, b))
         y = opbridge.ops.group_norm(xs, 3, ws, bs, 1e-5)
         y.backward(g.to(dev))
         grads.append([t.grad.cpu() for t in (xs, ws, bs)])
@@ -387,14 +394,89 @@ def test_group_norm_backward_composite_matches_cpu_kernel(rng, dtype, shape, gro
                                    atol=tol * max(1.0, b.double().abs().max().item()))
 
 
-def _ort_cuda_session(model_bytes):
+def _ort_cuda_session(model_bytes, cuda_options=None):
     ort = pytest.importorskip("onnxruntime")
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("this onnxruntime has no CUDAExecutionProvider (CPU-only wheel)")
     so = ort.SessionOptions()
     # Fail instead of silently running an opbridge node on the CPU.
     so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    return opbridge.InferenceSession(model_bytes, sess_options=so, providers=["CUDAExecutionProvider"])
+    provider = ("CUDAExecutionProvider", cuda_options) if cuda_options else "CUDAExecutionProvider"
+    return opbridge.InferenceSession(model_bytes, sess_options=so, providers=[provider])
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+@pytest.mark.parametrize("op", ["GroupNorm", "Inverse", "MultiScaleDeformableAttention"])
+def test_ort_cuda_ops_run_on_orts_compute_stream(rng, op):
+    """The ORT CUDA kernels run on the compute stream ORT hands them. ORT is given a torch stream
+    (non-blocking) as its user_compute_stream; that stream is held back, then writes the input:
+    a kernel on that stream sees the write, one queued on any other stream reads the NaN there
+    before it."""
+    import onnx_models
+
+    f32 = np.float32
+    if op == "GroupNorm":
+        feeds = {"X": (rng.standard_normal((2, 32, 16, 16)) * 2 + 0.5).astype(f32)}
+        model = onnx_models.single_node_model(op, opbridge.DOMAIN, [("X", f32, [2, 32, 16, 16])], {"num_groups": 8})
+        expect = ref.group_norm(feeds["X"], 8)
+        out_shape, out_name = feeds["X"].shape, "Y"
+    elif op == "Inverse":
+        a = (rng.standard_normal((3, 40, 40)) + np.eye(40) * 2 * np.sqrt(40)).astype(f32)
+        feeds = {"X": a}
+        model = onnx_models.single_node_model(op, opbridge.DOMAIN, [("X", f32, list(a.shape))])
+        expect = np.linalg.inv(a.astype(np.float64))
+        out_shape, out_name = a.shape, "Y"
+    else:
+        value, shapes, starts, loc, attn, grad = _msda_case(rng, 2, "float32")
+        feeds = {"value": value.numpy(), "spatial_shapes": shapes.numpy(), "level_start_index": starts.numpy(),
+                 "sampling_locations": loc.numpy(), "attention_weights": attn.numpy()}
+        model = _msda_onnx_model(f32, list(value.shape), shapes.shape[0], list(loc.shape))
+        expect = cuda_ref.ms_deform_attn_with_grads(
+            *(t.double().numpy() for t in (value, shapes, starts, loc, attn, grad)))[0]
+        out_shape, out_name = expect.shape, "output"
+    s = torch.cuda.Stream()
+    sess = _ort_cuda_session(model.SerializeToString(), {"user_compute_stream": str(s.cuda_stream),
+                                                          "device_id": str(torch.cuda.current_device())})
+    binding = sess.io_binding()
+    # The float inputs on the device; MSDA's level tables from host memory (where the op reads them).
+    src = {k: torch.from_numpy(v).cuda() for k, v in feeds.items() if v.dtype == f32}
+    dst = {k: torch.full_like(v, float("nan")) for k, v in src.items()}
+    y = torch.full(out_shape, float("nan"), dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)
+        for k in dst:
+            dst[k].copy_(src[k])
+    for k, t in dst.items():
+        binding.bind_input(k, "cuda", 0, f32, list(t.shape), t.data_ptr())
+    for k in feeds.keys() - dst.keys():
+        binding.bind_cpu_input(k, feeds[k])
+    binding.bind_output(out_name, "cuda", 0, f32, list(out_shape), y.data_ptr())
+    sess.run_with_iobinding(binding)
+    s.synchronize()
+    tol = 1e-4 * max(1.0, float(np.abs(expect).max()))
+    np.testing.assert_allclose(y.cpu().double().numpy(), expect, rtol=0, atol=tol)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_inverse_ort_cuda_singular_error_matches_cpu(rng, dtype):
+    """A singular matrix: the CUDA provider reports what the CPU provider does."""
+    import onnx_models
+
+    a = (rng.standard_normal((4, 40, 40)) + np.eye(40) * 2 * np.sqrt(40)).astype(dtype)
+    a[2, :, 0] = 0
+    model = onnx_models.single_node_model("Inverse", opbridge.DOMAIN, [("X", dtype, list(a.shape))])
+    model.graph.node[0].name = "inv"
+    cuda = _ort_cuda_session(onnx_models.serialize(model))
+    cpu = opbridge.InferenceSession(onnx_models.serialize(model))
+    with pytest.raises(Exception) as cpu_err:
+        cpu.run(None, {"X": a})
+    with pytest.raises(Exception) as cuda_err:
+        cuda.run(None, {"X": a})
+    assert "matrix 2 of the batch is singular (U[0,0] == 0)" in str(cpu_err.value)
+    assert "matrix 2 of the batch is singular (U[0,0] == 0)" in str(cuda_err.value)
 
 
 @pytest.mark.cuda
@@ -423,10 +505,6 @@ def test_group_norm_ort_cuda_matches_reference(rng, dtype, shape, groups):
 # ---- Inverse ------------------------------------------------------------------------------
 
 
-def _has_torch_op(name: str) -> bool:
-    return HAS_TORCH and hasattr(torch.ops.opbridge, name)
-
-
 INV_SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 48, 64, 65, 100, 200]
 
 
@@ -436,8 +514,6 @@ INV_SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 48, 64, 65, 100, 200]
 @pytest.mark.parametrize("n", INV_SIZES)
 @pytest.mark.parametrize("batch", [(), (1,), (7,), (2, 3)])
 def test_inverse_cuda_matches_reference(rng, dtype, n, batch):
-    if not _has_torch_op("inverse"):
-        pytest.skip("torch.ops.opbridge.inverse is not part of this build")
     td = TORCH_DTYPES[dtype]
     # Well conditioned: diagonally dominant plus noise, so float32 keeps ~5 digits.
     a = rng.standard_normal((*batch, n, n)) + np.eye(n) * (2.0 * np.sqrt(n))
@@ -455,8 +531,6 @@ def test_inverse_cuda_matches_reference(rng, dtype, n, batch):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("n", [2, 3, 8, 32, 40, 100])
 def test_inverse_cuda_singular_matches_cpu(rng, dtype, n):
-    if not _has_torch_op("inverse"):
-        pytest.skip("torch.ops.opbridge.inverse is not part of this build")
     td = TORCH_DTYPES[dtype]
     a = torch.from_numpy(rng.standard_normal((5, n, n))).to(td)
     a[3, n - 1] = a[3, 0]  # matrix 3: two equal rows
@@ -474,8 +548,6 @@ def test_inverse_cuda_singular_matches_cpu(rng, dtype, n):
 @pytest.mark.torch
 @pytest.mark.parametrize("n", [3, 20, 50])
 def test_inverse_cuda_nan_propagates(rng, n):
-    if not _has_torch_op("inverse"):
-        pytest.skip("torch.ops.opbridge.inverse is not part of this build")
     a = torch.from_numpy(rng.standard_normal((2, n, n)))
     a[1, 1, 1] = float("nan")
     y = torch.ops.opbridge.inverse(a.cuda()).cpu()
@@ -489,8 +561,6 @@ def test_inverse_cuda_nan_propagates(rng, n):
 def test_inverse_ort_cuda_matches_reference(rng, dtype, n):
     import onnx_models
 
-    if not (ROOT / "cpp" / "ops" / "inverse").is_dir():
-        pytest.skip("the Inverse op is not part of this source tree")
     a = (rng.standard_normal((3, n, n)) + np.eye(n) * (2.0 * np.sqrt(n))).astype(dtype)
     model = onnx_models.single_node_model("Inverse", opbridge.DOMAIN, [("X", dtype, list(a.shape))])
     sess = _ort_cuda_session(onnx_models.serialize(model))
@@ -501,19 +571,6 @@ def test_inverse_ort_cuda_matches_reference(rng, dtype, n):
 
 
 # ---- GroupNorm: channels_last and fused activation (op version 2) --------------------------
-
-
-def _gn_has_activation() -> bool:
-    """Whether this build's torch schema has GroupNorm's `activation` argument."""
-    if not _has_torch_op("group_norm"):
-        return False
-    return any(a.name == "activation" for a in torch.ops.opbridge.group_norm.default._schema.arguments)
-
-
-def _inverse_has_on_singular() -> bool:
-    if not _has_torch_op("inverse"):
-        return False
-    return any(a.name == "on_singular" for a in torch.ops.opbridge.inverse.default._schema.arguments)
 
 
 # (NCHW shape, groups): vector and scalar channel widths, groups of one or many 256-channel pieces,
@@ -537,8 +594,6 @@ GN_CL_CASES = [
 @pytest.mark.parametrize("activation", ["none", "silu"])
 def test_group_norm_cuda_channels_last(rng, dtype, shape, groups, activation):
     """A channels_last x is normalized in place of its layout and y keeps the memory format."""
-    if not _gn_has_activation():
-        pytest.skip("this build's opbridge::group_norm has no activation argument")
     td = TORCH_DTYPES[dtype]
     fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
     x = _rounded(rng, shape, td, scale=2.0, offset=0.5)
@@ -562,8 +617,6 @@ def test_group_norm_cuda_channels_last(rng, dtype, shape, groups, activation):
                                           ((2, 64, 64, 64), 2)])
 def test_group_norm_cuda_silu_every_path(rng, dtype, shape, groups):
     """SiLU fused into the register-resident, cluster and split paths (contiguous x)."""
-    if not _gn_has_activation():
-        pytest.skip("this build's opbridge::group_norm has no activation argument")
     td = TORCH_DTYPES[dtype]
     x = _rounded(rng, shape, td, scale=2.0)
     w = _rounded(rng, (shape[1],), td)
@@ -578,8 +631,6 @@ def test_group_norm_cuda_silu_every_path(rng, dtype, shape, groups):
 @pytest.mark.cuda
 @pytest.mark.torch
 def test_group_norm_cuda_bad_activation():
-    if not _gn_has_activation():
-        pytest.skip("this build's opbridge::group_norm has no activation argument")
     x = torch.randn(2, 6, 5, device="cuda")
     with pytest.raises(ValueError, match="activation"):
         torch.ops.opbridge.group_norm(x, 3, None, None, 1e-5, "gelu")
@@ -641,8 +692,6 @@ def test_group_norm_ort_cuda_bad_attribute_names_node(attrs, match):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("n", [2, 3, 8, 32, 40, 100])
 def test_inverse_cuda_on_singular_nan(rng, dtype, n):
-    if not _inverse_has_on_singular():
-        pytest.skip("this build's opbridge::inverse has no on_singular argument")
     td = TORCH_DTYPES[dtype]
     a = torch.from_numpy(rng.standard_normal((6, n, n)) + np.eye(n) * 2 * np.sqrt(n)).to(td)
     a[3, n - 1] = a[3, 0]  # two equal rows
@@ -665,8 +714,6 @@ def test_inverse_cuda_on_singular_nan(rng, dtype, n):
 @pytest.mark.parametrize("n", [3, 40])
 def test_inverse_cuda_on_singular_nan_graph_capture(rng, n):
     """With on_singular="nan" nothing is read back: the op can be captured in a CUDA graph."""
-    if not _inverse_has_on_singular():
-        pytest.skip("this build's opbridge::inverse has no on_singular argument")
     a = torch.from_numpy(rng.standard_normal((4, n, n)) + np.eye(n) * 2 * np.sqrt(n)).float().cuda()
     torch.ops.opbridge.inverse(a, "nan")  # warm-up outside the capture
     torch.cuda.synchronize()
@@ -733,18 +780,12 @@ def _msda_case(rng, case, dtype, nonfinite=False):
     return value, shapes, starts, loc, attn, grad
 
 
-def _msda_skip():
-    if not (_has_torch_op("ms_deform_attn") and _has_torch_op("ms_deform_attn_backward")):
-        pytest.skip("torch.ops.opbridge.ms_deform_attn is not part of this build")
-
-
 @pytest.mark.cuda
 @pytest.mark.torch
 @pytest.mark.parametrize("dtype", list(MSDA_TOL))
 @pytest.mark.parametrize("case", range(len(MSDA_CASES)))
 @pytest.mark.parametrize("tables_on", ["cpu", "cuda"])
 def test_ms_deform_attn_cuda_matches_reference(rng, dtype, case, tables_on):
-    _msda_skip()
     value, shapes, starts, loc, attn, grad = _msda_case(rng, case, dtype, nonfinite=case % 2 == 1)
     want = cuda_ref.ms_deform_attn_with_grads(*(t.double().numpy() for t in (value, shapes, starts, loc, attn, grad)))
     _poison_cuda_allocator(value.numel() * value.element_size())
@@ -766,7 +807,6 @@ def test_ms_deform_attn_cuda_matches_reference(rng, dtype, case, tables_on):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_ms_deform_attn_cuda_unaligned_scalar_path(rng, dtype):
     """A value that is contiguous but not 16-byte aligned takes the scalar (VEC = 1) kernels."""
-    _msda_skip()
     value, shapes, starts, loc, attn, grad = _msda_case(rng, 2, dtype)
     buf = torch.empty(value.numel() + 1, dtype=value.dtype, device="cuda")
     vd = buf[1:].view(value.shape)
@@ -782,7 +822,6 @@ def test_ms_deform_attn_cuda_unaligned_scalar_path(rng, dtype):
 @pytest.mark.torch
 def test_ms_deform_attn_cuda_graph_capture(rng):
     """With the level table on the CPU nothing synchronizes: forward and backward capture."""
-    _msda_skip()
     value, shapes, starts, loc, attn, grad = _msda_case(rng, 6, "float32")
     dev = [t.cuda() for t in (value, loc, attn, grad)]
     torch.ops.opbridge.ms_deform_attn(dev[0], shapes, starts, dev[1], dev[2])
@@ -804,11 +843,13 @@ def test_ms_deform_attn_cuda_graph_capture(rng):
 @pytest.mark.cuda
 @pytest.mark.torch
 def test_ms_deform_attn_cuda_on_side_stream(rng):
-    _msda_skip()
     value, shapes, starts, loc, attn, _ = _msda_case(rng, 2, "float32")
+    vc = value.cuda()
+    torch.cuda.synchronize()
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        vd = value.cuda() * 2.0
+        torch.cuda._sleep(100_000_000)  # see test_group_norm_cuda_on_side_stream
+        vd = vc * 2.0
         out = torch.ops.opbridge.ms_deform_attn(vd, shapes.cuda(), starts.cuda(), loc.cuda(), attn.cuda()) + 1.0
     s.synchronize()
     want = cuda_ref.ms_deform_attn_with_grads(*(t.double().numpy() for t in (value * 2.0, shapes, starts, loc, attn,
@@ -819,7 +860,6 @@ def test_ms_deform_attn_cuda_on_side_stream(rng):
 @pytest.mark.cuda
 @pytest.mark.torch
 def test_ms_deform_attn_cuda_bad_input(rng):
-    _msda_skip()
     value, shapes, starts, loc, attn, _ = _msda_case(rng, 2, "float32")
     v, lo, at = value.cuda(), loc.cuda(), attn.cuda()
     with pytest.raises(ValueError, match="level_start_index"):
