@@ -3,25 +3,46 @@
 # a 10-minute command:
 #
 #   scripts/cuda_check.sh prepare      on a machine with PyPI access (not the GPU machine): puts
-#                                      the build tools the GPU machine lacks into .whl/ (wheels)
-#                                      and checks that .conan-home/ holds the ONNX Runtime headers
+#                                      the build tools the GPU machine lacks into .whl/ (wheels),
+#                                      checks that .conan-home/ holds the ONNX Runtime headers, and
+#                                      cuts onnxruntime-gpu into .ortgpu/part-* (see d3 below)
 #   scripts/cuda_check.sh build        build and install opbridge for sm_90 only (H100/H200)
-#   scripts/cuda_check.sh test         tests/test_cuda.py, tests/test_cuda_host.py and every
-#                                      `cuda`-marked test
-#   scripts/cuda_check.sh memcheck     compute-sanitizer memcheck over the CUDA device tests
-#   scripts/cuda_check.sh racecheck    compute-sanitizer racecheck + synccheck over the tests of
-#                                      the kernels that use shared memory (GroupNorm, Inverse)
+#   scripts/cuda_check.sh test         every device test through scripts/cuda_tests.py (a CUDA
+#                                      error ends its process; the rest still run; the first
+#                                      failure is reported first), plus tests/test_cuda_host.py;
+#                                      records which opbridge kernels ran (kernels.txt)
+#   scripts/cuda_check.sh memcheck     compute-sanitizer memcheck, restricted to opbridge's
+#                                      kernels, over the device tests (graph captures apart: see
+#                                      `capture`)
+#   scripts/cuda_check.sh capture      the graph-capture tests: first with
+#                                      PYTORCH_NO_CUDA_MEMORY_CACHING=1 and no sanitizer (what
+#                                      memcheck's setting alone does to a capture), then under
+#                                      memcheck with torch's caching allocator on
+#   scripts/cuda_check.sh fuzz         the fuzzer's torch cases on the GPU (2000 cases, <= 150 s,
+#                                      seed printed): the CPU op's verdicts and tolerances
+#   scripts/cuda_check.sh racecheck | synccheck | initcheck
+#                                      one compute-sanitizer tool each, <= 90 s, over a subset of
+#                                      the device tests that launches every kernel
+#   scripts/cuda_check.sh symbols      every kernel in the built libraries (cuobjdump -symbols)
+#                                      against the ones the test stage saw running
+#   scripts/cuda_check.sh receive N    d3: keeps the carried .ortgpu/part-N (one call each: the
+#                                      wheel is larger than one call may carry)
+#   scripts/cuda_check.sh ortgpu       d3: joins the parts, installs onnxruntime-gpu beside the
+#                                      image's onnxruntime (--target + PYTHONPATH) and runs the
+#                                      ORT CUDA tests with CPU fallback disabled
 #   scripts/cuda_check.sh bench        benchmarks/benchmarks/bench_cuda.py (JSON + table)
 #
+# The parts of one session's GPU time, each one call of the device tool (back to back: the
+# machine stays warm only ~30 s between calls; a cold machine needs `build` again):
+#   d1a: build test            carry [".whl", ".conan-home"]
+#   d1b: memcheck capture fuzz
+#   d2:  racecheck synccheck initcheck symbols
+#   d3:  receive 0, receive 1, ... (one call per part, carrying that part), then ortgpu
 # Several stages run in order: `scripts/cuda_check.sh build test`. Results go to $OUT (the device
-# tool's output folder; ./cuda-check-out when unset): at most 8 files, named per stage.
-# The GPU machine has no network: carry `.whl` and `.conan-home` with every call, e.g. the device
-# tool's run with command "bash scripts/cuda_check.sh build test" and carry [".whl", ".conan-home"].
-# Between calls the machine stays warm for a short while only: issue the next stage right away
-# (a cold machine needs `build` again).
+# tool's output folder; ./cuda-check-out when unset), named per stage.
 #
 # Environment: CUDA_CHECK_ARCH (default 90-real), CUDA_CHECK_K (pytest -k expression for the
-# sanitizer stages), CUDA_CHECK_TIMEOUT (seconds per stage, default 540).
+# sanitizer stages), CUDA_CHECK_TIMEOUT (seconds per stage, default 540), CUDA_CHECK_SEED (fuzz).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,6 +60,7 @@ log() { echo "[cuda_check $(date +%H:%M:%S)] $*"; }
 # Python (3.12, x86-64). Pure-Python packages published as sdists only are built into wheels here.
 WHEELS_BINARY="cmeel cmeel-eigen==3.4.1"
 WHEELS_PURE="conan==2.34.0 fasteners distro patch-ng truststore"
+ORTGPU_VERSION=1.31.1
 
 stage_prepare() {
   mkdir -p .whl
@@ -55,6 +77,20 @@ stage_prepare() {
   fi
   du -sh .whl .conan-home
   log "carry .whl and .conan-home to the GPU machine"
+  # onnxruntime-gpu for the GPU machine's Python (3.12), CUDA 13 build, in parts small enough to
+  # carry one per call (a call carries at most 64 MiB with the working tree).
+  mkdir -p .ortgpu
+  grep -qx '/.ortgpu/' .gitignore || echo '/.ortgpu/' >> "$(git rev-parse --git-path info/exclude)"
+  if ! ls .ortgpu/part-* > /dev/null 2>&1; then
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .ortgpu "onnxruntime-gpu==$ORTGPU_VERSION" ||
+      return 1
+    local whl
+    whl="$(ls .ortgpu/onnxruntime_gpu-*.whl | head -1)"
+    (cd .ortgpu && sha256sum "$(basename "$whl")" > wheel.sha256 && split -b 56M -d -a 1 "$(basename "$whl")" part- &&
+      rm "$(basename "$whl")")
+  fi
+  ls -la .ortgpu
 }
 
 # Installs the carried wheels (no index: the GPU machine has no network).
@@ -109,28 +145,34 @@ run_pytest() {  # name, pytest args...
 
 stage_test() {
   use_wheels || return 1
-  run_pytest test tests/test_cuda.py tests/test_cuda_host.py
+  rm -f "$OUT/kernels.txt"
+  # Device tests one by one through the isolating runner (a CUDA error cannot fail later tests).
+  OPBRIDGE_CUDA_KERNEL_LOG="$OUT/kernels.txt" timeout "$STAGE_TIMEOUT" "$PY" scripts/cuda_tests.py \
+    --log "$OUT/test.jsonl" -- -m cuda tests > "$OUT/test.log" 2>&1
   local rc=$?
-  # Every other cuda-marked test (the fuzzers, exporters, ... where they have CUDA cases).
-  timeout "$STAGE_TIMEOUT" "$PY" -m pytest -q -rs -p no:cacheprovider -m cuda tests --ignore=tests/test_cuda.py \
-    --ignore=tests/test_cuda_host.py >> "$OUT/test.log" 2>&1
+  sed -n '/===== report =====/,$p' "$OUT/test.log"
+  # The kernels' host emulation (no GPU needed, but the image's compiler is the one to check).
+  run_pytest host tests/test_cuda_host.py tests/test_cuda.py -m "not cuda"
   local rc2=$?
-  [ $rc2 -eq 5 ] && rc2=0  # no tests selected
-  tail -n 20 "$OUT/test.log"
+  [ -f "$OUT/kernels.txt" ] && sort -u -o "$OUT/kernels.txt" "$OUT/kernels.txt"
   [ $rc -eq 0 ] && [ $rc2 -eq 0 ]
 }
 
 # compute-sanitizer over pytest. torch's caching allocator is turned off so that every tensor is
 # its own allocation: an access past a tensor's end is then outside any allocation, which memcheck
 # reports (inside a cached pool block it would go unnoticed).
-sanitize() {  # tool, log name, pytest -k expression
-  local tool="$1" name="$2" expr="$3"
+sanitize() {  # tool, log name, pytest -k expression, time limit (s)
+  local tool="$1" name="$2" expr="$3" limit="${4:-$STAGE_TIMEOUT}"
   command -v compute-sanitizer > /dev/null || { log "compute-sanitizer not found"; return 1; }
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "$STAGE_TIMEOUT" compute-sanitizer --tool "$tool" --error-exitcode 99 \
-    --print-limit 20 --target-processes all "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py \
-    -k "$expr" > "$OUT/$name.log" 2>&1
+  local filter=(--kernel-name kns=opbridge)  # only our kernels are instrumented (torch's are not ours)
+  compute-sanitizer "${filter[@]}" --version > /dev/null 2>&1 || filter=()
+  local extra=()
+  [ "$tool" = racecheck ] && extra=(--racecheck-report all)
+  ${SANITIZE_ENV:-env PYTORCH_NO_CUDA_MEMORY_CACHING=1} timeout "$limit" compute-sanitizer --tool "$tool" \
+    "${filter[@]}" "${extra[@]}" --error-exitcode 99 --print-limit 20 --target-processes all \
+    "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py -k "$expr" > "$OUT/$name.log" 2>&1
   local rc=$?
-  grep -E "ERROR SUMMARY|passed|failed|error" "$OUT/$name.log" | tail -n 20
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|error" "$OUT/$name.log" | tail -n 20
   tail -n 30 "$OUT/$name.log"
   log "$tool exit status $rc (99: the sanitizer reported errors; 124: timed out)"
   return $rc
@@ -138,19 +180,93 @@ sanitize() {  # tool, log name, pytest -k expression
 
 stage_memcheck() {
   use_wheels || return 1
-  # Default: every device test except the float64 and bfloat16 repeats of the same index paths
-  # (float64 keeps its own vector width: its MSDA / Inverse cases stay in).
-  sanitize memcheck memcheck "${CUDA_CHECK_K:-not bfloat16 and not (group_norm and float64)}"
+  # Every device test except the float64 and bfloat16 repeats of the same index paths and the
+  # graph captures (stage capture).
+  sanitize memcheck memcheck "${CUDA_CHECK_K:-not bfloat16 and not (group_norm and float64) and not graph_capture}"
 }
 
-stage_racecheck() {
+stage_capture() {
   use_wheels || return 1
-  local expr="${CUDA_CHECK_K:-(group_norm and float32) or (inverse and not ort)}"
-  sanitize racecheck racecheck "$expr"
+  # 1. No sanitizer, caching allocator off (what the memcheck stage sets): an allocation during
+  #    a capture then calls cudaMalloc, which a capture does not allow.
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 "$PY" -m pytest -q -rs -p no:cacheprovider -m cuda tests/test_cuda.py \
+    -k graph_capture > "$OUT/capture-nocache.log" 2>&1
+  log "graph captures with PYTORCH_NO_CUDA_MEMORY_CACHING=1, no sanitizer: status $?"
+  tail -n 15 "$OUT/capture-nocache.log"
+  # 2. Under memcheck with the caching allocator on.
+  SANITIZE_ENV=env sanitize memcheck capture-memcheck graph_capture 180
+}
+
+stage_fuzz() {
+  use_wheels || return 1
+  local seed="${CUDA_CHECK_SEED:-$(date +%s)}"
+  log "fuzz seed $seed"
+  timeout 150 "$PY" -m tests.fuzz.run --cases 2000 --device cuda --seed "$seed" --out "$OUT/fuzz-failures" \
+    > "$OUT/fuzz.log" 2>&1
   local rc=$?
-  sanitize synccheck synccheck "$expr"
-  local rc2=$?
-  [ $rc -eq 0 ] && [ $rc2 -eq 0 ]
+  grep -E "^==|cases|\[fail|\[crash|\[hang|total" "$OUT/fuzz.log" | tail -n 40
+  return $rc
+}
+
+# One case per kernel family (every dtype the kernels are instantiated for), sized to finish
+# within 90 s under the slower tools.
+SUBSET="(group_norm and matches_reference and both and (G32 or 70000 or 131072 or 150001) and not float64) or (group_norm and channels_last and silu and not float64) or (inverse and matches_reference and batch0) or (ms_deform_attn and matches_reference and cpu and not float64)"
+
+stage_racecheck() { use_wheels && sanitize racecheck racecheck "${CUDA_CHECK_K:-$SUBSET}" 90; }
+stage_synccheck() { use_wheels && sanitize synccheck synccheck "${CUDA_CHECK_K:-$SUBSET}" 90; }
+stage_initcheck() { use_wheels && sanitize initcheck initcheck "${CUDA_CHECK_K:-$SUBSET}" 90; }
+
+stage_symbols() {
+  local libs
+  libs="$("$PY" -c "import opbridge, pathlib; p = pathlib.Path(opbridge.get_library_path()).parent; print(' '.join(str(x) for x in p.rglob('*.so')))")"
+  : > "$OUT/symbols.txt"
+  for lib in $libs; do
+    cuobjdump -symbols "$lib" 2> /dev/null | awk '/STT_FUNC/ && /STO_ENTRY/ {print $NF}' >> "$OUT/symbols.txt"
+  done
+  sort -u -o "$OUT/symbols.txt" "$OUT/symbols.txt"
+  local filt
+  filt="$(command -v cu++filt || command -v c++filt || true)"
+  [ -n "$filt" ] && "$filt" < "$OUT/symbols.txt" > "$OUT/symbols-demangled.txt"
+  "$PY" - "$OUT" << 'PYEOF'
+import pathlib, re, sys
+out = pathlib.Path(sys.argv[1])
+names = out / "symbols-demangled.txt"
+kernels = sorted(set((names if names.exists() else out / "symbols.txt").read_text().split("\n")) - {""})
+ran = (out / "kernels.txt").read_text().splitlines() if (out / "kernels.txt").exists() else []
+norm = lambda k: re.sub(r"\s+", "", k.replace("(anonymous namespace)", "")).split("(")[0]
+seen = {norm(k) for k in ran}
+missed = [k for k in kernels if norm(k) not in seen]
+print(f"{len(kernels)} kernels in the libraries, {len(kernels) - len(missed)} seen running in the test stage")
+for k in missed:
+    print("NOT RUN:", k)
+sys.exit(1 if missed or not kernels else 0)
+PYEOF
+}
+
+stage_receive() {  # N: keep the carried .ortgpu/part-N until the last part has come
+  local n="$1"
+  mkdir -p /tmp/ortgpu
+  [ -f ".ortgpu/part-$n" ] || { log "no .ortgpu/part-$n in this call: carry it"; return 1; }
+  cp ".ortgpu/part-$n" /tmp/ortgpu/ && [ -f .ortgpu/wheel.sha256 ] && cp .ortgpu/wheel.sha256 /tmp/ortgpu/
+  ls -la /tmp/ortgpu
+}
+
+stage_ortgpu() {
+  use_wheels || return 1
+  (cd /tmp/ortgpu && cat part-* > "$(cut -d' ' -f3 wheel.sha256)" && sha256sum -c wheel.sha256) || {
+    log "the onnxruntime-gpu parts are incomplete: receive every part first"
+    return 1
+  }
+  "$PY" -m pip install -q --no-index --no-deps --target /tmp/ortgpu-site /tmp/ortgpu/onnxruntime_gpu-*.whl || return 1
+  # Both wheels are `onnxruntime`: the GPU one first on the path. torch is imported first by the
+  # tests, which loads the CUDA libraries ORT's CUDA provider needs.
+  PYTHONPATH="/tmp/ortgpu-site${PYTHONPATH:+:$PYTHONPATH}" "$PY" -c \
+    "import torch, onnxruntime as o; print(o.__file__, o.__version__, o.get_available_providers())" | tee "$OUT/ortgpu.txt"
+  PYTHONPATH="/tmp/ortgpu-site${PYTHONPATH:+:$PYTHONPATH}" timeout "$STAGE_TIMEOUT" "$PY" scripts/cuda_tests.py \
+    --log "$OUT/ortgpu.jsonl" -- -m cuda tests/test_cuda.py -k "ort" > "$OUT/ortgpu.log" 2>&1
+  local rc=$?
+  sed -n '/===== report =====/,$p' "$OUT/ortgpu.log"
+  return $rc
 }
 
 stage_bench() {
@@ -159,19 +275,20 @@ stage_bench() {
     tee "$OUT/bench.log" | tail -n 80
 }
 
-[ $# -gt 0 ] || { sed -n '2,25p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,40p' "$0"; exit 2; }
 status=0
-for stage in "$@"; do
+while [ $# -gt 0 ]; do
+  stage="$1"
+  shift
   case "$stage" in
-    prepare | env | build | test | memcheck | racecheck | bench)
+    prepare | env | build | test | memcheck | capture | fuzz | racecheck | synccheck | initcheck | symbols | ortgpu | bench)
       log "stage $stage"
       "stage_$stage" || { status=1; log "stage $stage FAILED"; }
       ;;
-    all)
-      for s in build test memcheck racecheck bench; do
-        log "stage $s"
-        "stage_$s" || { status=1; log "stage $s FAILED"; [ "$s" = build ] && break; }
-      done
+    receive)
+      log "stage receive $1"
+      stage_receive "$1" || status=1
+      shift
       ;;
     *) echo "unknown stage '$stage'" >&2; exit 2 ;;
   esac

@@ -15,7 +15,9 @@ The runner (scripts/cuda_tests.py) starts pytest again after the last test the l
 every test has run, and reports the first failure first.
 
 Environment: OPBRIDGE_CUDA_ISOLATION_LOG (the log; the plugin does nothing without it),
-OPBRIDGE_CUDA_RESUME_AFTER (a node id: it and every test collected before it are deselected).
+OPBRIDGE_CUDA_RESUME_AFTER (a node id: it and every test collected before it are deselected),
+OPBRIDGE_CUDA_KERNEL_LOG (a file: the names of the opbridge kernels each test launched, from
+torch's profiler, one per line; for the check that every kernel ran on the device).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import pytest
 
 LOG_ENV = "OPBRIDGE_CUDA_ISOLATION_LOG"
 RESUME_ENV = "OPBRIDGE_CUDA_RESUME_AFTER"
+KERNEL_LOG_ENV = "OPBRIDGE_CUDA_KERNEL_LOG"
 # The exit status of a process ended after a fatal CUDA error (the runner resumes after it).
 FATAL_EXIT = 86
 
@@ -84,6 +87,30 @@ def _sync_error() -> str | None:
     except Exception as e:  # noqa: BLE001 - any failure here is the device's
         return f"{type(e).__name__}: {e}"
     return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """With OPBRIDGE_CUDA_KERNEL_LOG: records the opbridge kernels the test launched (not around
+    graph captures, which the profiler would disturb)."""
+    path = os.environ.get(KERNEL_LOG_ENV)
+    torch = sys.modules.get("torch")
+    if not (_active() and path and torch is not None and torch.cuda.is_available()) or "graph_capture" in item.name:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CUDA])
+    prof.__enter__()
+    yield
+    try:  # a broken context is reported by the synchronize in pytest_runtest_makereport
+        torch.cuda.synchronize()
+        prof.__exit__(None, None, None)
+        names = {e.key for e in prof.key_averages() if "opbridge" in e.key}
+    except Exception:  # noqa: BLE001
+        return
+    with open(path, "a", encoding="utf-8") as f:
+        f.writelines(n + "\n" for n in sorted(names))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -72,7 +72,8 @@ class Worker:
     # ---------------------------------------------------------------- lifecycle
     def start(self) -> None:
         env = dict(os.environ)
-        if not under_asan():
+        if not under_asan() and os.environ.get("OPBRIDGE_FUZZ_DEVICE", "cpu") == "cpu":
+            # (Not with CUDA: a CUDA context reserves far more address space than any limit.)
             env["OPBRIDGE_FUZZ_RLIMIT_AS"] = str(RLIMIT_AS)
         self._stderr.seek(0)
         self._stderr.truncate()

@@ -3,6 +3,7 @@
     python -m tests.fuzz.run --cases 10000                 # every op, ORT and torch, split evenly
     python -m tests.fuzz.run --cases 2000 --kind ort --op group_norm --seed 7
     python -m tests.fuzz.run --replay fuzz-failures/<file>.pkl
+    python -m tests.fuzz.run --cases 2000 --device cuda --seed 7  # the torch cases on the GPU
 
 Every case runs in a long-lived worker process; a crash or hang is recorded with its case
 (pickled under --out for --replay) and a new worker takes over, so the run always completes.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import pickle
 import sys
 import time
@@ -54,7 +56,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("fuzz-failures"), help="where failing cases are saved")
     ap.add_argument("--timeout", type=float, default=harness.DEFAULT_TIMEOUT_S, help="seconds before a case is a hang")
     ap.add_argument("--replay", type=Path, help="run one saved case and print the outcome")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="torch cases: where their tensors live (cuda: the CUDA kernels against the same "
+                         "expectations as the CPU op)")
     args = ap.parse_args(argv)
+    if args.device == "cuda":
+        os.environ["OPBRIDGE_FUZZ_DEVICE"] = "cuda"  # read by the workers (tests/fuzz/worker.py)
+        if args.kind == "all":
+            args.kind = "torch"  # the ORT cases run on the CPU provider: nothing to compare on the GPU
 
     if args.replay:
         saved = pickle.loads(args.replay.read_bytes())
@@ -76,7 +85,8 @@ def main(argv=None) -> int:
             kinds = [k for k in kinds if k != "torch"]
     jobs = [(op, kind) for op in ops for kind in kinds]
     per_job = [args.cases // len(jobs) + (1 if i < args.cases % len(jobs) else 0) for i in range(len(jobs))]
-    print(f"fuzz: base seed {base} (replay the run with --seed {base}); {args.cases} cases over {jobs}")
+    print(f"fuzz: base seed {base} (replay the run with --seed {base}); {args.cases} cases over {jobs}"
+          f" on {args.device}")
 
     totals = collections.Counter()
     failures = []

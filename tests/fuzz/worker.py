@@ -136,8 +136,13 @@ def make_tensor(spec):
         t = base(np.take(data, [0], axis=dim)).expand(*data.shape)
     else:
         raise ValueError(f"unknown layout {layout!r}")
-    if spec.get("device", "cpu") != "cpu":
-        t = t.to(spec["device"])
+    device = spec.get("device", "cpu")
+    if device == "cpu":
+        # OPBRIDGE_FUZZ_DEVICE=cuda: every case's CPU tensors on the GPU instead (the same
+        # expectations: the CUDA kernels must give the CPU op's verdicts and results).
+        device = os.environ.get("OPBRIDGE_FUZZ_DEVICE", "cpu")
+    if device != "cpu":
+        t = t.to(device)
     if spec.get("requires_grad"):
         t.requires_grad_(True)
     return t
@@ -148,7 +153,7 @@ def _to_numpy(t):
     if t.device.type == "meta" or t.numel() == 0:
         kind = "meta" if t.device.type == "meta" else "empty"
         return (kind, tuple(t.shape), str(t.dtype).replace("torch.", ""))
-    t = t.detach()
+    t = t.detach().cpu()
     if t.dtype == torch.bfloat16:
         return t.float().numpy().copy(), "bfloat16"
     return t.numpy().copy(), str(t.dtype).replace("torch.", "")
