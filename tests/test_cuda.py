@@ -912,3 +912,38 @@ def test_ms_deform_attn_ort_cuda_matches_reference(rng, dtype, case):
     bad = dict(feeds, level_start_index=feeds["level_start_index"] + 1)
     with pytest.raises(Exception, match="(?s)msda.*level_start_index"):
         sess.run(None, bad)
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+def test_transformers_layer_cuda_never_synchronizes(rng):
+    """A converted transformers DeformableDetr attention layer on CUDA hands the op host-memory
+    level tables built from spatial_shapes_list: the call never waits for the device (torch's
+    sync debug mode turns any synchronization into an error) and can be captured in a graph."""
+    import types
+
+    mod = pytest.importorskip("transformers.models.deformable_detr.modeling_deformable_detr")
+    levels = [(32, 32), (16, 16), (8, 8), (4, 4)]
+    cfg = types.SimpleNamespace(d_model=256, num_feature_levels=len(levels), disable_custom_kernels=True)
+    layer = mod.DeformableDetrMultiscaleDeformableAttention(cfg, num_heads=8, n_points=4).cuda().eval()
+    original = mod.DeformableDetrMultiscaleDeformableAttention(cfg, num_heads=8, n_points=4).cuda().eval()
+    original.load_state_dict(layer.state_dict())
+    holder = torch.nn.ModuleList([layer])
+    opbridge.nn.convert(holder)
+    shapes = torch.tensor(levels, device="cuda")
+    areas = shapes[:, 0] * shapes[:, 1]
+    s = int(areas.sum())
+    kwargs = dict(hidden_states=torch.randn(2, 300, 256, device="cuda"), attention_mask=None,
+                  encoder_hidden_states=torch.randn(2, s, 256, device="cuda"), position_embeddings=None,
+                  reference_points=torch.rand(2, 300, len(levels), 2, device="cuda"), spatial_shapes=shapes,
+                  spatial_shapes_list=levels, level_start_index=torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]]))
+    with torch.no_grad():
+        expected = original(**kwargs)[0]
+        holder[0](**kwargs)  # warm-up (cuBLAS handles, the table cache)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = holder[0](**kwargs)[0]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

@@ -477,6 +477,52 @@ def test_transformers_layer_hooks_and_copies():
     assert calls[-1] == "attn"
 
 
+def _recording_op(monkeypatch):
+    """Replaces opbridge.ops.ms_deform_attn (what the drop-ins call) by a recorder of the level
+    tables it is handed."""
+    real, seen = opbridge.ops.ms_deform_attn, []
+
+    def record(value, spatial_shapes, level_start_index, *rest):
+        seen.append((spatial_shapes, level_start_index))
+        return real(value, spatial_shapes, level_start_index, *rest)
+
+    monkeypatch.setattr(opbridge.ops, "ms_deform_attn", record)
+    return seen
+
+
+@pytest.mark.parametrize("module", ["layer", "core"])
+def test_transformers_op_gets_host_tables_from_the_sizes_list(monkeypatch, module):
+    """transformers passes the level sizes twice: spatial_shapes on the model's device and
+    spatial_shapes_list as ints. The op is handed tables built from the ints in host memory (a
+    device tensor would cost a copy and a synchronization per call on CUDA), the same objects on
+    every call with that layout; results unchanged. (On a GPU, test_cuda's
+    test_transformers_layer_cuda_never_synchronizes checks the synchronization itself.)"""
+    _, layer = _layer("deformable_detr")
+    kwargs = _layer_inputs("points")
+    expected = layer(**kwargs)[0]
+    holder = nn.ModuleDict({"a": layer})
+    opbridge.nn.convert(holder)
+    seen = _recording_op(monkeypatch)
+    if module == "layer":
+        calls = [lambda: holder["a"](**kwargs)[0]] * 2
+        model_shapes = kwargs["spatial_shapes"]
+    else:
+        core = layer.attn  # the original core module
+        converted = nn.ModuleDict({"attn": copy.deepcopy(core)})
+        opbridge.nn.convert(converted)
+        args = _msda_inputs()
+        calls = [lambda: converted["attn"](*args, 64)] * 2
+        expected = core(*args, 64)
+        model_shapes = args[1]
+    for call in calls:
+        torch.testing.assert_close(call(), expected, rtol=1e-10, atol=1e-10)
+    (shapes, starts), (shapes2, starts2) = seen
+    assert shapes is shapes2 and starts is starts2  # cached per level layout
+    assert shapes.device.type == "cpu" and starts.device.type == "cpu"
+    assert shapes.tolist() == [list(r) for r in LEVELS] and starts.tolist() == _levels()[1].tolist()
+    assert shapes is not model_shapes
+
+
 def test_transformers_layer_checks_the_levels_like_the_original():
     _, layer = _layer("deformable_detr")
     kwargs = _layer_inputs("points")

@@ -24,6 +24,7 @@ Recognised (see docs/ms_deform_attn.md):
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable
 
@@ -45,6 +46,34 @@ def _params(m: torch.nn.Module) -> tuple[str, ...]:
 def _level_start_index(spatial_shapes: torch.Tensor) -> torch.Tensor:
     areas = spatial_shapes[:, 0] * spatial_shapes[:, 1]
     return torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
+
+
+def _build_host_tables(levels: tuple[tuple[int, int], ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    shapes = torch.tensor(levels, dtype=torch.long).reshape(-1, 2)
+    return shapes, _level_start_index(shapes)
+
+
+_cached_host_tables = functools.lru_cache(maxsize=64)(_build_host_tables)
+
+
+def _op_tables(spatial_shapes: torch.Tensor, level_start_index: torch.Tensor,
+               spatial_shapes_list: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The level tables to hand the op. transformers passes spatial_shapes as a tensor on the
+    model's device and the same sizes as Python ints (spatial_shapes_list, what its own
+    pure-PyTorch path samples with); the op needs the tables on the host, so a CUDA tensor costs a
+    device-to-host copy per call, which synchronizes and cannot be captured in a CUDA graph.
+    Where the ints are there, the tables are built from them in host memory (cached per level
+    layout; never written) and nothing is copied. Exports and traces keep the model's tensors, so
+    the graph reads the sizes from its inputs as before."""
+    if spatial_shapes_list is None or not _eager():
+        return spatial_shapes, level_start_index
+    try:
+        levels = tuple((int(h), int(w)) for h, w in spatial_shapes_list)
+    except (TypeError, ValueError):
+        return spatial_shapes, level_start_index
+    if torch.compiler.is_compiling():
+        return _build_host_tables(levels)  # a constant of the compiled graph
+    return _cached_host_tables(levels)
 
 
 def _shared(cls: type, m: torch.nn.Module) -> torch.nn.Module:
@@ -116,7 +145,8 @@ def _sampling_locations_broadcast(reference_points: torch.Tensor, sampling_offse
 
 
 def _attend(m: torch.nn.Module, hidden_states: torch.Tensor, value: torch.Tensor, reference_points: torch.Tensor,
-            spatial_shapes: torch.Tensor, level_start_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            spatial_shapes: torch.Tensor, level_start_index: torch.Tensor,
+            spatial_shapes_list: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The arithmetic the transformers layers share after projecting (and masking) the values:
     offsets, softmaxed weights, locations, the sampling (by opbridge), the output projection.
     Returns (output, attention_weights) as those layers do."""
@@ -131,7 +161,8 @@ def _attend(m: torch.nn.Module, hidden_states: torch.Tensor, value: torch.Tensor
         batch_size, num_queries, m.n_heads, m.n_levels, m.n_points)
     offset_normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
     sampling_locations = _sampling_locations(reference_points, sampling_offsets, offset_normalizer, m.n_points)
-    output = ops.ms_deform_attn(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+    tables = _op_tables(spatial_shapes, level_start_index, spatial_shapes_list)
+    output = ops.ms_deform_attn(value, *tables, sampling_locations, attention_weights)
     return m.output_proj(output), attention_weights
 
 
@@ -149,8 +180,8 @@ class TransformersMultiScaleDeformableAttention(torch.nn.Module):
                 level_start_index: torch.Tensor, sampling_locations: torch.Tensor, attention_weights: torch.Tensor,
                 im2col_step: int = 64) -> torch.Tensor:
         # im2col_step is a CUDA-kernel batching knob of the original; it does not change the result.
-        return ops.ms_deform_attn(value, value_spatial_shapes, level_start_index, sampling_locations,
-                                  attention_weights)
+        tables = _op_tables(value_spatial_shapes, level_start_index, value_spatial_shapes_list)
+        return ops.ms_deform_attn(value, *tables, sampling_locations, attention_weights)
 
 
 def _is_hf_core(m: torch.nn.Module) -> bool:
@@ -205,7 +236,8 @@ class TransformersDeformableAttentionLayer(torch.nn.Module):
                 value = value.masked_fill_(~attention_mask[..., None], float(0))
             else:
                 value = value.masked_fill(~attention_mask[..., None], float(0))
-        return _attend(self, hidden_states, value, reference_points, spatial_shapes, level_start_index)
+        return _attend(self, hidden_states, value, reference_points, spatial_shapes, level_start_index,
+                       spatial_shapes_list)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # The per-class subclass is made at run time and cannot be found by name: pickle and
@@ -308,7 +340,7 @@ class TransformersPixelDecoderMultiscaleDeformableAttention(torch.nn.Module):
         if attention_mask is not None:
             value = value.masked_fill(attention_mask[..., None], float(0))
         return _attend(self, hidden_states, value, reference_points, spatial_shapes,
-                       _level_start_index(spatial_shapes))
+                       _level_start_index(spatial_shapes), spatial_shapes_list)
 
     @classmethod
     def from_module(cls, m: torch.nn.Module) -> torch.nn.Module:
