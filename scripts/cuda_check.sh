@@ -31,6 +31,8 @@
 #                                      image's onnxruntime (--target + PYTHONPATH) and runs the
 #                                      ORT CUDA tests with CPU fallback disabled
 #   scripts/cuda_check.sh bench        benchmarks/benchmarks/bench_cuda.py (JSON + table)
+#   scripts/cuda_check.sh kbench       benchmarks/cuda/kernel_bench (the launchers without torch,
+#                                      each figure beside a copy; rebuilt incrementally)
 #
 # The parts of one session's GPU time, each one call of the device tool (back to back: the
 # machine stays warm only ~30 s between calls; a cold machine needs `build` again):
@@ -269,6 +271,13 @@ stage_ortgpu() {
   return $rc
 }
 
+stage_kbench() {
+  BUILD=/tmp/kernel_bench timeout 300 bash benchmarks/cuda/build.sh "sm_${ARCH%%-*}" > "$OUT/kbench-build.log" 2>&1 ||
+    { tail -n 30 "$OUT/kbench-build.log"; return 1; }
+  timeout "$STAGE_TIMEOUT" /tmp/kernel_bench/kernel_bench 2>&1 | tee "$OUT/kbench.log" | tail -n 80
+  return "${PIPESTATUS[0]}"
+}
+
 stage_bench() {
   use_wheels || return 1
   timeout "$STAGE_TIMEOUT" "$PY" benchmarks/benchmarks/bench_cuda.py --json "$OUT/bench_cuda.json" 2>&1 |
@@ -281,7 +290,7 @@ while [ $# -gt 0 ]; do
   stage="$1"
   shift
   case "$stage" in
-    prepare | env | build | test | memcheck | capture | fuzz | racecheck | synccheck | initcheck | symbols | ortgpu | bench)
+    prepare | env | build | test | memcheck | capture | fuzz | racecheck | synccheck | initcheck | symbols | ortgpu | bench | kbench)
       log "stage $stage"
       "stage_$stage" || { status=1; log "stage $stage FAILED"; }
       ;;

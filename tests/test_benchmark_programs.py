@@ -72,3 +72,16 @@ def test_group_norm_vs_floor_refuses_bad_arguments(program, args, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert result.stdout == ""
+
+
+def test_cuda_kernel_bench_compiles(tmp_path):
+    """benchmarks/cuda/kernel_bench.cu (the launchers timed without torch, for GPU machines)
+    compiles with nvcc wherever the CUDA kernels are built (it runs only on a GPU)."""
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+    if nvcc is None:
+        pytest.skip("no nvcc on this machine")
+    src = REPO / "benchmarks" / "cuda" / "kernel_bench.cu"
+    cmd = [nvcc, "-std=c++17", "-arch=sm_90", f"-I{REPO / 'cuda'}", f"-I{REPO / 'cpp' / 'include'}", "-c", str(src),
+           "-o", str(tmp_path / "kernel_bench.o")]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
