@@ -2,17 +2,53 @@
 non-comment lines of the project that are not in what new-op generated (added or changed
 lines, per file, by difflib), tests left out.
 
-    python scripts/count_hand_lines.py PROJECT OP [--namespace NS] [--domain DOMAIN]
+    python scripts/count_hand_lines.py PROJECT OP [--namespace NS] [--domain DOMAIN] [--cuda] [--no-format]
 
-regenerates the scaffold in a temporary folder with the same arguments and compares."""
+regenerates the scaffold in a temporary folder with the same arguments and compares. Both sides
+are first formatted the same way where the formatters are installed (`ruff format` for Python,
+`clang-format` for C++/CUDA; both on PyPI), so a line count cannot be changed by how lines are
+wrapped; the report says which formatters ran. Skipped: tests/, build and dist folders, hidden
+folders (.git, .venv, caches), __pycache__, *.egg-info, and files that are not UTF-8 text."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+CPP_SUFFIXES = (".h", ".hpp", ".cpp", ".cc", ".cu", ".cuh")
+CLANG_STYLE = "{BasedOnStyle: Google, ColumnLimit: 120}"
+SKIPPED_DIRS = ("tests", "build", "dist", "__pycache__")
+
+
+def skipped(rel: Path) -> bool:
+    dirs = rel.parts[:-1]
+    return ((bool(rel.parts) and rel.parts[0] in SKIPPED_DIRS) or "__pycache__" in dirs
+            or any(p.startswith(".") or p.endswith(".egg-info") for p in dirs))
+
+
+def formatters() -> dict[str, list[str]]:
+    """The formatter command (reading stdin, writing stdout) per kind of file, where installed."""
+    found = {}
+    ruff = shutil.which("ruff")
+    if ruff:
+        found["python"] = [ruff, "format", "--line-length", "120", "--stdin-filename", "x.py", "-"]
+    clang = shutil.which("clang-format")
+    if clang:
+        found["cpp"] = [clang, f"--style={CLANG_STYLE}", "--assume-filename=x.cpp"]
+    return found
+
+
+def formatted(text: str, suffix: str, fmt: dict[str, list[str]]) -> str:
+    kind = "python" if suffix == ".py" else "cpp" if suffix in CPP_SUFFIXES else None
+    if kind not in fmt:
+        return text
+    r = subprocess.run(fmt[kind], input=text, capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else text  # unparsable: counted as written
 
 
 def code_lines(text: str, suffix: str) -> list[str]:
@@ -26,30 +62,52 @@ def code_lines(text: str, suffix: str) -> list[str]:
     return out
 
 
-def main() -> int:
+def read_text(f: Path) -> str | None:
+    try:
+        return f.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def count(project: Path, scaffold: Path, fmt: dict[str, list[str]]) -> tuple[int, dict[str, int]]:
+    per_file = {}
+    for f in sorted(project.rglob("*")):
+        rel = f.relative_to(project)
+        if not f.is_file() or skipped(rel):
+            continue
+        text = read_text(f)
+        if text is None:
+            continue
+        mine = code_lines(formatted(text, f.suffix, fmt), f.suffix)
+        base_file = scaffold / rel
+        base_text = read_text(base_file) if base_file.is_file() else None
+        base = code_lines(formatted(base_text, f.suffix, fmt), f.suffix) if base_text is not None else []
+        added = [line[2:] for line in difflib.ndiff(base, mine) if line.startswith("+ ")]
+        if added:
+            per_file[str(rel)] = len(added)
+    return sum(per_file.values()), per_file
+
+
+def main(argv: list[str] | None = None) -> int:
     from opbridge._newop import new_op
 
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("project", type=Path)
     p.add_argument("op")
     p.add_argument("--namespace")
     p.add_argument("--domain")
-    args = p.parse_args()
+    p.add_argument("--cuda", action="store_true", help="the project was made with new-op --cuda")
+    p.add_argument("--no-format", action="store_true", help="count the lines as written, unformatted")
+    args = p.parse_args(argv)
+    fmt = {} if args.no_format else formatters()
     with tempfile.TemporaryDirectory() as tmp:
-        scaffold = new_op(args.op, dir=Path(tmp) / args.project.name, namespace=args.namespace, domain=args.domain).dir
-        total = 0
-        for f in sorted(args.project.rglob("*")):
-            rel = f.relative_to(args.project)
-            if not f.is_file() or rel.parts[0] in ("tests", "build") or "__pycache__" in rel.parts:
-                continue
-            mine = code_lines(f.read_text(), f.suffix)
-            base_file = scaffold / rel
-            base = code_lines(base_file.read_text(), f.suffix) if base_file.exists() else []
-            added = [l[2:] for l in difflib.ndiff(base, mine) if l.startswith("+ ")]
-            if added:
-                print(f"{rel}: {len(added)}")
-                total += len(added)
-        print(f"total: {total} hand-written lines (non-blank, non-comment, tests excluded)")
+        scaffold = new_op(args.op, dir=Path(tmp) / args.project.name, namespace=args.namespace, domain=args.domain,
+                          cuda=args.cuda).dir
+        total, per_file = count(args.project, scaffold, fmt)
+    for rel, n in per_file.items():
+        print(f"{rel}: {n}")
+    how = ", ".join(f"{k} by {Path(v[0]).name}" for k, v in fmt.items()) or "none (ruff / clang-format not found)"
+    print(f"total: {total} hand-written lines (non-blank, non-comment, tests excluded; formatted: {how})")
     return 0
 
 
