@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,16 @@ def run_project_tests(project: Path, target: Path) -> str:
     """The project's own tests, as generated or written: they must pass."""
     p = run_python(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], target, project)
     return p.stdout
+
+
+def fake_op_package(site: Path, name: str, code: str, entry_point: str | None = None) -> None:
+    """A pure-Python distribution NAME in SITE (a folder to put on PYTHONPATH), laid out as pip
+    installs one: package NAME whose __init__.py is CODE, and the `opbridge.libraries` entry point
+    NAME = ENTRY_POINT (default NAME:library_spec)."""
+    package = site / name
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(textwrap.dedent(code))
+    info = site / f"{name}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[opbridge.libraries]\n{name} = {entry_point or name + ':library_spec'}\n")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -96,3 +97,84 @@ def test_command_line_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "opbridge", "check", path], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ai.opbridge::GroupNorm" in proc.stdout
+
+
+# ---- op libraries of installed packages (entry points "opbridge.libraries") -------------------
+# Packages whose entry point cannot give a library, each for another reason: what `opbridge
+# check` must say about it (it names the package, skips it and checks the model all the same).
+BAD_PACKAGES = {
+    "fails_at_import": ("raise RuntimeError('fails_at_import is broken')\n", None,
+                        "RuntimeError: fails_at_import is broken"),
+    "exits_at_import": ("import sys\nsys.exit(3)\n", None, "it raised SystemExit(3)"),
+    "no_such_function": ("", "no_such_function:library_spec", "AttributeError"),
+    "no_such_module": ("", "no_such_module.nothing:library_spec", "ModuleNotFoundError"),
+    "wrong_answer": ("def library_spec():\n    return ['not', 'a', 'dict']\n", None,
+                     "it returned ['not', 'a', 'dict']; expected a dict"),
+    "missing_library": ("def library_spec():\n    return {'ort': '/nonexistent/libmissing_ort.so'}\n", None,
+                        "cannot load the custom-op library /nonexistent/libmissing_ort.so"),
+    "not_an_opbridge_library": ("import ctypes.util\ndef library_spec():\n"
+                                "    return {'ort': ctypes.util.find_library('c') or 'libc.so.6'}\n", None,
+                                "is not an ORT custom-op library built on opbridge"),
+    # Over the limit (OPBRIDGE_DISCOVER_TIMEOUT=1 below): an import that never returns.
+    "hangs_at_import": ("import threading\nthreading.Event().wait()\n", None,
+                        "importing it and calling it took over 1 s (the limit, OPBRIDGE_DISCOVER_TIMEOUT)"),
+    # Under the limit: waited for (it is skipped for its answer, not for the time it took).
+    "slow_under_limit": ("import time\ntime.sleep(0.3)\ndef library_spec():\n    return None\n", None,
+                         "it returned None; expected a dict"),
+}
+
+
+def _bad_packages(tmp_path, names=tuple(BAD_PACKAGES)):
+    from scaffold_helpers import fake_op_package
+
+    site = tmp_path / "site"
+    for name in names:
+        code, entry_point, _ = BAD_PACKAGES[name]
+        fake_op_package(site, name, code, entry_point)
+    return site
+
+
+def test_broken_and_slow_packages_are_skipped_by_name(tmp_path):
+    site = _bad_packages(tmp_path)
+    path = _save(single_node_model("GroupNorm", opbridge.DOMAIN, [("X", np.float32, [1, 4, 2])],
+                                   attrs={"num_groups": 2}), tmp_path, "gn.onnx")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+           "OPBRIDGE_DISCOVER_TIMEOUT": "1"}
+    # The timeout of the run only guards against a hang: the check itself waits 1 s for the
+    # package that hangs.
+    proc = subprocess.run([sys.executable, "-m", "opbridge", "check", path], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.rstrip().endswith("OK")
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("skipped ")]
+    for name, (_, _, says) in BAD_PACKAGES.items():
+        lines = [line for line in skipped if f"package {name} (entry point opbridge.libraries: {name} = " in line]
+        assert len(lines) == 1 and says in lines[0], (name, says, skipped)
+    assert len(skipped) == len(BAD_PACKAGES), skipped
+    # --no-discover: none of them is even imported.
+    proc = subprocess.run([sys.executable, "-m", "opbridge", "check", "--no-discover", path], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and "skipped" not in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_missing_op_points_at_the_skipped_packages(tmp_path, monkeypatch, capsys):
+    # In this process: none that leaves a thread behind or takes time.
+    site = _bad_packages(tmp_path, ["fails_at_import", "wrong_answer", "missing_library"])
+    monkeypatch.syspath_prepend(str(site))
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [2])
+    graph = helper.make_graph([helper.make_node("Frobnicate", ["X"], ["Y"], domain="com.acme")], "acme", [x],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.acme", 1)],
+                              ir_version=IR_VERSION)
+    code, out, _ = _run(capsys, _save(model, tmp_path, "acme.onnx"))
+    assert code == 1 and "MISSING" in out
+    assert "Skipped above: the op libraries of " in out and "fails_at_import" in out and "wrong_answer" in out, out
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-1", "inf", "nan"])
+def test_bad_discover_timeout_is_a_clear_error(tmp_path, capsys, monkeypatch, value):
+    monkeypatch.setenv("OPBRIDGE_DISCOVER_TIMEOUT", value)
+    path = _save(single_node_model("Relu", "", [("X", np.float32, [2])]), tmp_path, "relu.onnx")
+    code, _, err = _run(capsys, path)
+    assert code == 2
+    assert f"OPBRIDGE_DISCOVER_TIMEOUT must be a number of seconds > 0, got {value!r}" in err, err

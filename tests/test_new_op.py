@@ -31,8 +31,8 @@ def test_scaffold_files(tmp_path):
         ".gitignore", "CMakeLists.txt", "README.md", "pyproject.toml",
         "ops/scaled_add/scaled_add.h", "ops/scaled_add/scaled_add_decl.cpp", "ops/scaled_add/scaled_add_cpu.cpp",
         "ops/scaled_add/scaled_add_ort.cpp", "ops/scaled_add/scaled_add_torch.cpp",
-        "python/myops/__init__.py", "python/myops/ops/__init__.py", "python/myops/ops/scaled_add.py",
-        "tests/test_scaled_add.py"])
+        "python/myops/__init__.py", "python/myops/_library.py", "python/myops/ops/__init__.py",
+        "python/myops/ops/scaled_add.py", "tests/test_scaled_add.py"])
     for f in made.files:
         text = f.read_text()
         assert not re.search(r"@[A-Za-z_]+@", text), f"placeholder left in {f}"
@@ -59,7 +59,8 @@ def test_pyproject_pins_and_comments(tmp_path):
         assert f"torch=={torch_version}" in deps
         assert f"torch=={torch_version}" in meta["build-system"]["requires"]
     assert meta["build-system"]["build-backend"] == "scikit_build_core.build"
-    assert meta["project"]["entry-points"]["opbridge.libraries"] == {"myops": "myops:library_spec"}
+    # A module that imports neither torch nor the package's torch side (test_torch_free_until_used).
+    assert meta["project"]["entry-points"]["opbridge.libraries"] == {"myops": "myops._library:library_spec"}
     assert meta["tool"]["scikit-build"]["wheel"]["packages"] == ["python/myops"]
     # Every [tool.scikit-build] key has a one-line comment saying why, right above it.
     section = text.split("[tool.scikit-build]", 1)[1].split("\n[", 1)[0]
@@ -206,6 +207,77 @@ opbridge.onnx.export(M(), (torch.randn(2, 4),), {str(model)!r})
     assert "com.example.myproj::ScaledMul" in ok.stdout and "libmyproj_ort.so" in ok.stdout
     missing = run_python(["-m", "opbridge", "check", "--no-discover", model], site, project, check=False)
     assert missing.returncode == 1, missing.stdout
+
+
+def _scaled_mul_model(tmp_path, rng):
+    """com.example.myproj::ScaledMul (built with onnx alone), inputs and the float64 result."""
+    import numpy as np
+    import onnx
+    from onnx_models import single_node_model
+
+    model = single_node_model("ScaledMul", "com.example.myproj", [("x", np.float64, [3, 5]), ("weight", np.float64, [5])],
+                              {"alpha": -0.75})
+    onnx.save(model, tmp_path / "scaled_mul.onnx")
+    x, w = rng.standard_normal((3, 5)), rng.standard_normal(5) + 2
+    np.savez(tmp_path / "io.npz", x=x, w=w, y=-0.75 * x * w)
+    return tmp_path / "scaled_mul.onnx", tmp_path / "io.npz"
+
+
+def test_torch_free_until_used(built, tmp_path, rng):
+    """The package's ORT side imports no torch; its torch side loads on first use, or with the
+    package where torch was imported first (as opbridge's)."""
+    project, site = built
+    model, io = _scaled_mul_model(tmp_path, rng)
+    out = run_python(["-c", f"""
+import sys
+import numpy as np
+import opbridge, myproj
+io = np.load({str(io)!r})
+print("after import:", "torch" in sys.modules)
+sess = opbridge.InferenceSession({str(model)!r}, myproj.session_options())
+print("ort error:", np.abs(sess.run(None, {{"x": io["x"], "weight": io["w"]}})[0] - io["y"]).max())
+print("after the ORT side:", "torch" in sys.modules)
+import torch
+print("torch op before first use:", hasattr(torch.ops.myproj, "scaled_mul"))
+y = myproj.scaled_mul(torch.from_numpy(io["x"]), torch.from_numpy(io["w"]), -0.75)
+print("torch error:", np.abs(y.numpy() - io["y"]).max())
+"""], site, project).stdout
+    assert "after import: False" in out and "after the ORT side: False" in out, out
+    assert "torch op before first use: False" in out, out
+    errors = [float(line.split(":")[1]) for line in out.splitlines() if line.endswith(tuple("0123456789")) and "error:" in line]
+    assert len(errors) == 2 and max(errors) < 1e-12, out
+    out = run_python(["-c", "import torch, myproj; print('torch op:', hasattr(torch.ops.myproj, 'scaled_mul'))"],
+                     site, project).stdout
+    assert "torch op: True" in out, out
+
+
+def test_check_is_torch_free_with_a_package_of_an_older_new_op(built, tmp_path, rng):
+    """A package as `opbridge new-op` made them before: the entry point is its __init__, which
+    loads the torch side wherever torch is installed. opbridge check hides torch while it loads
+    entry points: the library is found, and torch stays out."""
+    import json
+
+    project, site = built
+    old = tmp_path / "site"
+    shutil.copytree(site, old)
+    init = old / "myproj" / "__init__.py"
+    text = init.read_text()
+    new_line = 'if sys.modules.get("torch") is not None and torch_library_path() is not None:'
+    assert new_line in text
+    init.write_text(text.replace("import sys\n", "import importlib.util\nimport sys\n", 1).replace(
+        new_line, 'if importlib.util.find_spec("torch") is not None and torch_library_path() is not None:'))
+    (entry_points,) = old.glob("myproj-*.dist-info/entry_points.txt")
+    entry_points.write_text(entry_points.read_text().replace("myproj._library:library_spec", "myproj:library_spec"))
+    probe = "import sys, json; {}; print('RESULT', json.dumps({{'torch': 'torch' in sys.modules, 'rc': rc}}))"
+
+    def result(code):
+        line = run_python(["-c", probe.format(code)], old, project).stdout.split("RESULT ")[-1]
+        return json.loads(line)
+
+    assert result("import myproj; rc = 0")["torch"], "the older package's import no longer imports torch"
+    model, _ = _scaled_mul_model(tmp_path, rng)
+    checked = result(f"from opbridge.cli import main; rc = main(['check', {str(model)!r}])")
+    assert checked == {"torch": False, "rc": 0}
 
 
 def _nvcc():

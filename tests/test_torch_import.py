@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 import opbridge
-from onnx_models import single_node_model
+from onnx_models import IR_VERSION, single_node_model
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 BUILT_TORCH = opbridge.build_info().get("torch_version", "")
@@ -97,6 +98,81 @@ def test_check_never_imports_torch(group_norm_model):
     """)
     assert out["rc"] == 0
     assert not out["torch_imported"], "opbridge check imported torch"
+
+
+# Installed packages whose `opbridge.libraries` entry point would import torch: `opbridge check`
+# hides torch while it loads them, so each fails (reported by name) or skips its torch side.
+TORCH_PACKAGES = {
+    # As the packages older `opbridge new-op` made: the torch side loads where torch is installed.
+    # Hidden torch: the import skips it, and the package fails only for its (missing) library.
+    "torch_side_where_installed": ("""
+        import importlib.util
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+        def library_spec():
+            return {"ort": "/nonexistent/liblegacy_ort.so", "namespace": "legacy", "torch": None}
+    """, "cannot load the custom-op library /nonexistent/liblegacy_ort.so"),
+    "imports_torch": ("import torch\n", "it imports torch"),
+    "imports_torch_when_called": ("def library_spec():\n    import torch.nn\n", "it imports torch"),
+}
+
+
+@pytest.fixture
+def torch_packages(tmp_path):
+    """A folder (for PYTHONPATH) with the TORCH_PACKAGES installed, and the model of group_norm_model."""
+    from scaffold_helpers import fake_op_package
+
+    site = tmp_path / "torch_packages"
+    for name, (code, _) in TORCH_PACKAGES.items():
+        fake_op_package(site, name, code)
+    return {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
+
+
+@needs_torch
+def test_check_never_imports_torch_with_packages_that_would(group_norm_model, torch_packages):
+    model, _, _ = group_norm_model
+    out = run_python(f"""
+        import contextlib, io
+        from opbridge.cli import main
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            rc = main(["check", {str(model)!r}])
+        result = {{"rc": rc, "out": buf.getvalue()}}
+    """, env=torch_packages)
+    assert out["rc"] == 0, out["out"]
+    assert not out["torch_imported"], "opbridge check imported torch"
+    for name, (_, says) in TORCH_PACKAGES.items():
+        lines = [line for line in out["out"].splitlines() if line.startswith("skipped") and f"package {name} " in line]
+        assert len(lines) == 1 and says in lines[0], (name, out["out"])
+
+
+@needs_torch
+def test_optimize_and_the_ort_side_never_import_torch_with_op_packages(group_norm_model, torch_packages, tmp_path):
+    # `opbridge optimize` (GroupNormalization-21 -> ai.opbridge::GroupNorm, checked in ORT), then
+    # InferenceSession and session_options: with users' op packages installed (those above, and
+    # whatever this environment has, e.g. CI's package made by `opbridge new-op`).
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6, 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6, 5])
+    scale = numpy_helper.from_array(np.linspace(0.5, 1.5, 6, dtype=np.float32), "scale")
+    bias = numpy_helper.from_array(np.linspace(-1, 1, 6, dtype=np.float32), "bias")
+    node = helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["y"], num_groups=3)
+    graph = helper.make_graph([node], "gn21", [x], [y], initializer=[scale, bias])
+    src, dst = tmp_path / "gn21.onnx", tmp_path / "gn21_opt.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=IR_VERSION), src)
+    out = run_python(f"""
+        import contextlib, io
+        import numpy as np
+        import opbridge
+        from opbridge.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = main(["optimize", {str(src)!r}, {str(dst)!r}])
+        sess = opbridge.InferenceSession({str(dst)!r}, opbridge.session_options())
+        y = sess.run(None, {{"x": np.ones((2, 6, 5), np.float32)}})[0]
+        result = {{"rc": rc, "finite": bool(np.isfinite(y).all())}}
+    """, env=torch_packages)
+    assert out["rc"] == 0 and out["finite"]
+    assert not out["torch_imported"], "opbridge optimize / InferenceSession imported torch"
+    assert [n.op_type for n in onnx.load(dst).graph.node] == ["GroupNorm"]
 
 
 @needs_torch

@@ -64,6 +64,8 @@ class Report:
     missing: list[OpUse] = field(default_factory=list)
     ran: bool = False
     error: str = ""
+    # opbridge.libraries entry points of installed packages that were not registered (not fatal)
+    skipped: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -186,21 +188,22 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
 
     libraries: custom-op libraries of your own ops to register (built on opbridge).
     discover: also register the libraries installed packages announce (entry point group
-        ``opbridge.libraries``).
+        ``opbridge.libraries``); one that fails or is slow is reported and skipped
+        (``opbridge._decl.discover``).
     stock: how the model fares on stock ONNX Runtime: no custom-op library at all."""
     import onnx
     import onnxruntime as ort
 
     from . import __version__
-    from ._decl import discover as discover_libraries
-    from ._decl import register_library
+    from ._decl import _discover, register_library
     from ._session import InferenceSession
 
+    skipped = []
     if not stock:
         for lib in libraries:
             register_library(lib)
         if discover:
-            discover_libraries()
+            skipped = _discover()[1]
 
     out = out or sys.stdout
     providers = list(providers or ["CPUExecutionProvider"])
@@ -208,7 +211,7 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
         model = onnx.load(os.fspath(path), load_external_data=False)
     except Exception as e:  # protobuf's DecodeError and friends
         raise UnreadableModel(f"cannot read {os.fspath(path)} as an ONNX model: {e}") from e
-    report = Report(ops=classify(model, providers, stock=stock))
+    report = Report(ops=classify(model, providers, stock=stock), skipped=skipped)
     report.missing = [u for u in report.ops if not u.provider]
     problems = [] if stock else _attribute_problems(model)
 
@@ -217,6 +220,8 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
     print(f"             IR version {model.ir_version}; opsets: {opsets}", file=out)
     print(f"runtime      onnxruntime {ort.__version__} ({', '.join(providers)}); opbridge {__version__}"
           + ("; stock: no custom-op library" if stock else ""), file=out)
+    for s in skipped:
+        print(f"skipped      the op library of {s}", file=out)
     print("\nops used:", file=out)
     width = max((len(u.name) for u in report.ops), default=10)
     for u in report.ops:
@@ -231,6 +236,9 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
         if domains:
             print(f"  Register the custom-op library that implements domain(s) {', '.join(domains)} "
                   "(SessionOptions.register_custom_ops_library) before running this model.", file=out)
+            if skipped:
+                print(f"  Skipped above: the op libraries of {', '.join(sorted({x.package for x in skipped}))}; "
+                      "one of them may provide it.", file=out)
         if any(u.domain == DOMAIN for u in report.missing):
             print("  The model needs a newer opbridge, or was exported by a different one.", file=out)
         print("  The model was not run.", file=out)

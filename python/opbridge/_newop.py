@@ -49,6 +49,7 @@ _PROJECT_FILES = {
     "README.md.tmpl": "README.md",
     "gitignore.tmpl": ".gitignore",
     "init.py.tmpl": "python/{ns}/__init__.py",
+    "library.py.tmpl": "python/{ns}/_library.py",
     "ops_init.py.tmpl": "python/{ns}/ops/__init__.py",
 }
 

@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="a custom-op library of your own ops built on opbridge (repeatable)")
     c.add_argument("--no-discover", action="store_true",
                    help="do not register the libraries installed packages announce (entry points "
-                        "'opbridge.libraries')")
+                        "'opbridge.libraries'; without this flag, one that fails or takes over "
+                        "OPBRIDGE_DISCOVER_TIMEOUT seconds, default 5, is named and skipped)")
     c.add_argument("--stock", action="store_true",
                    help="how the model fares on stock ONNX Runtime: no custom-op library registered")
     o = sub.add_parser(

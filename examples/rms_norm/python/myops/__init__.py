@@ -4,44 +4,22 @@ ONNX Runtime (no torch needed)::
 
     sess = onnxruntime.InferenceSession("model.onnx", myops.session_options())
 
-torch: where torch is installed, importing the package loads the torch extension
-(``torch.ops.myops.<op>``, ``myops.<op>(...)``) and registers each op's fake kernel and autograd
-formula (``myops.ops``), as importing opbridge does for opbridge's ops.
+torch: the first use of an op (``myops.<op>(...)``, or ``import myops.ops``) loads the torch
+extension (``torch.ops.myops.<op>``) and registers each op's fake kernel and autograd formula;
+importing the package does so too in a process that has already imported torch, as importing
+opbridge does for opbridge's ops. Importing the package alone never imports torch.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.resources
-import importlib.util
+import sys
 from typing import Any
 
-NAMESPACE = "myops"  # torch.ops.myops.*: CMakeLists.txt's NAMESPACE
-DOMAIN = "com.example.myops"  # the ONNX domain of the ops: CMakeLists.txt's DOMAIN
+from ._library import DOMAIN, NAMESPACE, get_library_path, library_spec, torch_library_path
 
 __all__ = ["DOMAIN", "NAMESPACE", "get_library_path", "library", "library_spec", "session_options",
            "torch_library_path"]
-
-
-def _file(name: str) -> Any:
-    # importlib.resources rather than __file__: also right for editable installs.
-    return importlib.resources.files(__name__) / name
-
-
-def get_library_path() -> str:
-    """The ONNX Runtime custom-op library with this package's ops (domain com.example.myops)."""
-    return str(_file("libmyops_ort.so"))
-
-
-def torch_library_path() -> str | None:
-    """The torch extension (None where it was not built)."""
-    path = _file("libmyops_torch.so")
-    return str(path) if path.is_file() else None
-
-
-def library_spec() -> dict:
-    """What the ``opbridge.libraries`` entry point announces (imports neither torch nor opbridge)."""
-    return {"ort": get_library_path(), "namespace": NAMESPACE, "torch": torch_library_path()}
 
 
 def library() -> Any:
@@ -61,9 +39,11 @@ def session_options(so: Any = None) -> Any:
     return opbridge.session_options(so)
 
 
-# The torch side loads with the package where torch is installed (an export must know the ops
-# before it traces the model); ONNX Runtime deployments without torch skip it.
-if importlib.util.find_spec("torch") is not None and torch_library_path() is not None:
+# Torch only when used, as in opbridge: importing torch takes seconds, and the ONNX Runtime side
+# needs none of it. The torch side loads on first use (myops.<op>, myops.ops), or here in a
+# process that has already imported torch (so that torch.ops.myops.* exist for an export or
+# torch.export.load).
+if sys.modules.get("torch") is not None and torch_library_path() is not None:
     from . import ops  # noqa: F401
 
 

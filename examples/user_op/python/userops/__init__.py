@@ -5,14 +5,15 @@
     opbridge.onnx.export(model, (x,), "m.onnx")        # -> com.example.userops::LogCumSumExp
     so = userops.session_options()                      # ORT: userops' and opbridge's ops, no torch
 
-The ORT side needs no torch; where torch is installed, importing the package also imports
-``userops.ops``, which loads the torch extension and registers the fake kernel from the declaration.
+The ORT side needs no torch, and importing the package never imports it. ``userops.ops`` loads
+the torch extension and registers the fake kernel from the declaration: on first use
+(``userops.log_cumsum_exp``), or with the package in a process that has already imported torch.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +47,9 @@ def session_options(so: Any = None) -> Any:
     return opbridge.session_options(so)
 
 
-# The torch side loads with the package where torch is installed (an export must know the op
-# before it traces the model).
-if importlib.util.find_spec("torch") is not None and torch_library_path() is not None:
+# Torch only when used (as in opbridge); in a process that has already imported torch, with the
+# package (so that torch.ops.userops.* exist for an export or torch.export.load).
+if sys.modules.get("torch") is not None and torch_library_path() is not None:
     from . import ops  # noqa: F401
 
 
