@@ -25,24 +25,43 @@ import cuda_ref
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = ROOT / "tests" / "cuda_host"
+SIM = HOST / "sim"
+
+
+def _sanitized() -> bool:
+    return os.environ.get("OPBRIDGE_CUDA_HOST_SANITIZE") == "1"
+
+
+def _compiler() -> str:
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("needs a C++ compiler")
+    return cxx
+
+
+def _flags(sim: bool) -> list[str]:
+    """The host compiler's flags for the programs of tests/cuda_host/ (sim: those built against
+    the emulated runtime in tests/cuda_host/sim/). With OPBRIDGE_CUDA_HOST_SANITIZE=1 every load
+    and store is checked by AddressSanitizer and UndefinedBehaviorSanitizer (a read past a tensor's
+    or a shared array's end fails the test)."""
+    flags = ["-std=c++20" if sim else "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror"]
+    if sim:
+        flags += ["-pthread", "-Wno-unknown-pragmas", f"-I{SIM}"]
+    flags += [f"-I{ROOT / 'cuda'}", f"-I{ROOT / 'cpp' / 'include'}"]
+    if _sanitized():
+        flags += ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+    return flags
 
 
 @pytest.fixture(scope="module")
 def host_programs(tmp_path_factory):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("needs a C++ compiler")
+    cxx = _compiler()
     out = tmp_path_factory.mktemp("cuda_host")
     progs = {}
     for name in ("msda_host", "gn_nhwc_host"):
         exe = out / name
-        cmd = [cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{ROOT / 'cuda'}",
-               f"-I{ROOT / 'cpp' / 'include'}", str(HOST / f"{name}.cpp"), "-o", str(exe)]
-        if os.environ.get("OPBRIDGE_CUDA_HOST_SANITIZE") == "1":
-            # Every load and store of the kernels' index math checked by AddressSanitizer and
-            # UndefinedBehaviorSanitizer (a read past a tap's row or a tensor's end fails the test).
-            cmd += ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        result = subprocess.run([cxx, *_flags(sim=False), str(HOST / f"{name}.cpp"), "-o", str(exe)],
+                                capture_output=True, text=True)
         assert result.returncode == 0, result.stderr[-4000:]
         progs[name] = exe
     return progs
@@ -199,29 +218,17 @@ def test_group_norm_nhwc_kernel_decomposition(host_programs, tmp_path, rng, dtyp
 # any access outside a buffer (device or shared memory) fails the test, as compute-sanitizer's
 # memcheck would on a GPU.
 
-SIM = HOST / "sim"
 KERNEL_FILES = [ROOT / "cuda" / "ops" / op / f"{op}_kernel.cu" for op in ("inverse", "group_norm", "ms_deform_attn")]
 # The emulated device: few SMs, so that launches use small grids and the grid-stride loops wrap.
 SIM_SMS = 1
 
 
-def _sanitized() -> bool:
-    return os.environ.get("OPBRIDGE_CUDA_HOST_SANITIZE") == "1"
-
-
 @pytest.fixture(scope="session")
 def simt_ops(tmp_path_factory):
     """The simt_ops program (built once per session, the translation units two at a time)."""
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("needs a C++ compiler")
+    cxx = _compiler()
     out = tmp_path_factory.mktemp("simt_ops")
-    flags = ["-std=c++20", "-pthread", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", f"-I{SIM}",
-             f"-I{ROOT / 'cuda'}", f"-I{ROOT / 'cpp' / 'include'}"]
-    if _sanitized():
-        flags += ["-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
-    else:
-        flags += ["-O1"]
+    flags = _flags(sim=True)
     sources = [(src, ["-x", "c++"]) for src in KERNEL_FILES]
     sources += [(ROOT / "cuda" / "common" / "device.cpp", []), (SIM / "simt.cpp", []), (HOST / "simt_ops.cpp", [])]
     objects, pending = [], []
@@ -243,15 +250,9 @@ def simt_ops(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def simt_selftest(tmp_path_factory):
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.skip("needs a C++ compiler")
+    cxx = _compiler()
     exe = tmp_path_factory.mktemp("simt_selftest") / "simt_selftest"
-    flags = ["-std=c++20", "-pthread", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas", f"-I{SIM}",
-             f"-I{ROOT / 'cuda'}", f"-I{ROOT / 'cpp' / 'include'}", "-O1", "-g"]
-    if _sanitized():
-        flags += ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
-    r = subprocess.run([cxx, *flags, str(HOST / "simt_selftest.cpp"), str(SIM / "simt.cpp"), "-o", str(exe)],
+    r = subprocess.run([cxx, *_flags(sim=True), str(HOST / "simt_selftest.cpp"), str(SIM / "simt.cpp"), "-o", str(exe)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-4000:]
     return exe
@@ -447,11 +448,10 @@ def test_inverse_emulation_catches_the_gpu_read(simt_ops, tmp_path, rng):
     reverted.parent.mkdir()
     reverted.write_text(src)
     (reverted.parent / "inverse.cuh").write_text((ROOT / "cuda" / "ops" / "inverse" / "inverse.cuh").read_text())
-    cxx = shutil.which("c++") or shutil.which("g++")
+    cxx = _compiler()
     objdir = Path(simt_ops).parent
     obj = tmp_path / "inverse_reverted.o"
-    flags = ["-std=c++20", "-pthread", "-Wno-unknown-pragmas", f"-I{SIM}", f"-I{ROOT / 'cuda'}",
-             f"-I{ROOT / 'cpp' / 'include'}", "-O1", "-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+    flags = _flags(sim=True)
     r = subprocess.run([cxx, *flags, "-x", "c++", "-c", str(reverted), "-o", str(obj)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     others = sorted(o for o in objdir.glob("*.o") if "inverse_kernel" not in o.name)
