@@ -191,6 +191,29 @@ def test_layer_converted(family, points, masked):
     assert all(a.equal(b) for a, b in zip(m(hidden, **kwargs), expected))
 
 
+@pytest.mark.parametrize("family,points", [("rt_detr_v2", 3), ("d_fine", [3, 5, 2])])
+def test_layer_hands_the_op_host_tables(monkeypatch, family, points):
+    """As the v1 layers (test_ms_deform_attn_convert's host-table test): the op gets level tables
+    built from spatial_shapes_list in host memory, cached, not the model's tensor."""
+    _, m = _layer(family, points)
+    hidden, kwargs = _layer_inputs(family, False)
+    holder = nn.ModuleList([m])
+    opbridge.nn.convert(holder)
+    real, seen = opbridge.ops.ms_deform_attn, []
+
+    def record(value, spatial_shapes, level_start_index, *rest):
+        seen.append((spatial_shapes, level_start_index))
+        return real(value, spatial_shapes, level_start_index, *rest)
+
+    monkeypatch.setattr(opbridge.ops, "ms_deform_attn", record)
+    holder[0](hidden, **kwargs)
+    holder[0](hidden, **kwargs)
+    (shapes, starts), (shapes2, _) = seen
+    assert shapes is shapes2 and shapes is not kwargs["spatial_shapes"] and shapes.device.type == "cpu"
+    assert shapes.tolist() == [list(r) for r in kwargs["spatial_shapes_list"]]
+    assert starts.tolist() == [0, 35, 47]
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_layer_checks_and_pickles_as_the_original(family):
     import pickle

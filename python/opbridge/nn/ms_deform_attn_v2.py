@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from .ms_deform_attn import _level_start_index, _params
+from .ms_deform_attn import _level_start_index, _op_tables, _params
 from .ms_deform_attn import _shared as _share_state
 
 __all__ = ["ms_deform_attn_v2", "RECOGNISERS", "REPLACED"]
@@ -47,11 +47,14 @@ def _pad_index(num_points_list: Sequence[int], device: torch.device) -> torch.Te
 
 
 def ms_deform_attn_v2(value: torch.Tensor, spatial_shapes: torch.Tensor, sampling_locations: torch.Tensor,
-                      attention_weights: torch.Tensor, num_points_list: Sequence[int]) -> torch.Tensor:
+                      attention_weights: torch.Tensor, num_points_list: Sequence[int],
+                      spatial_shapes_list: Any = None) -> torch.Tensor:
     """transformers' ``multi_scale_deformable_attention_v2(..., method="default")`` through
     ``opbridge.ops.ms_deform_attn``: value (N, S, M, D); spatial_shapes (L, 2) int64 rows (H, W);
     sampling_locations (N, Lq, M, ΣP_l, 2), level by level; attention_weights (N, Lq, M, ΣP_l);
-    num_points_list the L point counts P_l. Returns (N, Lq, M·D).
+    num_points_list the L point counts P_l; spatial_shapes_list the same level sizes as ints, where
+    the caller has them (the op then reads host-memory tables built from them: no device copy).
+    Returns (N, Lq, M·D).
 
     Levels with fewer than max(P_l) points are padded with points of weight 0 whose every tap lies
     off the map: they add exactly 0 (and nothing to any gradient), so the result is the v2
@@ -78,7 +81,8 @@ def ms_deform_attn_v2(value: torch.Tensor, spatial_shapes: torch.Tensor, samplin
         weights = F.pad(attention_weights, (0, 1), value=0.0)
         locations = locations.index_select(3, index).view(batch, num_queries, heads, levels, points, 2)
         weights = weights.index_select(3, index).view(batch, num_queries, heads, levels, points)
-    return ops.ms_deform_attn(value, spatial_shapes, _level_start_index(spatial_shapes), locations, weights)
+    tables = _op_tables(spatial_shapes, _level_start_index(spatial_shapes), spatial_shapes_list)
+    return ops.ms_deform_attn(value, *tables, locations, weights)
 
 
 # --- helpers ------------------------------------------------------------------------------------
@@ -167,7 +171,7 @@ class RTDetrV2MultiscaleDeformableAttention(_V2Base):
             raise ValueError(f"Last dim of reference_points must be 2 or 4, but got {reference_points.shape[-1]}")
         if self.method == "default":
             output = ms_deform_attn_v2(value, spatial_shapes, sampling_locations, attention_weights,
-                                       self.n_points_list)
+                                       self.n_points_list, spatial_shapes_list)
         else:
             # As the original: the module-level function, looked up now.
             output = sys.modules[self._opbridge_source].multi_scale_deformable_attention_v2(
@@ -232,7 +236,7 @@ class DFineMultiscaleDeformableAttention(_V2Base):
         core = self.ms_deformable_attn_core
         if self.decoder_method == "default" and core is self._opbridge_v2:
             output = ms_deform_attn_v2(value, spatial_shapes, sampling_locations, attention_weights,
-                                       self.num_points_list)
+                                       self.num_points_list, spatial_shapes_list)
         else:
             output = core(value, spatial_shapes_list, sampling_locations, attention_weights, self.num_points_list,
                           self.decoder_method)
