@@ -11,7 +11,7 @@ and every model written is loaded in ONNX Runtime and gives torch's output. G = 
 bytes. The model (benchmarks/benchmarks/_large_model.py): 64 distinct torch.randn weights of
 34.7 MB, two GroupNorm + SiLU blocks that the fusion rewrites. About 3-4 minutes and at most 6.7 GB
 of temporary disk (each file is deleted as soon as it is done with); it needs the machine to
-itself, hence the `serial` marker (skipped under pytest-xdist).
+itself, hence the `serial` marker (skipped under pytest-xdist and AddressSanitizer).
 
 The same model, small, in float16 and bfloat16: their tensors reach the data file bit for bit,
 fused, and (float16; ONNX Runtime has no bfloat16 MatMul on the CPU) run as torch computes them.
@@ -53,6 +53,7 @@ def _large_model():
 
 
 L = _large_model()
+G = L.tensor_bytes(SIZE_GB)
 
 
 def _run(argv, what):
@@ -83,9 +84,6 @@ def _external_layout(path):
     folder, name = os.path.dirname(path), os.path.basename(path)
     assert os.path.getsize(path) < 1 << 20, "the model file should hold the graph only"
     assert os.path.getsize(os.path.join(folder, name + ".data")) >= G * 0.99
-
-
-G = L.tensor_bytes(SIZE_GB)
 
 
 @pytest.mark.serial
