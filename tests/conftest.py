@@ -38,6 +38,11 @@ def pytest_collection_modifyitems(config, items):
     skip_cuda = pytest.mark.skip(reason="no CUDA device on this machine (torch.cuda.is_available() is False)")
     skip_torch = pytest.mark.skip(reason="torch is not installed (ORT-only environment)")
     skip_slow = pytest.mark.skip(reason="slow: run with --run-slow or OPBRIDGE_RUN_SLOW=1")
+    # pytest-xdist workers run tests side by side: a memory measurement would count its neighbours;
+    # under AddressSanitizer (scripts/sanitize.sh) memory is the sanitizer's, not the program's.
+    skip_serial = pytest.mark.skip(reason="serial: measures memory and needs the machine to itself; "
+                                          "not run under pytest-xdist or AddressSanitizer (run it alone)")
+    parallel = os.environ.get("PYTEST_XDIST_WORKER") is not None or "asan" in os.environ.get("LD_PRELOAD", "")
     run_slow = _run_slow(config)
     for item in items:
         # Markers, not item.keywords: keywords also hold the names of parent folders, so a
@@ -48,6 +53,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_torch)
         if "slow" in item.keywords and not run_slow:
             item.add_marker(skip_slow)
+        if item.get_closest_marker("serial") is not None and parallel:
+            item.add_marker(skip_serial)
 
 
 def pytest_configure(config):

@@ -21,13 +21,17 @@ and writes nothing when they disagree. Needs onnx, onnxscript and onnxruntime; n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import gc
 import math
 import os
+import secrets
 import shutil
 import sys
 import tempfile
-from typing import Any, Callable, Mapping, Sequence, TextIO
+from typing import Any, Callable, Iterator, Mapping, Sequence, TextIO
 
 import numpy as np
 
@@ -45,6 +49,12 @@ MS_DOMAIN = "com.microsoft"
 # Largest tensor (bytes) a protobuf message can hold in one piece; past this total the model must
 # keep its tensors in an external data file.
 PROTOBUF_LIMIT = 2**31 - 1
+# With a file target, opbridge.onnx.export and optimize keep a model's tensors in an external data
+# file past this many bytes (below it, in the model file, as before). Writing one file needs the
+# serialized model in memory twice (the ModelProto, then its bytes); past 256 MiB that would exceed
+# export's budget of one model size + 0.5 GB over torch.onnx.export's own peak, while external data is
+# written one tensor at a time. It is also where ORT starts to gain from memory-mapping the tensors.
+AUTO_EXTERNAL_BYTES = 256 << 20
 # Tensors larger than this go to the external data file when one is written (onnx's own default).
 EXTERNAL_THRESHOLD = 1024
 # Offsets of large external tensors are aligned so that ONNX Runtime can memory-map them instead
@@ -561,6 +571,7 @@ LABEL_SILU = 'GroupNorm + SiLU fused into GroupNorm(activation="silu")'
 
 # What each caller may rewrite: optimize takes every source; export only what torch emits.
 SOURCES = ("decomposition", "gn18", "gn21", "com.microsoft")
+EXPORT_SOURCES = ("decomposition", "gn18", "gn21")
 
 
 @dataclasses.dataclass
@@ -584,7 +595,7 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
     Decomposition, GroupNormalization, MicrosoftGroupNorm, TransposePair, FuseSilu, SameTypeCastLike = (
         _make_rule_classes())
     session = _Session()
-    _infer_shapes(model)
+    infer_shapes_ir(model)
     ms_rule_name = "opbridge.com_microsoft_group_norm"
 
     # (label, rules, what to run after them when they changed something)
@@ -623,7 +634,7 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
     return RewriteResult(counts=counts, skipped=list(session.skipped))
 
 
-def _infer_shapes(model: Any) -> None:
+def infer_shapes_ir(model: Any) -> None:
     """Types and shapes of the intermediate values, which the rules check and which some exporters
     (TorchScript) do not record. onnx's inference, with opbridge's schemas registered so that it
     sees through existing ai.opbridge nodes; large tensors stay out of it. Best effort: a model
@@ -663,7 +674,7 @@ def fuse_exported(proto: Any, *, silu: bool = True, base_dir: str | os.PathLike 
     model = ir.serde.deserialize_model(proto)
     if base_dir is not None:
         ir.external_data.set_base_dir(model.graph, os.fspath(base_dir))
-    result = rewrite_model(model, silu=silu, sources=("decomposition", "gn18", "gn21"))
+    result = rewrite_model(model, silu=silu, sources=EXPORT_SOURCES)
     if not result.changed:
         return proto
     return ir.serde.serialize_model(model)
@@ -751,10 +762,130 @@ def compare(got: np.ndarray, ref: np.ndarray, tol: float | None) -> tuple[float,
 # --------------------------------------------------------------------------------------------
 
 
+class UnreadableModel(Exception):
+    """The input cannot be read as an ONNX model; the message names the file and why."""
+
+
+class WriteError(OSError):
+    """A file could not be written (a full disk, no permission); the message names it and why."""
+
+
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """OSErrors inside the block become a WriteError naming ``path``."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise WriteError(e.errno, f"cannot write {path}: {reason}") from e
+
+
+@contextlib.contextmanager
+def write_file(path: str) -> Iterator[str]:
+    """Yields a temporary name beside ``path`` to write to; renamed to ``path`` when the block
+    completes, removed when it fails (an OSError then becomes a WriteError naming ``path``)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    with writing(path):
+        os.makedirs(folder, exist_ok=True)
+        # A name only (the writer creates the file, with the usual permissions; mkstemp's are 0600).
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+
+
 def load(path: str) -> Any:
     """The model at ``path`` as an onnx_ir Model; external data stays on disk (memory-mapped)."""
     ir = _ir()
     return ir.load(path)
+
+
+def _external_entries(proto: Any) -> Iterator[tuple[Any, dict[str, str]]]:
+    """(TensorProto, its external_data entries) for every tensor of the model kept in external data."""
+    import onnx
+
+    from .onnx._external_data import _tensors
+
+    for t in _tensors(proto.graph):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            yield t, {e.key: e.value for e in t.external_data}
+
+
+@dataclasses.dataclass
+class ModelFiles:
+    """What a model's files hold, read from the graph alone (no tensor is loaded)."""
+
+    path: str
+    file_bytes: int  # the model file itself
+    inline_bytes: int  # tensor bytes stored in the model file
+    external_bytes: int  # tensor bytes stored in external data files
+    data_files: list[str]
+
+    @property
+    def tensor_bytes(self) -> int:
+        return self.inline_bytes + self.external_bytes
+
+    @property
+    def external(self) -> bool:
+        return bool(self.data_files)
+
+
+def model_files(path: str) -> ModelFiles:
+    """Reads the graph of the model at ``path`` (not its external data) and checks every external
+    data reference: the file exists beside the model and holds offset + length bytes.
+    UnreadableModel naming the file and the reason otherwise."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    path = os.fspath(path)
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise UnreadableModel(f"cannot read {path}: it is not an ONNX model (protobuf cannot parse it: {e})") from e
+    except OSError as e:
+        raise UnreadableModel(f"cannot read {path}: {e.strerror or e}") from e
+    if not proto.HasField("graph") or proto.ir_version <= 0:
+        raise UnreadableModel(f"cannot read {path}: it is not an ONNX model (it parses as protobuf but has no "
+                              f"{'graph' if not proto.HasField('graph') else 'IR version'})")
+    folder = os.path.dirname(os.path.abspath(path))
+    files: dict[str, int] = {}
+    external = 0
+    for t, info in _external_entries(proto):
+        location = info.get("location", "")
+        if not location or os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
+            raise UnreadableModel(f"{path}: tensor {t.name!r} refers to external data at {location!r}, which is not a "
+                                  "file in the model's folder")
+        data = os.path.join(folder, location)
+        if data not in files:
+            if not os.path.isfile(data):
+                raise UnreadableModel(f"{path}: tensor {t.name!r}: its external data file {data} does not exist")
+            files[data] = os.path.getsize(data)
+        offset = int(info.get("offset", 0) or 0)
+        length = int(info["length"]) if info.get("length") else files[data] - offset
+        if offset + length > files[data]:
+            raise UnreadableModel(f"{path}: tensor {t.name!r}: its external data file {data} is truncated "
+                                  f"({files[data]} bytes, the tensor needs bytes {offset} to {offset + length})")
+        external += length
+    file_bytes = os.path.getsize(path)
+    # Stored inline: what the file holds beyond the graph, which the tensors dwarf when it matters.
+    inline = sum(t.ByteSize() for t in _inline_tensors(proto))
+    return ModelFiles(path=path, file_bytes=file_bytes, inline_bytes=inline, external_bytes=external,
+                      data_files=sorted(files))
+
+
+def _inline_tensors(proto: Any) -> Iterator[Any]:
+    import onnx
+
+    from .onnx._external_data import _tensors
+
+    return (t for t in _tensors(proto.graph) if t.data_location != onnx.TensorProto.EXTERNAL)
 
 
 def check_external_files(model: Any) -> None:
@@ -799,7 +930,8 @@ def data_file_name(path: str) -> str:
 
 def save(model: Any, path: str, external: bool) -> None:
     """Writes ``model`` to ``path``; with ``external``, tensors > 1 KiB go to data_file_name(path)
-    in the same folder (large ones 64 KiB-aligned so that ONNX Runtime can memory-map them)."""
+    in the same folder (large ones 64 KiB-aligned so that ONNX Runtime can memory-map them),
+    written one tensor at a time from where they are (the input's data file, memory-mapped)."""
     ir = _ir()
     path = os.fspath(path)
     if external:
@@ -807,6 +939,120 @@ def save(model: Any, path: str, external: bool) -> None:
                 alignment=EXTERNAL_ALIGNMENT)
     else:
         ir.save(model, path)
+
+
+# --------------------------------------------------------------------------------------------
+# Memory: what optimize needs, known before loading the model
+# --------------------------------------------------------------------------------------------
+
+# Peak RSS of `opbridge optimize`, measured in child processes (ru_maxrss) on float32 models of
+# 0.5-4 GB (docs/optimize.md, "Memory and time"); G = the model's tensor bytes:
+# * the interpreter with numpy, onnx, onnx_ir, onnxscript and onnxruntime: about 0.2 GB (BASE_BYTES
+#   leaves room);
+# * an input with its tensors in the model file is read whole: the file's bytes and the parsed
+#   model, 2 G for a moment; one with external data is memory-mapped (pages read when used);
+# * writing: external data is copied one tensor at a time; one file (at most AUTO_EXTERNAL_BYTES)
+#   is serialized (a copy of the model, then its bytes) while the input is still held;
+# * the check runs the original, then the rewritten model in ONNX Runtime, one session at a time:
+#   about G over external data (the mapped weights), 2 G over a model file with its tensors inline
+#   (the file's bytes and the weights). Each factor below is the measured one rounded up by 10%.
+BASE_BYTES = 300 << 20
+SESSION_FACTOR_EXTERNAL = 1.1
+INLINE_FACTOR = 2.2
+# Reading a model file of this size or less to learn its tensor sizes costs nothing worth
+# counting; a larger file is mostly tensors, and its size is their size.
+GRAPH_ONLY_BYTES = 64 << 20
+
+
+def estimated_peak(tensor_bytes: int, inline_input: bool, external_output: bool) -> int:
+    """Peak RSS optimize needs for a model of ``tensor_bytes`` (see above)."""
+    g = tensor_bytes
+    if not inline_input:
+        stages = [SESSION_FACTOR_EXTERNAL * g, 0 if external_output else INLINE_FACTOR * g]
+    else:
+        stages = [INLINE_FACTOR * g, g + (0 if external_output else INLINE_FACTOR * g)]
+    return BASE_BYTES + int(max(stages))
+
+
+def available_memory() -> int | None:
+    """MemAvailable of /proc/meminfo (bytes), or None where there is no such file."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """'8G' / '8GiB' (2**30), '8GB' (10**9), '512M', '1.5g', '1000000' -> bytes; ValueError else."""
+    t = str(text).strip().lower().replace(" ", "")
+    number = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = t[len(number):]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in _SIZE_UNITS or not (value > 0) or not math.isfinite(value):
+        raise ValueError(f"--max-memory expects a size such as 8G, 8GiB, 8GB or 512M, got {text!r}")
+    return int(value * _SIZE_UNITS[unit])
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def preflight(input_path: str, output_path: str, max_memory: int | None) -> None:
+    """Refuses (UnreadableModel / MemoryError / WriteError) what optimize cannot do, before the
+    tensors are read: a file that is not an ONNX model or whose external data is missing or
+    truncated, a model whose estimated peak exceeds ``max_memory``, an output folder without room
+    for the output. A model file too large to read just for its sizes is judged by its size (and
+    checked again once loaded)."""
+    size = os.path.getsize(input_path)
+    if size <= GRAPH_ONLY_BYTES:
+        files = model_files(input_path)
+        g, external_input, out_bytes = files.tensor_bytes, files.external, files.tensor_bytes + files.file_bytes
+    else:
+        g, external_input, out_bytes = size, False, size
+    check_memory(input_path, g, external_input, max_memory)
+    _check_disk(out_bytes, output_path)
+
+
+def check_memory(path: str, tensor_bytes: int, external_input: bool, max_memory: int | None) -> None:
+    """MemoryError when optimize's estimated peak for this model exceeds ``max_memory``."""
+    if max_memory is None:
+        return
+    need = estimated_peak(tensor_bytes, inline_input=not external_input,
+                          external_output=external_input or tensor_bytes > AUTO_EXTERNAL_BYTES)
+    if need > max_memory:
+        raise MemoryError(_too_large(path, tensor_bytes, need, max_memory))
+
+
+def _too_large(path: str, tensor_bytes: int, need: int, max_memory: int) -> str:
+    return (f"{path}: a model of {_gb(tensor_bytes)} of tensors needs about {_gb(need)} of memory to optimize "
+            f"and check, more than the {_gb(max_memory)} allowed (--max-memory; by default the memory available "
+            f"now); nothing was read or written")
+
+
+def _check_disk(out_bytes: int, output_path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(output_path))
+    probe = folder
+    while not os.path.isdir(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        return
+    if free < out_bytes:
+        raise WriteError(errno.ENOSPC, f"cannot write {output_path}: about {_gb(out_bytes)} needed, "
+                                       f"{_gb(free)} free in {probe}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -826,14 +1072,18 @@ class Report:
         return not self.error
 
 
-class UnreadableModel(Exception):
-    pass
-
-
 def _session(path: str, providers: Sequence[str]) -> Any:
+    import onnxruntime as ort
+
     from ._session import InferenceSession
 
-    return InferenceSession(path, providers=providers)
+    so = ort.SessionOptions()
+    # Without prepacking, ORT reads the weights of a model with external data straight from the
+    # memory-mapped data file (page cache the kernel can reclaim) instead of copying each
+    # MatMul/Conv weight into a packed buffer of its own; measured: the same peak RSS and time
+    # for the check (docs/optimize.md, "Memory and time"). The rewrite changes no such op.
+    so.add_session_config_entry("session.disable_prepacking", "1")
+    return InferenceSession(path, so, providers=providers)
 
 
 def _missing_ops(path: str, providers: Sequence[str]) -> list[str]:
@@ -849,7 +1099,11 @@ def _missing_ops(path: str, providers: Sequence[str]) -> list[str]:
 def check_against(original: str, rewritten: str, *, providers: Sequence[str], dims: Mapping[str, int],
                   runs: int, tol: float | None, out: TextIO, seed: int = 0) -> str:
     """Runs both models on the same random inputs and compares every output. Returns "" when they
-    agree, else what went wrong (also printed)."""
+    agree, else what went wrong (also printed).
+
+    One ONNX Runtime session at a time: the original runs on every input first and its outputs
+    are kept; its session is released before the rewritten model's is made, so that the weights
+    are never held twice."""
     import onnxruntime as ort
 
     from ._check import random_inputs
@@ -862,20 +1116,42 @@ def check_against(original: str, rewritten: str, *, providers: Sequence[str], di
         else:
             return (f"cannot check the rewrite: the original model uses {', '.join(missing)}, which nothing "
                     f"here runs ({', '.join(providers)}); nothing was written")
-    orig_sess = None
+
+    def make_feeds(session: Any) -> list[dict[str, np.ndarray]]:
+        return [random_inputs(session, dims, seed=seed + run) for run in range(runs)]
+
+    refs: list[list[np.ndarray]] = []
+    names: list[str] = []
+    feeds: list[dict[str, np.ndarray]] = []
     if not use_reference:
         # The original first: where it cannot be loaded either (a bfloat16 Conv has no CPU kernel),
         # the rewrite is not what failed.
         try:
-            orig_sess = _session(original, providers)
+            session = _session(original, providers)
         except Exception as e:  # ORT raises its own exception types
             return (f"onnxruntime {ort.__version__} cannot load the original model with {', '.join(providers)}, "
                     f"so the rewrite cannot be checked (--provider selects another execution provider): {e}")
+        names = [o.name for o in session.get_outputs()]
+        try:
+            feeds = make_feeds(session)
+        except ValueError as e:
+            return f"cannot check the rewrite: {e}"
+        try:
+            refs = [session.run(names, f) for f in feeds]
+        except Exception as e:
+            return f"running the original model failed: {e}"
+        session = None
+        gc.collect()  # ORT's session objects may form cycles: its weights go now
     try:
-        new_sess = _session(rewritten, providers)
+        session = _session(rewritten, providers)
     except Exception as e:
         return f"onnxruntime {ort.__version__} cannot load the rewritten model: {e}"
-    names = [o.name for o in new_sess.get_outputs()]
+    if use_reference:
+        names = [o.name for o in session.get_outputs()]
+        try:
+            feeds = make_feeds(session)
+        except ValueError as e:
+            return f"cannot check the rewrite: {e}"
     how = ("onnx's reference evaluator, com.microsoft::GroupNorm in float64 numpy" if use_reference
            else f"onnxruntime {ort.__version__}")
     print(f"\ncheck: {runs} run(s) on random inputs; original in {how}, rewritten in onnxruntime "
@@ -887,23 +1163,19 @@ def check_against(original: str, rewritten: str, *, providers: Sequence[str], di
     worst: dict[str, tuple[float, str]] = {}
     failure = ""
     for run in range(runs):
+        if use_reference:
+            try:
+                ref = _reference_outputs(original, feeds[run], names)
+            except Exception as e:
+                return f"running the original model failed: {e}"
+        else:
+            ref = refs[run]
         try:
-            feeds = random_inputs(new_sess, dims, seed=seed + run)
-        except ValueError as e:
-            return f"cannot check the rewrite: {e}"
-        try:
-            if use_reference:
-                ref = _reference_outputs(original, feeds, names)
-            else:
-                ref = orig_sess.run(names, feeds)
-        except Exception as e:
-            return f"running the original model failed: {e}"
-        try:
-            got = new_sess.run(names, feeds)
+            got = session.run(names, feeds[run])
         except Exception as e:
             return f"running the rewritten model failed: {e}"
         if run == 0:
-            for arg, value in feeds.items():
+            for arg, value in feeds[run].items():
                 print(f"  input  {arg}: {value.dtype} {list(value.shape)}", file=out)
         for name, g, r in zip(names, got, ref):
             t = tol if tol is not None else tolerance_for(np.asarray(r).dtype)
@@ -912,6 +1184,8 @@ def check_against(original: str, rewritten: str, *, providers: Sequence[str], di
                 worst[name] = (ratio, f"{np.asarray(r).dtype} {list(np.shape(r))}: {summary}")
             if ratio > 1 and not failure:
                 failure = f"output {name!r} disagrees on run {run + 1}: {summary}"
+    session = None
+    gc.collect()
     for name, (ratio, summary) in worst.items():
         print(f"  output {name}: {summary}{'' if ratio <= 1 else '  DISAGREES'}", file=out)
     return failure
@@ -919,20 +1193,30 @@ def check_against(original: str, rewritten: str, *, providers: Sequence[str], di
 
 def optimize(input_path: str, output_path: str, *, silu: bool = True, providers: Sequence[str] | None = None,
              dims: Mapping[str, int] | None = None, runs: int = DEFAULT_RUNS, tolerance: float | None = None,
-             seed: int = 0, out: TextIO | None = None) -> Report:
+             seed: int = 0, out: TextIO | None = None, max_memory: int | None = None) -> Report:
     """Rewrites the model at ``input_path``, checks it and writes it to ``output_path`` (with its
-    external data file beside it when the input had external data or is too large for one
-    protobuf message). Nothing is written when the check fails."""
+    external data file beside it when the input had external data or its tensors pass
+    AUTO_EXTERNAL_BYTES). Nothing is written when the check fails; the input files are only read.
+
+    max_memory: bytes; a model whose estimated peak (``estimated_peak``) exceeds it is refused
+    (MemoryError) before its tensors are read. Unreadable input: UnreadableModel; a file that
+    cannot be written (a full disk): WriteError; both name the file and the reason."""
     out = out or sys.stdout
     providers = list(providers or ["CPUExecutionProvider"])
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     report = Report()
+    preflight(input_path, output_path, max_memory)
     try:
         model = load(input_path)
         check_external_files(model)
     except Exception as e:  # protobuf's DecodeError, a missing external data file, ...
         raise UnreadableModel(f"cannot read {input_path} as an ONNX model: {e}") from e
-    external = uses_external_data(model) or tensor_bytes(model) > PROTOBUF_LIMIT
+    if model.ir_version is None or model.ir_version <= 0:
+        raise UnreadableModel(f"cannot read {input_path}: it is not an ONNX model (it parses as protobuf but has no "
+                              "IR version)")
+    external = uses_external_data(model)
+    check_memory(input_path, tensor_bytes(model), external, max_memory)  # exact now
+    external = external or tensor_bytes(model) > AUTO_EXTERNAL_BYTES
     result = report.result = rewrite_model(model, silu=silu)
 
     print(f"opbridge optimize: {input_path} -> {output_path}", file=out)
@@ -945,6 +1229,8 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
     else:
         print("no GroupNorm pattern found: the model is unchanged", file=out)
         # Written as read (the rules' shape inference filled in value types it need not keep).
+        model = None
+        gc.collect()
         model = load(input_path)
     if result.skipped:
         print("left unchanged:", file=out)
@@ -952,14 +1238,17 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
             print(f"  {note}", file=out)
 
     folder = os.path.dirname(os.path.abspath(output_path))
-    os.makedirs(folder, exist_ok=True)
-    # Written to a scratch folder beside the destination first: checked from there, then moved,
-    # so that a failed check leaves nothing behind and IN may equal OUT.
-    scratch = tempfile.mkdtemp(prefix=".opbridge-optimize-", dir=folder)
+    # Written to a scratch folder beside the destination first: checked from there, then renamed
+    # into place, so that a failed check or write leaves nothing behind and IN may equal OUT.
+    with writing(output_path):
+        os.makedirs(folder, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix=".opbridge-optimize-", dir=folder)
     try:
         tmp_model = os.path.join(scratch, os.path.basename(output_path))
-        save(model, tmp_model, external)
-        del model
+        with writing(output_path):
+            save(model, tmp_model, external)
+        model = None
+        gc.collect()  # the model's graph forms cycles: its tensors go now, before the check
         if result.changed:
             failure = check_against(input_path, tmp_model, providers=providers, dims=dims or {}, runs=runs,
                                     tol=tolerance, out=out, seed=seed)
@@ -970,10 +1259,11 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
                 return report
         moved = []
         data = os.path.join(scratch, data_file_name(output_path))
-        if os.path.exists(data):
-            os.replace(data, os.path.join(folder, data_file_name(output_path)))
-            moved.append(os.path.join(os.path.dirname(output_path), data_file_name(output_path)))
-        os.replace(tmp_model, output_path)
+        with writing(output_path):
+            if os.path.exists(data):
+                os.replace(data, os.path.join(folder, data_file_name(output_path)))
+                moved.append(os.path.join(os.path.dirname(output_path), data_file_name(output_path)))
+            os.replace(tmp_model, output_path)
         moved.insert(0, output_path)
         report.written = moved
         print(f"\nwrote {' + '.join(moved)}", file=out)
@@ -994,11 +1284,14 @@ def parse_dims(items: Sequence[str]) -> dict[str, int]:
 
 
 def main(input_path: str, output_path: str, *, silu: bool = True, providers: Sequence[str] | None = None,
-         dims: Sequence[str] = (), runs: int = DEFAULT_RUNS, tolerance: float | None = None, seed: int = 0) -> int:
+         dims: Sequence[str] = (), runs: int = DEFAULT_RUNS, tolerance: float | None = None, seed: int = 0,
+         max_memory: str | None = None) -> int:
     """The ``opbridge optimize`` command. Exit status: 0 written; 1 the check failed (nothing
-    written); 2 bad arguments or an unreadable input."""
+    written); 2 bad arguments, an unreadable input, a model too large for the memory allowed, or
+    an output that could not be written."""
     try:
         parsed = parse_dims(dims)
+        limit = parse_size(max_memory) if max_memory is not None else available_memory()
     except ValueError as e:
         print(f"opbridge optimize: {e}", file=sys.stderr)
         return 2
@@ -1013,11 +1306,11 @@ def main(input_path: str, output_path: str, *, silu: bool = True, providers: Seq
         return 2
     try:
         report = optimize(input_path, output_path, silu=silu, providers=providers, dims=parsed, runs=runs,
-                          tolerance=tolerance, seed=seed)
+                          tolerance=tolerance, seed=seed, max_memory=limit)
     except ImportError as e:
         print(f"opbridge optimize needs onnx, onnxscript and onnxruntime: {e}", file=sys.stderr)
         return 2
-    except UnreadableModel as e:
+    except (UnreadableModel, MemoryError, WriteError) as e:
         print(f"opbridge optimize: {e}", file=sys.stderr)
         return 2
     return 0 if report.ok else 1

@@ -67,7 +67,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     from ._optimize import main as optimize_main
 
     return optimize_main(args.input, args.output, silu=not args.no_silu, providers=args.provider, dims=args.dim,
-                         runs=args.runs, tolerance=args.tolerance, seed=args.seed)
+                         runs=args.runs, tolerance=args.tolerance, seed=args.seed, max_memory=args.max_memory)
 
 
 def _cmd_new_op(args: argparse.Namespace) -> int:
@@ -130,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="max |rewritten - original| allowed, relative to max(1, max |original|) per output "
                         "(default: 1e-3 for float32/float64, 2e-2 for float16, 5e-2 for bfloat16)")
     o.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: %(default)s)")
+    o.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="refuse, before reading its tensors, a model whose rewrite and check would need more "
+                        "memory than SIZE (e.g. 8G or 8GiB = 8 x 2**30 bytes, 8GB = 8 x 10**9, 512M; default: the "
+                        "memory available now); see docs/optimize.md")
     n = sub.add_parser(
         "new-op",
         help="scaffold a project of your own op (declaration, CPU kernels, ORT and torch adapters, Python "

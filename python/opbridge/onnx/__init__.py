@@ -240,7 +240,9 @@ def export(
 ) -> onnx.ModelProto:
     """Exports ``model(*args)`` to ONNX, lowering opbridge ops (and torch ops opbridge knows,
     e.g. torch.linalg.inv) as chosen by ``lowering``. Returns the ModelProto and, when ``f`` is
-    given, writes it there.
+    given, writes it there (under a temporary name, renamed when complete). With external data
+    the returned ModelProto is the one in ``f``: the graph, and for each large tensor its location,
+    offset and length in ``<f>.data`` instead of the tensor (``onnx.load(f)`` loads both).
 
     dynamo: True for the dynamo exporter (torch.export + onnxscript), False for the TorchScript
         exporter (opsets <= 20).
@@ -264,9 +266,13 @@ def export(
         GroupNormalization-21) becomes ``ai.opbridge::GroupNorm``, and a GroupNorm followed by SiLU
         (F.silu, nn.SiLU, x * sigmoid(x)) whose output nothing else reads becomes one node with
         ``activation="silu"`` (docs/optimize.md lists the exact patterns). False: as exported.
-    external_data: True: tensors go to ``<f>.data`` beside ``f`` (needed past protobuf's 2 GB
-        limit); False: all in ``f``; None (default): external exactly when the model's tensors
-        exceed that limit. The returned ModelProto then refers to the data file.
+    external_data: True: tensors over 1 KiB go to ``<f>.data`` beside ``f``; False: all in ``f``
+        (up to protobuf's 2 GB limit; writing one file serializes the model in memory, about twice
+        its size); None (default): external when the model's tensors pass 256 MiB
+        (``opbridge._optimize.AUTO_EXTERNAL_BYTES``), as torch.onnx.export writes them. External
+        tensors are written one at a time, straight from the exported model (torch's own memory
+        with the dynamo exporter): export then needs no more memory than torch.onnx.export itself
+        (docs/optimize.md, "Real-size models").
     kwargs: passed to ``torch.onnx.export`` (input_names, output_names, dynamic_shapes, ...).
 
     The model is self-describing and as portable as its opset allows: every ``ai.opbridge`` node
@@ -279,52 +285,105 @@ def export(
     cfg = _config(lowering, custom_opsets, opset)
     new_export()
     args = _tensor_args(args)
+    if f is not None:
+        f = os.fspath(f)
+    elif external_data:
+        raise ValueError("external_data=True needs a file name f to write the data beside")
 
-    if dynamo:
-        table = dict(translation_table(cfg.lowering, cfg.custom_opsets, cfg.opset_version))
-        table.update(kwargs.pop("custom_translation_table", None) or {})
-        dyn = _dynamic.plan(args, _input_names(model, args), kwargs, dynamo=True, dynamic_batch=dynamic_batch)
-        kwargs.update(dyn.kwargs)
-        dyn.warn()
-        kwargs.setdefault("verbose", False)
-        with _quiet_exporter(), dyn.quiet():
-            program = torch.onnx.export(
-                model, args, dynamo=True, opset_version=max(opset, _DYNAMO_MIN_OPSET), custom_translation_table=table,
-                **kwargs,
-            )
-        proto = _external_data.dynamo_proto(program, f, external_data)
-        # The exporter stamps custom domains with their schemas' versions; honour the request
-        # (declared ops' domains are stamped by _finalize, from the nodes).
-        for imp in proto.opset_import:
-            if imp.domain and imp.domain in cfg.custom_opsets:
-                imp.version = int(cfg.custom_opsets[imp.domain])
-        if opset < _DYNAMO_MIN_OPSET:
-            proto = _convert_opset(proto, opset)
-    else:
-        names = kwargs.pop("input_names", None) or _input_names(model, args)
-        dyn = _dynamic.plan(args, names, kwargs, dynamo=False, dynamic_batch=dynamic_batch)
-        kwargs.update(dyn.kwargs)
-        dyn.warn()
-        # Domains not listed are imported at version 1 (= DOMAIN_VERSION), and only if used.
-        opsets = dict(cfg.custom_opsets)
-        opsets.update(kwargs.pop("custom_opsets", None) or {})
-
-        def export_to(target: Any) -> None:
-            with _quiet_exporter(), symbolics_registered(cfg.lowering, cfg.custom_opsets, cfg.opset_version):
-                torch.onnx.export(
-                    model, args, target, dynamo=False, opset_version=opset, input_names=names,
-                    custom_opsets=opsets, **kwargs,
+    with contextlib.ExitStack() as stack:
+        if dynamo:
+            table = dict(translation_table(cfg.lowering, cfg.custom_opsets, cfg.opset_version))
+            table.update(kwargs.pop("custom_translation_table", None) or {})
+            dyn = _dynamic.plan(args, _input_names(model, args), kwargs, dynamo=True, dynamic_batch=dynamic_batch)
+            kwargs.update(dyn.kwargs)
+            dyn.warn()
+            kwargs.setdefault("verbose", False)
+            with _quiet_exporter(), dyn.quiet():
+                program = torch.onnx.export(
+                    model, args, dynamo=True, opset_version=max(opset, _DYNAMO_MIN_OPSET),
+                    custom_translation_table=table, **kwargs,
                 )
+            # The exported model as onnx_ir holds torch's own tensors: nothing is copied until
+            # the tensors are written.
+            ir_model = program.model
+            del program
+            external = f is not None and _external_data.wants_external(
+                external_data, _external_data.tensor_bytes(ir_model))
+            # The exporter stamps custom domains with their schemas' versions; honour the request
+            # (declared ops' domains are stamped by _finalize, from the nodes).
+            for domain in list(ir_model.opset_imports):
+                if domain and domain in cfg.custom_opsets:
+                    ir_model.opset_imports[domain] = int(cfg.custom_opsets[domain])
+        else:
+            names = kwargs.pop("input_names", None) or _input_names(model, args)
+            dyn = _dynamic.plan(args, names, kwargs, dynamo=False, dynamic_batch=dynamic_batch)
+            kwargs.update(dyn.kwargs)
+            dyn.warn()
+            # Domains not listed are imported at version 1 (= DOMAIN_VERSION), and only if used.
+            opsets = dict(cfg.custom_opsets)
+            opsets.update(kwargs.pop("custom_opsets", None) or {})
 
-        proto = _external_data.torchscript_proto(export_to, model, f, external_data)
-    if fuse and cfg.lowering_for(("opbridge::group_norm", "group_norm")) == "custom":
-        from .._optimize import fuse_exported
+            def export_to(target: Any) -> None:
+                with _quiet_exporter(), symbolics_registered(cfg.lowering, cfg.custom_opsets, cfg.opset_version):
+                    torch.onnx.export(
+                        model, args, target, dynamo=False, opset_version=opset, input_names=names,
+                        custom_opsets=opsets, **kwargs,
+                    )
 
-        proto = fuse_exported(proto, base_dir=None if f is None else os.path.dirname(os.path.abspath(os.fspath(f))))
+            # Decided before exporting, from the module's state: the exporter serializes into
+            # memory (one file) or to a folder (external data). Without a file, only protobuf's
+            # limit counts (past it torchscript_model asks for a file).
+            state = _external_data.state_bytes(model) if external_data is None else 0
+            external = (_external_data.wants_external(external_data, state) if f is not None
+                        else state > _external_data.IN_MEMORY_LIMIT)
+            ir_model = _external_data.torchscript_model(export_to, f, external, stack)
+        return _write(ir_model, f, external, cfg, fuse=fuse, convert=dynamo and opset < _DYNAMO_MIN_OPSET,
+                      external_data=external_data)
+
+
+def _write(model: Any, f: str | None, external: bool, cfg: ExportConfig, *, fuse: bool, convert: bool,
+           external_data: bool | None) -> onnx.ModelProto:
+    """The common end of both exporters: fusion, tensors to ``<f>.data`` (when ``external``),
+    opset conversion (``convert``: the dynamo exporter wrote opset 18, lower was asked for),
+    fix-ups, and the file. ``model`` is an onnx_ir Model; the ModelProto is made once, after the
+    tensors went to disk, so that it refers to them instead of copying them."""
+    import onnx_ir as ir
+
+    fuse = fuse and cfg.lowering_for(("opbridge::group_norm", "group_norm")) == "custom"
+    if fuse and not convert:
+        # On the exporter's model, before any copy (the rules read small constants only).
+        from .._optimize import EXPORT_SOURCES, rewrite_model
+
+        rewrite_model(model, sources=EXPORT_SOURCES)
+        fuse = False
+    if external:
+        _external_data.unload(model, f)
+    _type_custom_outputs(model)
+    proto = ir.serde.serialize_model(model)
+    if convert:
+        # onnx's converter works on a ModelProto (small by now when the tensors are external);
+        # the fusion follows it, as it matches the converted opset's forms.
+        proto = _convert_opset(proto, cfg.opset_version)
+        if fuse:
+            from .._optimize import fuse_exported
+
+            proto = fuse_exported(proto, base_dir=None if f is None else os.path.dirname(os.path.abspath(f)))
     _finalize(proto, cfg)
     if f is not None:
         _external_data.save(proto, f, external_data)
     return proto
+
+
+def _type_custom_outputs(model: Any) -> None:
+    """Types and shapes for ai.opbridge node outputs that have none, inferred on the onnx_ir model
+    (which leaves large tensors out of onnx's inference; _finalize's check on the ModelProto then
+    finds nothing to do)."""
+    for node in model.graph:
+        if node.domain == DOMAIN and any(o.shape is None or o.dtype is None for o in node.outputs):
+            from .._optimize import infer_shapes_ir
+
+            infer_shapes_ir(model)
+            return
 
 
 def _convert_opset(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:

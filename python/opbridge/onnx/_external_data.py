@@ -1,18 +1,21 @@
-"""Models past protobuf's 2 GB limit in ``opbridge.onnx.export``: tensors in an external data file.
+"""Where ``opbridge.onnx.export`` puts a model's tensors, and how it writes them without copies.
 
 A ModelProto is one protobuf message and cannot be serialized past 2 GiB. With external data the
 model file holds the graph and each large tensor's (location, offset, length) in ``<f>.data``
 beside it; ONNX Runtime, ``onnx.load`` and ``opbridge check``/``optimize`` read that file from
 the model's folder.
 
-``export`` writes external data when asked (``external_data=True``) or, by default, when the
-model's tensors would not fit in one message. The tensors then go to disk straight from the
-exporter's model (no copy of the whole model in memory) and the ModelProto that ``export``
-returns refers to the data file instead of holding the tensors.
+With a file target, ``export`` writes external data when asked (``external_data=True``) or, by
+default, when the model's tensors pass AUTO_EXTERNAL_BYTES. The tensors then go to disk straight
+from the exported model (from torch's own memory with the dynamo exporter): no serialized copy of
+the model is ever made, and the ModelProto that ``export`` returns refers to the data file instead
+of holding the tensors. Below that size the model stays in one file, as ``torch.onnx.export``
+writes it with the TorchScript exporter.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -20,41 +23,35 @@ from typing import Any, Callable
 
 import onnx
 
-from .._optimize import EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, PROTOBUF_LIMIT, data_file_name, tensor_bytes
+from .._optimize import (AUTO_EXTERNAL_BYTES, EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, PROTOBUF_LIMIT,
+                         data_file_name, tensor_bytes, write_file, writing)
 
-# Past this many tensor bytes the model goes external by default: the limit less room for the
-# graph itself (nodes, names, shapes), which a large model's tensors dwarf.
-AUTO_EXTERNAL_BYTES = PROTOBUF_LIMIT - (64 << 20)
+
+# Tensor bytes past which a model cannot be one protobuf message: the limit less room for the graph
+# itself (nodes, names, shapes), which a large model's tensors dwarf.
+IN_MEMORY_LIMIT = PROTOBUF_LIMIT - (64 << 20)
 
 
 def wants_external(external_data: bool | None, nbytes: int) -> bool:
-    """external_data as the caller gave it (True/False), or None: only when needed."""
+    """external_data as the caller gave it (True/False), or None: past AUTO_EXTERNAL_BYTES."""
     if external_data is not None and not isinstance(external_data, bool):
         raise TypeError(f"external_data must be True, False or None (automatic), got {external_data!r}")
     return bool(external_data) if external_data is not None else nbytes > AUTO_EXTERNAL_BYTES
 
 
-def _unload(model: Any, f: str | os.PathLike) -> None:
-    """Moves ``model``'s (an onnx_ir Model) initializers into ``<f>.data`` beside ``f``."""
+def unload(model: Any, f: str | os.PathLike) -> None:
+    """Writes ``model``'s (an onnx_ir Model) tensors over 1 KiB to ``<f>.data`` beside ``f``,
+    one tensor at a time (large ones at 64 KiB-aligned offsets, so that ONNX Runtime can
+    memory-map them), and makes the model refer to them there."""
     import onnx_ir as ir
 
     f = os.path.abspath(os.fspath(f))
-    ir.external_data.unload_from_model(model, os.path.dirname(f), data_file_name(f),
-                                       size_threshold_bytes=EXTERNAL_THRESHOLD, alignment=EXTERNAL_ALIGNMENT)
-
-
-def dynamo_proto(program: Any, f: str | os.PathLike | None, external_data: bool | None) -> onnx.ModelProto:
-    """The ModelProto of a dynamo ONNXProgram; with external data, tensors are first written to
-    ``<f>.data`` and the proto refers to them."""
-    import onnx_ir as ir
-
-    model = program.model
-    if f is None or not wants_external(external_data, tensor_bytes(model)):
-        if f is None and external_data:
-            raise ValueError("external_data=True needs a file name f to write the data beside")
-        return ir.serde.serialize_model(model)
-    _unload(model, f)
-    return ir.serde.serialize_model(model)
+    folder = os.path.dirname(f)
+    os.makedirs(folder, exist_ok=True)
+    # onnx_ir writes the data file under a temporary name and renames it when complete.
+    with writing(os.path.join(folder, data_file_name(f))):
+        ir.external_data.unload_from_model(model, folder, data_file_name(f), size_threshold_bytes=EXTERNAL_THRESHOLD,
+                                           alignment=EXTERNAL_ALIGNMENT)
 
 
 def state_bytes(module: Any) -> int:
@@ -74,43 +71,36 @@ def state_bytes(module: Any) -> int:
     return total
 
 
-def torchscript_proto(export_to: Callable[[Any], None], module: Any, f: str | os.PathLike | None,
-                      external_data: bool | None) -> onnx.ModelProto:
+def torchscript_model(export_to: Callable[[Any], None], f: str | os.PathLike | None, external: bool,
+                      stack: contextlib.ExitStack) -> Any:
     """Runs the TorchScript exporter (``export_to(target)``, target a BytesIO or a path) and
-    returns the ModelProto. It exports into memory, which protobuf limits to 2 GB; past that (or
-    when asked) it exports to a scratch folder beside ``f``, where torch writes one file per large
-    tensor, and moves the tensors into the single ``<f>.data``."""
+    returns the model as an onnx_ir Model.
+
+    In one file (``external`` False) it exports into memory, which protobuf limits to 2 GB. With
+    external data it exports to a scratch folder beside ``f`` (torch writes the model there, with
+    one file per large tensor past 2 GB), which ``stack`` removes on exit: the model's tensors
+    are read from there (memory-mapped) until ``unload`` writes them to ``<f>.data``."""
     import io
 
-    if not wants_external(external_data, state_bytes(module) if external_data is None else 0):
-        if f is None and external_data:
-            raise ValueError("external_data=True needs a file name f to write the data beside")
+    import onnx_ir as ir
+
+    if not external:
         buf = io.BytesIO()
         export_to(buf)
-        return onnx.load_from_string(buf.getvalue())
+        proto = onnx.load_from_string(buf.getvalue())
+        del buf
+        return ir.serde.deserialize_model(proto)
     if f is None:
         raise ValueError("this model's tensors exceed protobuf's 2 GB limit: pass a file name f, and "
                          "opbridge.onnx.export writes them to an external data file beside it")
-    import onnx_ir as ir
-
     folder = os.path.dirname(os.path.abspath(os.fspath(f)))
     os.makedirs(folder, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=".opbridge-export-", dir=folder)
-    try:
-        path = os.path.join(scratch, "model.onnx")
+    stack.callback(shutil.rmtree, scratch, ignore_errors=True)
+    path = os.path.join(scratch, "model.onnx")
+    with writing(os.fspath(f)):  # the scratch folder is f's: a full disk there is f's problem
         export_to(path)
-        model = ir.load(path)
-        # Tensors too small for the data file would still point into the scratch folder: read
-        # them now, before it goes.
-        for graph in (model.graph, *model.graph.subgraphs()):
-            for value in graph.initializers.values():
-                t = value.const_value
-                if isinstance(t, ir.ExternalTensor) and t.nbytes <= EXTERNAL_THRESHOLD:
-                    value.const_value = ir.tensor(t.numpy(), name=t.name)
-        _unload(model, f)
-        return ir.serde.serialize_model(model)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    return ir.load(path)
 
 
 def _tensors(graph: onnx.GraphProto):
@@ -130,16 +120,24 @@ def has_external_data(proto: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in _tensors(proto.graph))
 
 
-def save(proto: onnx.ModelProto, f: str | os.PathLike, external_data: bool | None) -> None:
-    """Writes ``proto`` to ``f``. A proto whose tensors are already in ``<f>.data`` is written
-    alone; one that is asked to be external or is too large for one message gets its tensors
-    written there now."""
+def save(proto: onnx.ModelProto, f: str | os.PathLike, external_data: bool | None = None) -> None:
+    """Writes ``proto`` to ``f`` (under a temporary name, renamed when complete). A proto whose
+    tensors are already in ``<f>.data`` is written alone; one too large for one message (more
+    tensor bytes than the module's state foretold: the exporter's own constants) gets its tensors
+    written there now, unless the caller asked for one file (``external_data=False``)."""
     f = os.fspath(f)
-    if has_external_data(proto):
-        onnx.save(proto, f)
-        return
-    if wants_external(external_data, proto.ByteSize() if external_data is None else 0):
-        onnx.save_model(proto, f, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_file_name(f), size_threshold=EXTERNAL_THRESHOLD)
-        return
-    onnx.save(proto, f)
+    if not has_external_data(proto) and proto.ByteSize() > PROTOBUF_LIMIT:
+        if external_data is False:
+            raise ValueError(f"external_data=False: the model ({proto.ByteSize() / 1e9:.2f} GB) cannot be one file "
+                             f"{f}: protobuf's limit is 2 GB; leave external_data at None or True")
+        import onnx_ir as ir
+
+        model = ir.serde.deserialize_model(proto)
+        unload(model, f)
+        proto = ir.serde.serialize_model(model)
+    with write_file(f) as tmp:
+        onnx.save(proto, tmp)
+
+
+__all__ = ["AUTO_EXTERNAL_BYTES", "IN_MEMORY_LIMIT", "has_external_data", "save", "state_bytes", "tensor_bytes", "torchscript_model",
+           "unload", "wants_external"]
