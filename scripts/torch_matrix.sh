@@ -11,7 +11,7 @@
 #    torch==<ver>, numpy, onnx, onnxscript, onnxruntime, pytest, hypothesis and the wheel (--no-deps);
 #    checks that the installed libopbridge_torch.so is byte for byte the built one;
 # 3. runs the torch-side test modules there with no compiler on PATH (only the venv's bin/ and a
-#    folder of a few shell tools): tests that build C++ skip themselves, nothing is compiled.
+#    folder of a few shell tools and binutils): tests that build C++ skip themselves, nothing is compiled.
 # Environment: PYTHON (dev interpreter, default: python), OPBRIDGE_TORCH_MATRIX_DIR (cache, default
 # $HOME/.cache/opbridge-torch-matrix: outside the clone, so that CI runs on one machine share it).
 # Exit status: non-zero when any version fails.
@@ -47,7 +47,7 @@ echo "   $(basename "$wheel"), libopbridge_torch.so sha256 $built ($((SECONDS - 
 tools="$cache/tools"
 rm -rf "$tools"
 mkdir -p "$tools"
-for t in sh bash env uname cat ls rm mkdir cp mv sed grep tr head tail date lscpu nproc; do
+for t in sh bash env uname cat ls rm mkdir cp mv sed grep tr head tail date lscpu nproc nm readelf strip; do
   p=$(command -v "$t" || true)
   [ -n "$p" ] && ln -s "$p" "$tools/$t"
 done
@@ -72,7 +72,7 @@ for v in "${versions[@]}"; do
     status=1
     continue
   fi
-  if env PATH="$venv/bin:$tools" OPBRIDGE_EXPECT_TORCH="$v" "$venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}"; then
+  if env PATH="$venv/bin:$tools" OPBRIDGE_EXPECT_TORCH="$v" "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "${tests[@]}"; then
     result[$v]="passed ($((SECONDS - t0)) s)"
   else
     result[$v]="FAILED ($((SECONDS - t0)) s)"

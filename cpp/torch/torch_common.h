@@ -29,7 +29,9 @@
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
 
-namespace opbridge::torch_adapter {
+// Hidden, like torch's stable types it holds: each library embeds its own copy of the adapter.
+namespace opbridge {
+namespace torch_adapter __attribute__((visibility("hidden"))) {
 
 using Tensor = torch::stable::Tensor;
 using ScalarType = torch::headeronly::ScalarType;
@@ -230,4 +232,5 @@ decltype(auto) dispatch_float(ScalarType t, std::string_view qualname, F&& f) {
   }
 }
 
-}  // namespace opbridge::torch_adapter
+}  // namespace torch_adapter
+}  // namespace opbridge

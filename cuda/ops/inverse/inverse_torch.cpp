@@ -58,8 +58,12 @@ void inverse_cuda_impl(TorchCall& c) {
   c.set_output(0, std::move(y));
 }
 
+const char* opbridge_namespace() { return "opbridge"; }
+
 }  // namespace
 
-OPBRIDGE_TORCH_LIBRARY_IMPL(CUDA, m) { m.impl("inverse", OPBRIDGE_DECLARED_KERNEL(inverse_decl, inverse_cuda_impl)); }
+// The library's namespace spelled out (this file is also syntax-checked on its own, without
+// opbridge_add_op's OPBRIDGE_TORCH_NAMESPACE).
+STABLE_TORCH_LIBRARY_IMPL(opbridge, CUDA, m) { m.impl("inverse", &declared_kernel<&inverse_decl, &inverse_cuda_impl, &opbridge_namespace>); }
 
 }  // namespace opbridge::torch_adapter

@@ -108,10 +108,14 @@ void ms_deform_attn_backward_cuda_impl(StableIValue* stack, uint64_t num_args, u
   BoxedArgs::set(stack, 2, grad_attn);
 }
 
+const char* opbridge_namespace() { return "opbridge"; }
+
 }  // namespace
 
-OPBRIDGE_TORCH_LIBRARY_IMPL(CUDA, m) {
-  m.impl("ms_deform_attn", OPBRIDGE_DECLARED_KERNEL(ms_deform_attn_decl, ms_deform_attn_cuda_impl));
+// The library's namespace spelled out (this file is also syntax-checked on its own, without
+// opbridge_add_op's OPBRIDGE_TORCH_NAMESPACE).
+STABLE_TORCH_LIBRARY_IMPL(opbridge, CUDA, m) {
+  m.impl("ms_deform_attn", &declared_kernel<&ms_deform_attn_decl, &ms_deform_attn_cuda_impl, &opbridge_namespace>);
   m.impl("ms_deform_attn_backward", &ms_deform_attn_backward_cuda_impl);
 }
 
