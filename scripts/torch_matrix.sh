@@ -10,7 +10,8 @@
 #    torch's CUDA builds bring 4-5 GB of nvidia-* wheels, which pip's own cache also keeps) with
 #    torch==<ver>, numpy, onnx, onnxscript, onnxruntime, pytest, hypothesis and the wheel (--no-deps);
 #    checks that the installed libopbridge_torch.so is byte for byte the built one;
-# 3. runs the torch-side test modules there with no compiler on PATH (only the venv's bin/ and a
+#    the same for a user's op project, examples/rms_norm (opbridge new-op's layout), built once;
+# 3. runs the torch-side test modules there, and the project's own tests, with no compiler on PATH (only the venv's bin/ and a
 #    folder of a few shell tools and binutils): tests that build C++ skip themselves, nothing is compiled.
 # Environment: PYTHON (dev interpreter, default: python), OPBRIDGE_TORCH_MATRIX_DIR (cache, default
 # $HOME/.cache/opbridge-torch-matrix: outside the clone, so that CI runs on one machine share it).
@@ -42,6 +43,16 @@ print(hashlib.sha256(z.read("opbridge/libopbridge_torch.so")).hexdigest())
 PY
 )
 echo "   $(basename "$wheel"), libopbridge_torch.so sha256 $built ($((SECONDS - t_start)) s)"
+# A user's project, built once against the dev environment's torch and opbridge.
+"$py" -m pip wheel --no-build-isolation --no-deps -q -w "$cache/dist" examples/rms_norm
+user_wheel=$(ls "$cache"/dist/myops-*.whl)
+user_built=$("$py" - "$user_wheel" <<'PY'
+import hashlib, sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+print(hashlib.sha256(z.read(next(n for n in z.namelist() if n.endswith("_torch.so")))).hexdigest())
+PY
+)
+echo "   $(basename "$user_wheel"), its torch library sha256 $user_built ($((SECONDS - t_start)) s)"
 
 # A PATH without compilers: the venv's bin/ and these tools only.
 tools="$cache/tools"
@@ -64,15 +75,17 @@ for v in "${versions[@]}"; do
     "$venv/bin/python" -m pip install -q "torch==$v" numpy onnx onnxscript onnxruntime pytest hypothesis expecttest
     touch "$venv/.ready"
   fi
-  "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
+  "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" "$user_wheel"
   got=$("$venv/bin/python" -c "import hashlib, opbridge; print(hashlib.sha256(open(opbridge.torch_library_path(), 'rb').read()).hexdigest())")
   echo "== torch $v ($("$venv/bin/python" -c 'import torch; print(torch.__version__)')), libopbridge_torch.so sha256 $got"
-  if [ "$got" != "$built" ]; then
+  user_got=$("$venv/bin/python" -c "import glob, hashlib, os, myops; print(hashlib.sha256(open(glob.glob(os.path.join(os.path.dirname(myops.__file__), '*_torch.so'))[0], 'rb').read()).hexdigest())")
+  if [ "$got" != "$built" ] || [ "$user_got" != "$user_built" ]; then
     result[$v]="FAILED (installed library differs from the built one)"
     status=1
     continue
   fi
-  if env PATH="$venv/bin:$tools" OPBRIDGE_EXPECT_TORCH="$v" "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "${tests[@]}"; then
+  if env PATH="$venv/bin:$tools" OPBRIDGE_EXPECT_TORCH="$v" "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "${tests[@]}" \
+     && (cd examples/rms_norm && env PATH="$venv/bin:$tools" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests); then
     result[$v]="passed ($((SECONDS - t0)) s)"
   else
     result[$v]="FAILED ($((SECONDS - t0)) s)"

@@ -397,7 +397,7 @@ TorchCall::TorchCall(const OpDecl& decl, std::string_view qualname, StableIValue
 
 const Tensor& TorchCall::in(std::string_view name) const {
   const int64_t i = decl_->input_index(name);
-  if (i < 0) throw std::runtime_error(qualname_ + ": no input named " + std::string(name));
+  if (i < 0) throw std::runtime_error(std::string(qualname_) + ": no input named " + std::string(name));
   const auto& t = inputs_[static_cast<size_t>(i)];
   return t.has_value() ? *t : undefined_tensor();
 }
@@ -405,7 +405,7 @@ const Tensor& TorchCall::in(std::string_view name) const {
 const Tensor& TorchCall::host(std::string_view name) const {
   const int64_t i = decl_->input_index(name);
   if (i < 0 || !host_[static_cast<size_t>(i)].has_value()) {
-    throw std::runtime_error(qualname_ + ": no host_memory input named " + std::string(name));
+    throw std::runtime_error(std::string(qualname_) + ": no host_memory input named " + std::string(name));
   }
   return *host_[static_cast<size_t>(i)];
 }

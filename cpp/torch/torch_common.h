@@ -155,10 +155,11 @@ class TorchCall {
  public:
   // Reads the arguments (schema order), checks devices (tensor inputs other than host_memory
   // ones on the first input's device) and runs check_call; throws the tagged error on failure.
+  // qualname must outlive the call (a literal or a static string).
   TorchCall(const OpDecl& decl, std::string_view qualname, StableIValue* stack, uint64_t num_args);
 
   const OpDecl& decl() const { return *decl_; }
-  const std::string& qualname() const { return qualname_; }
+  std::string_view qualname() const { return qualname_; }
   const OpCall& call() const { return call_; }
   // The tensor input of that name (undefined for an absent optional input).
   const Tensor& in(std::string_view name) const;
@@ -173,7 +174,7 @@ class TorchCall {
 
  private:
   const OpDecl* decl_;
-  std::string qualname_;
+  std::string_view qualname_;
   OpCall call_;
   std::vector<std::optional<Tensor>> inputs_;  // per declared input (empty: absent)
   std::vector<std::optional<Tensor>> host_;    // per declared input (set for host_memory ones)
