@@ -46,7 +46,42 @@ int32_t device_type(const Tensor& t) {
   return v;
 }
 
+// The shim's numbers of the dtypes the kernels use, asked once.
+struct ShimDtypes {
+  int32_t f32 = aoti_torch_dtype_float32(), f64 = aoti_torch_dtype_float64(), f16 = aoti_torch_dtype_float16(),
+          bf16 = aoti_torch_dtype_bfloat16(), i64 = aoti_torch_dtype_int64(), u8 = aoti_torch_dtype_uint8();
+};
+const ShimDtypes& shim_dtypes() {
+  static const ShimDtypes d;
+  return d;
+}
+
+int32_t shim_dtype(ScalarType t) {
+  const ShimDtypes& d = shim_dtypes();
+  switch (t) {
+    case ScalarType::Float: return d.f32;
+    case ScalarType::Double: return d.f64;
+    case ScalarType::Half: return d.f16;
+    case ScalarType::BFloat16: return d.bf16;
+    case ScalarType::Long: return d.i64;
+    case ScalarType::Byte: return d.u8;
+    default: return torch::stable::detail::to<int32_t>(torch::stable::detail::from(t));
+  }
+}
+
 }  // namespace
+
+ScalarType dtype(const Tensor& t) {
+  int32_t v = 0;
+  shim_check(aoti_torch_get_dtype(t.get(), &v), "aoti_torch_get_dtype");
+  const ShimDtypes& d = shim_dtypes();
+  if (v == d.f32) return ScalarType::Float;
+  if (v == d.f64) return ScalarType::Double;
+  if (v == d.f16) return ScalarType::Half;
+  if (v == d.bf16) return ScalarType::BFloat16;
+  if (v == d.i64) return ScalarType::Long;
+  return t.scalar_type();
+}
 
 ElemType elem_type(ScalarType t) {
   switch (t) {
@@ -126,18 +161,17 @@ Tensor empty_strided(const std::vector<int64_t>& sizes, const std::vector<int64_
   shim_check(aoti_torch_get_device_index(like.get(), &dev_index), "aoti_torch_get_device_index");
   AtenTensorHandle out = nullptr;
   shim_check(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), st.data(),
-                                      torch::stable::detail::to<int32_t>(torch::stable::detail::from(dtype)),
-                                      device_type(like), dev_index, &out),
+                                      shim_dtype(dtype), device_type(like), dev_index, &out),
              "aoti_torch_empty_strided");
   return Tensor(out);
 }
 
-Tensor empty_like(const Tensor& t) { return torch_adapter::empty(sizes(t), t.scalar_type(), t); }
+Tensor empty_like(const Tensor& t) { return torch_adapter::empty(sizes(t), torch_adapter::dtype(t), t); }
 
 Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
 
-Tensor to_dtype(const Tensor& t, ScalarType dtype) {
-  return t.scalar_type() == dtype ? t : torch::stable::to(t, dtype);
+Tensor to_dtype(const Tensor& t, ScalarType type) {
+  return torch_adapter::dtype(t) == type ? t : torch::stable::to(t, type);
 }
 
 Tensor to_cpu(const Tensor& t) {
@@ -177,7 +211,7 @@ bool uses_channels_last(const Tensor& x) {
 
 Tensor empty_in_layout(const Tensor& x, bool channels_last) {
   const auto sz = sizes(x);
-  if (!channels_last) return torch_adapter::empty(sz, x.scalar_type(), x);
+  if (!channels_last) return torch_adapter::empty(sz, torch_adapter::dtype(x), x);
   // The strides of a contiguous [N, *spatial, C] buffer, in x's dimension order.
   const auto order = channels_last_order(x.dim());
   std::vector<int64_t> st(sz.size());
@@ -186,7 +220,7 @@ Tensor empty_in_layout(const Tensor& x, bool channels_last) {
     st[order[k]] = s;
     s *= sz[order[k]] > 1 ? sz[order[k]] : 1;
   }
-  return empty_strided(sz, st, x.scalar_type(), x);
+  return empty_strided(sz, st, torch_adapter::dtype(x), x);
 }
 
 Tensor in_layout(const Tensor& t, bool channels_last) {
@@ -373,13 +407,14 @@ TorchCall::TorchCall(const OpDecl& decl, std::string_view qualname, StableIValue
     const Tensor& t = *inputs_[i];
     TensorArg& arg = call_.input(i);
     arg.present = true;
-    arg.type = elem_type(t.scalar_type());
+    const ScalarType type = torch_adapter::dtype(t);
+    arg.type = elem_type(type);
     const auto sz = t.sizes();
     arg.shape.assign(sz.begin(), sz.end());
     if (a->host_memory) {
       // Validation reads these values: a contiguous CPU copy (one sync for a device tensor).
       host_[i] = torch_adapter::contiguous(to_cpu(t));
-      if (t.scalar_type() == ScalarType::Long) arg.data = host_[i]->data_ptr();
+      if (type == ScalarType::Long) arg.data = host_[i]->data_ptr();
       continue;
     }
     if (first == nullptr) {

@@ -57,6 +57,9 @@ inline void check_type(bool cond, std::string_view qualname, const std::string& 
 }
 
 // ---- tensors -----------------------------------------------------------------------------------
+// t's dtype, as t.scalar_type() but with one shim call for the floating and int64 types (the
+// stable ABI's conversion asks the shim for each candidate in turn).
+ScalarType dtype(const Tensor& t);
 // The ONNX element type of a torch dtype (kUndefined for others).
 ElemType elem_type(ScalarType t);
 // "float32", "int64", ... (torch's Python names).

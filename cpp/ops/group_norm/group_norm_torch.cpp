@@ -34,7 +34,7 @@ void group_norm_cpu_impl(TorchCall& c) {
   const GroupNormDims d = dims_of(xc, num_groups, cl);
   const Tensor wc = contiguous_or_undefined(c.in("weight")), bc = contiguous_or_undefined(c.in("bias"));
   Tensor y = empty_in_layout(xc, cl);
-  dispatch_float(x.scalar_type(), kOp, [&](auto tag) {
+  dispatch_float(dtype(x), kOp, [&](auto tag) {
     using T = decltype(tag);
     c.check(group_norm_cpu<T>(ptr<T>(xc), opt_ptr<T>(wc), opt_ptr<T>(bc), mutable_ptr<T>(y), d, eps, act, nullptr,
                               nullptr, torch_parallel()));
@@ -58,13 +58,13 @@ void group_norm_backward_cpu_impl(StableIValue* stack, uint64_t num_args, uint64
   const Activation act = activation_from_name(c.call().attr_string("activation"));
   const bool cl = uses_channels_last(x);
   const Tensor xc = cl ? x : contiguous(x);
-  const Tensor gc = in_layout(to_dtype(grad, x.scalar_type()), cl);
+  const Tensor gc = in_layout(to_dtype(grad, dtype(x)), cl);
   const GroupNormDims d = dims_of(xc, num_groups, cl);
   const Tensor wc = contiguous_or_undefined(c.in("weight")), bc = contiguous_or_undefined(c.in("bias"));
   Tensor dx = empty_in_layout(xc, cl);
-  Tensor dw = empty({d.C}, x.scalar_type(), x);
-  Tensor db = empty({d.C}, x.scalar_type(), x);
-  dispatch_float(x.scalar_type(), kBackwardOp, [&](auto tag) {
+  Tensor dw = empty({d.C}, dtype(x), x);
+  Tensor db = empty({d.C}, dtype(x), x);
+  dispatch_float(dtype(x), kBackwardOp, [&](auto tag) {
     using T = decltype(tag);
     check_status(group_norm_backward_cpu<T>(ptr<T>(gc), ptr<T>(xc), opt_ptr<T>(wc), opt_ptr<T>(bc), mutable_ptr<T>(dx),
                                             mutable_ptr<T>(dw), mutable_ptr<T>(db), d, eps, act, torch_parallel()),

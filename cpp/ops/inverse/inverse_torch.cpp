@@ -16,7 +16,7 @@ void inverse_cpu_impl(TorchCall& c) {
   const Tensor xc = contiguous(x);
   Tensor y = empty_like(xc);
   const Status status =
-      x.scalar_type() == ScalarType::Float
+      dtype(x) == ScalarType::Float
           ? inverse_cpu<float>(ptr<float>(xc), mutable_ptr<float>(y), d.batch, d.n, torch_parallel(), CpuIsa::kAuto,
                                nan_on_singular)
           : inverse_cpu<double>(ptr<double>(xc), mutable_ptr<double>(y), d.batch, d.n, torch_parallel(),

@@ -12,7 +12,7 @@ constexpr const char* kBackwardOp = "opbridge::ms_deform_attn_backward";
 
 MsDeformAttnArg arg(const Tensor& t) {
   const auto s = t.sizes();
-  return {s.data(), static_cast<int64_t>(s.size()), dtype_name(t.scalar_type())};
+  return {s.data(), static_cast<int64_t>(s.size()), dtype_name(dtype(t))};
 }
 
 void check_cpu(const Tensor& t, const char* name, const char* op) {
@@ -37,7 +37,7 @@ Checked check(const Tensor& value, const Tensor& spatial_shapes, const Tensor& l
   check_cpu(attention_weights, "attention_weights", op);
   if (grad_output != nullptr) check_cpu(*grad_output, "grad_output", op);
   const bool ints =
-      spatial_shapes.scalar_type() == ScalarType::Long && level_start_index.scalar_type() == ScalarType::Long;
+      dtype(spatial_shapes) == ScalarType::Long && dtype(level_start_index) == ScalarType::Long;
   Checked c{{}, ints ? contiguous(spatial_shapes) : spatial_shapes, ints ? contiguous(level_start_index) : level_start_index};
   MsDeformAttnArg go;
   if (grad_output != nullptr) go = arg(*grad_output);
@@ -55,8 +55,8 @@ void ms_deform_attn_cpu_impl(TorchCall& call) {
   const Checked c = check(value, call.in("spatial_shapes"), call.in("level_start_index"), loc_in, aw_in, nullptr);
   const MsDeformAttnDims& d = c.d;
   const Tensor v = contiguous(value), loc = contiguous(loc_in), aw = contiguous(aw_in);
-  Tensor out = empty({d.N, d.Lq, d.M * d.D}, value.scalar_type(), value);
-  dispatch_float(value.scalar_type(), kOp, [&](auto tag) {
+  Tensor out = empty({d.N, d.Lq, d.M * d.D}, dtype(value), value);
+  dispatch_float(dtype(value), kOp, [&](auto tag) {
     using T = decltype(tag);
     check_status(ms_deform_attn_cpu<T>(ptr<T>(v), ptr<int64_t>(c.shapes), ptr<int64_t>(c.starts), ptr<T>(loc),
                                        ptr<T>(aw), mutable_ptr<T>(out), d, torch_parallel()),
@@ -79,7 +79,7 @@ void ms_deform_attn_backward_cpu_impl(StableIValue* stack, uint64_t num_args, ui
   const Tensor go = contiguous(grad_output), v = contiguous(value), loc = contiguous(sampling_locations),
                aw = contiguous(attention_weights);
   Tensor grad_value = empty_like(v), grad_loc = empty_like(loc), grad_aw = empty_like(aw);
-  dispatch_float(value.scalar_type(), kOp, [&](auto tag) {
+  dispatch_float(dtype(value), kOp, [&](auto tag) {
     using T = decltype(tag);
     check_status(ms_deform_attn_backward_cpu<T>(ptr<T>(go), ptr<T>(v), ptr<int64_t>(c.shapes), ptr<int64_t>(c.starts),
                                                 ptr<T>(loc), ptr<T>(aw), mutable_ptr<T>(grad_value),

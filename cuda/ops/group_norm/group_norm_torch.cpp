@@ -35,7 +35,7 @@ void group_norm_cuda_impl(TorchCall& c) {
   const GroupNormDims d = group_norm_dims(s.data(), s.size(), num_groups, cl);
   if (d.S != 0) {
     const auto stream = static_cast<cudaStream_t>(current_cuda_stream(x));
-    dispatch_float(x.scalar_type(), kOp, [&](auto tag) {
+    dispatch_float(dtype(x), kOp, [&](auto tag) {
       using T = decltype(tag);
       // From torch's caching allocator: freed back to it (for this stream) when `ws` dies, after
       // the kernels that use it were queued, which is what the allocator expects.

@@ -42,7 +42,7 @@ void inverse_cuda_impl(TorchCall& c) {
                                    static_cast<uint64_t*>(info.data_ptr()), ws_bytes > 0 ? ws.data_ptr() : nullptr,
                                    ws_bytes, nan_on_singular);
   };
-  const cudaError_t err = x.scalar_type() == ScalarType::Float ? launch(float{}) : launch(double{});
+  const cudaError_t err = dtype(x) == ScalarType::Float ? launch(float{}) : launch(double{});
   if (err != cudaSuccess) {
     throw_error(nullptr, kOp, std::string("CUDA launch failed: ") + cudaGetErrorName(err) + " (" +
                                   cudaGetErrorString(err) + ")");

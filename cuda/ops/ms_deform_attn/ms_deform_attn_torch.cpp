@@ -58,9 +58,9 @@ void ms_deform_attn_cuda_impl(TorchCall& c) {
   const torch::stable::accelerator::DeviceGuard device_guard(value.get_device_index());
   const Tensor v = contiguous(value), loc = contiguous(c.in("sampling_locations")),
                attn = contiguous(c.in("attention_weights"));
-  Tensor out = empty({d.N, d.Lq, d.M * d.D}, value.scalar_type(), value);
+  Tensor out = empty({d.N, d.Lq, d.M * d.D}, dtype(value), value);
   const auto stream = static_cast<cudaStream_t>(current_cuda_stream(value));
-  dispatch_float(value.scalar_type(), kOp, [&](auto tag) {
+  dispatch_float(dtype(value), kOp, [&](auto tag) {
     using T = decltype(tag);
     check_launch(cuda::launch_ms_deform_attn<T>(stream, ptr<T>(v), ptr<int64_t>(p.shapes), ptr<int64_t>(p.starts),
                                                 ptr<T>(loc), ptr<T>(attn), mutable_ptr<T>(out), d),
@@ -76,9 +76,9 @@ void ms_deform_attn_backward_cuda_impl(StableIValue* stack, uint64_t num_args, u
   const Prepared p = prepare(c, kBackwardOp);
   const MsDeformAttnDims& d = p.d;
   const Tensor& value = c.in("value");
-  check_type(grad_output.scalar_type() == value.scalar_type(), kBackwardOp,
-             std::string("grad_output must have the dtype of value (") + dtype_name(value.scalar_type()) + "), got " +
-                 dtype_name(grad_output.scalar_type()));
+  check_type(dtype(grad_output) == dtype(value), kBackwardOp,
+             std::string("grad_output must have the dtype of value (") + dtype_name(dtype(value)) + "), got " +
+                 dtype_name(dtype(grad_output)));
   check_value(same_device(grad_output, value), kBackwardOp,
               "grad_output must be on value's device (" + device_string(value) + "), got " + device_string(grad_output));
   check_value(grad_output.dim() == 3 && grad_output.size(0) == d.N && grad_output.size(1) == d.Lq &&
@@ -91,7 +91,7 @@ void ms_deform_attn_backward_cuda_impl(StableIValue* stack, uint64_t num_args, u
                attn = contiguous(c.in("attention_weights"));
   Tensor grad_value = empty_like(v), grad_loc = empty_like(loc), grad_attn = empty_like(attn);
   const auto stream = static_cast<cudaStream_t>(current_cuda_stream(value));
-  dispatch_float(value.scalar_type(), kBackwardOp, [&](auto tag) {
+  dispatch_float(dtype(value), kBackwardOp, [&](auto tag) {
     using T = decltype(tag);
     // The 16-bit types accumulate grad_value in a float workspace: from torch's caching
     // allocator, released to it (for this stream) once the kernels are queued.
