@@ -75,17 +75,23 @@ for v in "${versions[@]}"; do
     "$venv/bin/python" -m pip install -q "torch==$v" numpy onnx onnxscript onnxruntime pytest hypothesis expecttest
     touch "$venv/.ready"
   fi
-  "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel" "$user_wheel"
+  "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
+  # The user's project in a folder of its own (PYTHONPATH for its tests only): installed in the
+  # venv, its entry point would make opbridge's torch-free tests import it, and torch with it.
+  "$venv/bin/python" -m pip uninstall -q -y myops > /dev/null 2>&1 || true
+  rm -rf "$cache/user-$v"
+  "$venv/bin/python" -m pip install -q --no-deps --target "$cache/user-$v" "$user_wheel"
   got=$("$venv/bin/python" -c "import hashlib, opbridge; print(hashlib.sha256(open(opbridge.torch_library_path(), 'rb').read()).hexdigest())")
   echo "== torch $v ($("$venv/bin/python" -c 'import torch; print(torch.__version__)')), libopbridge_torch.so sha256 $got"
-  user_got=$("$venv/bin/python" -c "import glob, hashlib, os, myops; print(hashlib.sha256(open(glob.glob(os.path.join(os.path.dirname(myops.__file__), '*_torch.so'))[0], 'rb').read()).hexdigest())")
+  user_got=$(sha256sum "$cache/user-$v"/myops/*_torch.so | cut -d' ' -f1)
   if [ "$got" != "$built" ] || [ "$user_got" != "$user_built" ]; then
     result[$v]="FAILED (installed library differs from the built one)"
     status=1
     continue
   fi
   if env PATH="$venv/bin:$tools" OPBRIDGE_EXPECT_TORCH="$v" "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "${tests[@]}" \
-     && (cd examples/rms_norm && env PATH="$venv/bin:$tools" "$venv/bin/python" -m pytest -q -p no:cacheprovider tests); then
+     && (cd examples/rms_norm && env PATH="$venv/bin:$tools" PYTHONPATH="$cache/user-$v" \
+           "$venv/bin/python" -m pytest -q -p no:cacheprovider tests); then
     result[$v]="passed ($((SECONDS - t0)) s)"
   else
     result[$v]="FAILED ($((SECONDS - t0)) s)"
