@@ -1,10 +1,11 @@
 # opbridge_find_torch([<error_var>]) - part of the installed opbridge CMake package.
 #
-# Defines the imported target opbridge::torch (torch's headers, its C++ ABI define and the
-# c10/torch_cpu/torch libraries, plus c10_cuda/torch_cuda for a CUDA torch) for the torch that
-# the Python interpreter imports: Python_EXECUTABLE (or Python3_EXECUTABLE), else the one
-# find_package(Python) finds. That torch must be the version opbridge's static torch adapter was
-# built against (opbridge_TORCH_VERSION): torch has no stable C++ ABI across versions.
+# Defines the imported target opbridge::torch for the torch that the Python interpreter imports
+# (Python_EXECUTABLE, or Python3_EXECUTABLE, else the one find_package(Python) finds): torch's
+# headers, TORCH_TARGET_VERSION (the LibTorch stable ABI of torch opbridge_TORCH_TARGET: what you
+# build loads into every torch from that release on) and libtorch_cpu for the C shim. Any torch
+# from opbridge_TORCH_TARGET on will do; nothing of libtorch's C++ API is available (c10's headers
+# refuse to compile under TORCH_TARGET_VERSION).
 # Sets opbridge_TORCH_HAS_CUDA in the caller's scope. Does nothing if opbridge::torch exists.
 # On failure: sets <error_var> to the reason and returns if given, else stops with an error.
 #
@@ -68,17 +69,14 @@ print(torch.version.cuda or "")
   if(n GREATER 4)
     list(GET lines 4 cuda)
   endif()
-  if(NOT version STREQUAL opbridge_TORCH_VERSION)
-    _opbridge_torch_fail("${py} imports torch ${version}, but opbridge's torch adapter was built against "
-                         "torch ${opbridge_TORCH_VERSION}. Use that torch, or rebuild opbridge against "
-                         "this one (pip install --no-build-isolation --force-reinstall opbridge).")
+  string(REGEX MATCH "^[0-9]+\\.[0-9]+" mm "${version}")
+  if(mm VERSION_LESS opbridge_TORCH_TARGET)
+    _opbridge_torch_fail("${py} imports torch ${version}; opbridge's torch adapter is built on the stable ABI "
+                         "of torch ${opbridge_TORCH_TARGET} and needs torch>=${opbridge_TORCH_TARGET} to build")
   endif()
   string(REPLACE "," ";" inc "${inc}")
   string(REPLACE "," ";" libdir "${libdir}")
-  set(names c10 torch_cpu torch)
-  if(cuda)
-    list(APPEND names c10_cuda torch_cuda)
-  endif()
+  set(names torch_cpu)
   set(libs "")
   foreach(name IN LISTS names)
     find_library(lib_${name} NAMES ${name} PATHS ${libdir} NO_DEFAULT_PATH NO_CACHE)
@@ -92,7 +90,7 @@ print(torch.version.cuda or "")
   add_library(opbridge::torch INTERFACE IMPORTED GLOBAL)
   set_target_properties(opbridge::torch PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES "${inc}"
-    INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=${abi}"
+    INTERFACE_COMPILE_DEFINITIONS "TORCH_TARGET_VERSION=${opbridge_TORCH_TARGET_VERSION}"
     INTERFACE_LINK_LIBRARIES "${libs}")
   set(has_cuda OFF)
   if(cuda)

@@ -11,12 +11,13 @@
 #   <op>_cpu_avx2.cpp, <op>_cpu_avx512.cpp  hot loops built for that instruction set (x86-64;
 #                                 the kernel picks one at run time with opbridge::cpu_isa())
 #   <op>_ort.cpp                  ORT op (OPBRIDGE_ORT_OP)                    -> <lib>_ort      required
-#   <op>_torch.cpp                torch schema + CPU impl (define_op)         -> <lib>_torch
+#   <op>_torch.cpp                torch schema + CPU impl (define_op), on the
+#                                 LibTorch stable ABI                         -> <lib>_torch
 #   <op>_py.cpp                   numpy binding                               -> the library's PY_MODULE
 # and, only where the project has enabled CUDA (enable_language(CUDA)), in CUDA_DIR (default DIR):
 #   <op>_kernel.cu                CUDA launcher                 -> <lib>_cuda_kernels if it exists, else <lib>_kernels
 #   <op>_cuda_ort.cpp             ORT CUDA op                   -> <lib>_ort
-#   <op>_cuda_torch.cpp           torch CUDA impl (CUDA torch)  -> <lib>_torch
+#   <op>_cuda_torch.cpp           torch CUDA impl               -> <lib>_torch
 #   (in a CUDA_DIR of its own, as opbridge's cuda/ops/<op>/, also named <op>_ort.cpp, <op>_torch.cpp)
 # Every file registers itself (OPBRIDGE_ORT_OP, TORCH_LIBRARY_FRAGMENT), so adding an op is one
 # opbridge_add_op line: no list of ops is kept anywhere else.
@@ -27,8 +28,9 @@
 #                  registers every op of the library in DOMAIN; a version script exports only the
 #                  entry points, so it shares a process with libopbridge_ort.so
 #   <lib>_torch    lib<lib>_torch.so, for torch.ops.load_library(), built when an op has a
-#                  <op>_torch.cpp and neither the library nor the op says NO_TORCH (it needs the
-#                  torch opbridge was built against: opbridge_find_torch())
+#                  <op>_torch.cpp and neither the library nor the op says NO_TORCH: on the
+#                  LibTorch stable ABI, so it loads into every torch from opbridge_TORCH_TARGET
+#                  on, whichever torch (>= that) it was built with (opbridge_find_torch())
 # The first op of a library makes its targets (opbridge_add_op_library, DOMAIN required) unless
 # they exist already: opbridge's superbuild makes its own and declares them with
 # opbridge_add_op_library(). Later ops of the library may omit DOMAIN and NAMESPACE.
@@ -322,15 +324,9 @@ function(opbridge_add_op op)
     target_sources(${lib}_ort PRIVATE "${cuda_ort}")
   endif()
   if(want_torch AND EXISTS "${cuda_torch}")
-    if(TARGET opbridge::torch)
-      get_target_property(torch_cuda opbridge::torch OPBRIDGE_TORCH_HAS_CUDA)
-    else()
-      set(torch_cuda "${OPBRIDGE_TORCH_HAS_CUDA}")  # opbridge's superbuild (opbridge_torch.cmake)
-    endif()
-    if(torch_cuda)
-      target_sources(${lib}_torch PRIVATE "${cuda_torch}")
-    else()
-      message(STATUS "opbridge_add_op(${op}): torch is a CPU build; ${cuda_torch} skipped")
-    endif()
+    # The stable ABI needs no CUDA torch to build the CUDA adapter: the stream comes from the C
+    # shim at run time (torch_common.h: current_cuda_stream), so one library serves CPU and CUDA
+    # torch alike.
+    target_sources(${lib}_torch PRIVATE "${cuda_torch}")
   endif()
 endfunction()

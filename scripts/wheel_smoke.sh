@@ -4,8 +4,9 @@
 #   scripts/wheel_smoke.sh [WHEEL]      default: dist/opbridge-*-manylinux*.whl (scripts/build_wheel.sh)
 #
 # The venv gets binary wheels only (--only-binary :all:, so nothing is compiled there): the wheel
-# with its `export` and `test` extras, i.e. the torch release it pins, onnxruntime, onnx,
-# onnxscript, numpy, pytest. The tests chosen need no compiler (no CMake consumers, no user ops)
+# with its `export` and `test` extras (torch>=2.11, onnxruntime, onnx, onnxscript, numpy, pytest),
+# torch held at the build venv's release (any from 2.11 on would do: scripts/torch_matrix.sh runs
+# others; this one is at hand, where another would download gigabytes). The tests chosen need no compiler (no CMake consumers, no user ops)
 # and run in about a minute: the torch-import rules, the ORT side, `opbridge check`, the numpy
 # kernels, GroupNorm in torch and ORT, and the demo (export with both exporters, run in ORT).
 # Environment: PYTHON (creates the venv; default: python3), OPBRIDGE_SMOKE_DIR (default: a temp dir,
@@ -38,7 +39,9 @@ echo "== fresh venv: $(basename "$wheel")[export,test], binary wheels only"
 py=$dir/venv/bin/python
 # Byte-compiled at install (pip's default): the tests start many interpreters, and with
 # PYTHONDONTWRITEBYTECODE each would compile torch's modules again.
-if ! "$py" -m pip install -q --only-binary :all: "$wheel[export,test]" > "$dir/pip.log" 2>&1; then
+build_torch=$(python -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)
+if ! "$py" -m pip install -q --only-binary :all: "$wheel[export,test]" ${build_torch:+"torch==$build_torch"} \
+    > "$dir/pip.log" 2>&1; then
   cat "$dir/pip.log"
   echo "wheel_smoke.sh: pip install failed" >&2
   exit 1

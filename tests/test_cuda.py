@@ -226,6 +226,10 @@ def test_torch_cuda_adapter_compiles(op):
 if HAS_TORCH:
     import torch
 
+    # The error types below are the Python API's: torch.ops.opbridge.* raise them as a tagged
+    # RuntimeError through the stable ABI (opbridge/ops/_errors.py).
+    import opbridge.ops  # noqa: F401
+
     TORCH_DTYPES = {
         "float32": torch.float32,
         "float64": torch.float64,
@@ -343,9 +347,9 @@ def test_group_norm_cuda_on_side_stream(rng):
 def test_group_norm_cuda_errors():
     x = torch.randn(2, 6, 5, device="cuda")
     with pytest.raises(ValueError, match="num_groups must divide"):
-        torch.ops.opbridge.group_norm(x, 4, None, None, 1e-5)
+        opbridge.ops.group_norm(x, 4, None, None, 1e-5)
     with pytest.raises(ValueError, match="must be on x's device"):
-        torch.ops.opbridge.group_norm(x, 3, torch.ones(6), None, 1e-5)
+        opbridge.ops.group_norm(x, 3, torch.ones(6), None, 1e-5)
 
 
 @pytest.mark.cuda
@@ -536,9 +540,9 @@ def test_inverse_cuda_singular_matches_cpu(rng, dtype, n):
     a[3, n - 1] = a[3, 0]  # matrix 3: two equal rows
     a[4, :, 0] = 0  # matrix 4: a zero column
     with pytest.raises(RuntimeError) as cpu_err:
-        torch.ops.opbridge.inverse(a)
+        opbridge.ops.inverse(a)
     with pytest.raises(RuntimeError) as cuda_err:
-        torch.ops.opbridge.inverse(a.cuda())
+        opbridge.ops.inverse(a.cuda())
     assert "matrix 3 of the batch is singular" in str(cuda_err.value)
     assert type(cuda_err.value) is type(cpu_err.value)  # torch.linalg.LinAlgError on both
     assert str(cuda_err.value).splitlines()[0] == str(cpu_err.value).splitlines()[0]
@@ -633,7 +637,7 @@ def test_group_norm_cuda_silu_every_path(rng, dtype, shape, groups):
 def test_group_norm_cuda_bad_activation():
     x = torch.randn(2, 6, 5, device="cuda")
     with pytest.raises(ValueError, match="activation"):
-        torch.ops.opbridge.group_norm(x, 3, None, None, 1e-5, "gelu")
+        opbridge.ops.group_norm(x, 3, None, None, 1e-5, "gelu")
 
 
 @pytest.mark.cuda
@@ -706,7 +710,7 @@ def test_inverse_cuda_on_singular_nan(rng, dtype, n):
     with pytest.raises(RuntimeError, match="matrix 3 of the batch is singular"):
         torch.ops.opbridge.inverse(a.cuda(), "raise")
     with pytest.raises(ValueError, match="on_singular"):
-        torch.ops.opbridge.inverse(a.cuda(), "ignore")
+        opbridge.ops.inverse(a.cuda(), "ignore")
 
 
 @pytest.mark.cuda
@@ -863,15 +867,15 @@ def test_ms_deform_attn_cuda_bad_input(rng):
     value, shapes, starts, loc, attn, _ = _msda_case(rng, 2, "float32")
     v, lo, at = value.cuda(), loc.cuda(), attn.cuda()
     with pytest.raises(ValueError, match="level_start_index"):
-        torch.ops.opbridge.ms_deform_attn(v, shapes, starts + 1, lo, at)
+        opbridge.ops.ms_deform_attn(v, shapes, starts + 1, lo, at)
     bad = shapes.clone()
     bad[-1, 0] += 1  # the last level: level_start_index stays consistent, S does not
     with pytest.raises(ValueError, match="spatial_shapes"):
-        torch.ops.opbridge.ms_deform_attn(v, bad, starts, lo, at)
+        opbridge.ops.ms_deform_attn(v, bad, starts, lo, at)
     with pytest.raises((TypeError, ValueError), match="spatial_shapes"):
-        torch.ops.opbridge.ms_deform_attn(v, shapes.int(), starts, lo, at)
+        opbridge.ops.ms_deform_attn(v, shapes.int(), starts, lo, at)
     with pytest.raises((TypeError, ValueError), match="sampling_locations"):
-        torch.ops.opbridge.ms_deform_attn(v, shapes, starts, lo.double(), at)
+        opbridge.ops.ms_deform_attn(v, shapes, starts, lo.double(), at)
 
 
 def _msda_onnx_model(dtype, value_shape, levels, loc_shape):

@@ -42,6 +42,10 @@ def _to_layout(x, layout):
     raise ValueError(layout)
 
 
+def _layout_strides(t):
+    return tuple(st for st, n in zip(t.stride(), t.shape) if n > 1)
+
+
 def _is_channels_last(t):
     order = (0, *range(2, t.dim()), 1)
     return t.permute(order).is_contiguous()
@@ -308,7 +312,11 @@ def test_result_memory_format_is_torchs(rng, shape, layout):
     g = _to_layout(torch.from_numpy(rng.standard_normal(shape)).float(), layout)
     ours.backward(g)
     theirs.backward(g)
-    assert xl.grad.stride() == xt.grad.stride()
+    # The strides of dimensions of size > 1: the memory layout. (torch 2.14's F.group_norm gives a
+    # one-sample input's gradient that input's own batch stride, e.g. 192 for a (1, 8, 3, 4) slice of
+    # a (2, 8, 3, 4) buffer, where earlier releases and opbridge give 96; a size-1 dimension's stride
+    # says nothing about the layout.)
+    assert _layout_strides(xl.grad) == _layout_strides(xt.grad)
     torch.testing.assert_close(xl.grad, xt.grad, rtol=1e-4, atol=1e-4)
 
 
@@ -376,7 +384,10 @@ def test_unknown_activation_is_a_clear_error_everywhere(rng):
         opbridge.ops.group_norm(x, 2, w, b, activation="relu")
     with pytest.raises(ValueError, match=r"opbridge::group_norm: " + _MSG):  # fake kernel
         opbridge.ops.group_norm(x.to("meta"), 2, activation="relu")
-    with pytest.raises(ValueError, match=r"opbridge::group_norm: " + _MSG):
+    from torch_errors import raises_tagged
+
+    # torch.ops on the C++ kernel: the stable ABI's RuntimeError, tagged ValueError.
+    with raises_tagged(ValueError, r"opbridge::group_norm: " + _MSG):
         torch.ops.opbridge.group_norm_backward(x, x, 2, w, b, 1e-5, "relu")
     from opbridge import _core
 

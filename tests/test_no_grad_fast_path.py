@@ -1,5 +1,9 @@
 """The C++ autograd kernel opbridge puts in front of Python formulas (cpp/torch/autograd_kernel_torch.cpp).
 
+It lives in the optional fast-path library, which uses libtorch's C++ API and so loads only into
+the torch release opbridge was built with: in any other torch (the stable-ABI extension itself
+loads into every torch from 2.11 on) these tests skip, and every call takes the Python formulas.
+
 torch.library.register_autograd makes every call of the op enter a Python kernel, gradient or
 not. opbridge.ops.register_autograd adds a C++ kernel in front that goes straight to the op's
 kernels when grad mode is off or no tensor argument requires grad; where the op has a backward
@@ -23,7 +27,12 @@ torch = pytest.importorskip("torch")
 import opbridge.ops  # noqa: E402
 from opbridge.ops import register_autograd  # noqa: E402
 
-pytestmark = pytest.mark.torch
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.skipif(not hasattr(torch.ops.opbridge, "_no_grad_fast_path"),
+                       reason=f"the fast-path library goes with the torch opbridge was built with "
+                              f"({opbridge.build_info().get('torch_version')}), not torch {torch.__version__}"),
+]
 
 
 def python_frames(fn, keep):

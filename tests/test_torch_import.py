@@ -1,6 +1,6 @@
 """Torch only when used: the ONNX Runtime side of opbridge never imports torch, the torch side
-registers the torch ops, and a torch of another version breaks only the torch side, with one
-error naming both versions and the fix.
+registers the torch ops, and a torch older than the extension supports (2.11) breaks only the
+torch side, with one error naming both versions and the fix.
 
 Every case runs in a fresh interpreter, since whether torch is imported is process state.
 """
@@ -248,9 +248,9 @@ def test_info_lists_torch_ops():
     assert "torch.ops.opbridge.group_norm" in p.stdout
 
 
-# ---- a torch of another version ------------------------------------------------------------
-OTHER_TORCH = "2.99.0+cpu"
-# Pretends the installed torch is another release (the version check happens before any load).
+# ---- a torch older than the extension supports ----------------------------------------------
+OTHER_TORCH = "2.10.0+cpu"
+# Pretends the installed torch is an older release (the version check happens before any load).
 FAKE_VERSION = f"import torch; torch.__version__ = {OTHER_TORCH!r}\n"
 
 
@@ -287,9 +287,8 @@ def test_mismatch_is_one_clear_error(what):
     err = out["error"]
     assert err is not None, f"import {what} succeeded with torch {OTHER_TORCH}"
     assert out["type"] == "TorchVersionError"
-    public = BUILT_TORCH.split("+")[0]
-    assert BUILT_TORCH in err and OTHER_TORCH in err, err
-    assert f"pip install torch=={public}" in err and "--no-build-isolation" in err, err
+    assert OTHER_TORCH in err and "torch>=2.11" in err, err
+    assert "pip install 'torch>=2.11'" in err, err
 
 
 @needs_torch
@@ -303,15 +302,15 @@ def test_broken_torch_does_not_break_the_ort_side(group_norm_model, tmp_path):
     assert out["err"] < 1e-5
 
 
-# ---- the build-time torch pin in the wheel's metadata ----------------------------------------
+# ---- the torch requirement in the wheel's metadata ---------------------------------------------
 @needs_torch_build
-def test_metadata_pins_the_build_torch():
+def test_metadata_requires_the_stable_abi_torch():
     try:
         requires = importlib.metadata.requires("opbridge") or []
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("opbridge is not installed as a distribution")
-    public = BUILT_TORCH.split("+")[0]
+    # Any torch from 2.11 on: the extension is built on the stable ABI of torch 2.11.
     for extra in ("export", "torch"):
         pins = [r for r in requires if r.replace(" ", "").startswith("torch") and f'extra=="{extra}"' in r.replace(" ", "")]
         assert len(pins) == 1, (extra, requires)
-        assert pins[0].replace(" ", "").startswith(f"torch=={public};"), pins[0]
+        assert pins[0].replace(" ", "").startswith("torch>=2.11;"), pins[0]

@@ -122,15 +122,19 @@ NB_MODULE(_core, m) {
   m.doc() = "opbridge build information and framework-free CPU kernels on numpy arrays";
   nb::dict info;
   info["version"] = OPBRIDGE_VERSION;
-  info["torch_version"] = OPBRIDGE_TORCH_VERSION;  // "" when built without the torch extension
+  // The torch the extension was built against ("" when built without it); it loads into every
+  // torch from torch_target on (stable ABI), its optional fast-path library into this one only.
+  info["torch_version"] = OPBRIDGE_TORCH_VERSION;
+  info["torch_target"] = OPBRIDGE_TORCH_TARGET;
   info["ort_api_version"] = OPBRIDGE_ORT_API_VERSION;
   info["eigen_version"] = std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
                           std::to_string(EIGEN_MINOR_VERSION);
-  // CUDA kernels compiled into the ORT library (and the torch one when torch has CUDA).
+  // CUDA kernels compiled into the ORT library and the torch one.
   info["cuda"] = static_cast<bool>(OPBRIDGE_WITH_CUDA);
   info["cuda_version"] = OPBRIDGE_CUDA_VERSION;  // nvcc's version, "" without CUDA
   info["cuda_option"] = OPBRIDGE_CUDA_OPTION;    // the OPBRIDGE_WITH_CUDA setting: AUTO, ON or OFF
-  info["torch_cuda"] = static_cast<bool>(OPBRIDGE_TORCH_CUDA);  // torch.ops.opbridge.* run on CUDA tensors
+  // torch.ops.opbridge.* run on CUDA tensors (of a CUDA torch)
+  info["torch_cuda"] = static_cast<bool>(OPBRIDGE_TORCH_CUDA);
   info["compiler"] = OPBRIDGE_COMPILER;
   m.attr("build_info") = info;
 

@@ -1,3 +1,8 @@
+// The optional fast-path library (libopbridge_torch_fastpath.so): libtorch's C++ API, so it loads
+// only into the torch release it was built against (opbridge.ops loads it there; everything works
+// without it, through the Python formulas, at the cost measured in docs/torch_versions.md). The
+// torch extension proper (the ops' kernels) is on the stable ABI and needs none of this.
+//
 // The C++ kernel opbridge puts on an op's AutogradCPU and AutogradCUDA keys, in front of the
 // autograd formula registered from Python (torch.library.register_autograd), which is a Python
 // kernel for the Autograd alias key, entered on every call, gradient or not.
@@ -34,12 +39,25 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace {
 
 using torch::autograd::variable_list;
+
+// A new graph node: torch 2.11 and 2.12 hold Nodes in std::shared_ptr, later releases in
+// c10::intrusive_ptr (what Node::getptr() returns says which).
+template <class N, class... Args>
+auto make_node(Args&&... args) {
+  using Ptr = decltype(std::declval<N&>().getptr());
+  if constexpr (std::is_same_v<Ptr, std::shared_ptr<torch::autograd::Node>>) {
+    return std::make_shared<N>(std::forward<Args>(args)...);
+  } else {
+    return c10::make_intrusive<N>(std::forward<Args>(args)...);
+  }
+}
 
 // Whether pred(t) holds for a defined tensor argument t (tensor lists included).
 template <class Pred>
@@ -210,7 +228,7 @@ void autograd_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torc
     edges.push_back(a.isTensor() && a.toTensor().defined() ? torch::autograd::impl::gradient_edge(a.toTensor())
                                                            : torch::autograd::Edge());
   }
-  auto node = c10::make_intrusive<OpNode>(op, bwd, backend, std::move(args));
+  auto node = make_node<OpNode>(op, bwd, backend, std::move(args));
   node->set_next_edges(std::move(edges));
   {
     at::AutoDispatchBelowADInplaceOrView below;

@@ -1,60 +1,309 @@
 #include "torch_common.h"
 
-#include <ATen/Parallel.h>
+#include <torch/csrc/stable/ops.h>
+
+#include <dlfcn.h>
+
+#include <cmath>
+#include <mutex>
+#include <stdexcept>
+#include <utility>
 
 namespace opbridge::torch_adapter {
 
-namespace {
-void torch_runner(void*, int64_t n, int64_t grain, ParallelFor::Body body, void* body_ctx) {
-  at::parallel_for(0, n, grain, [&](int64_t b, int64_t e) { body(body_ctx, b, e); });
+// ---------------------------------------------------------------- errors
+
+void throw_error(const char* tag, std::string_view qualname, std::string_view message) {
+  std::string s;
+  s.reserve((tag ? 24 : 0) + qualname.size() + message.size() + 2);
+  if (tag != nullptr) s.append(tag).append(": ");
+  s.append(qualname).append(": ").append(message);
+  throw std::runtime_error(s);
 }
-}  // namespace
 
-ParallelFor torch_parallel() { return ParallelFor(torch_runner, nullptr); }
-
-void check_status(const Status& status, const char* op) {
+void check_status(const Status& status, std::string_view qualname) {
   if (status.ok()) return;
   switch (status.code()) {
-    case StatusCode::kInvalidArgument:
-      TORCH_CHECK_VALUE(false, op, ": ", status.message());
-    case StatusCode::kTypeError:
-      TORCH_CHECK_TYPE(false, op, ": ", status.message());
-    case StatusCode::kNotImplemented:
-      TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": ", status.message());
-    default:
-      TORCH_CHECK(false, op, ": ", status.message());
+    case StatusCode::kInvalidArgument: throw_error(kValueErrorTag, qualname, status.message());
+    case StatusCode::kTypeError: throw_error(kTypeErrorTag, qualname, status.message());
+    case StatusCode::kNotImplemented: throw_error(kNotImplementedTag, qualname, status.message());
+    default: throw_error(nullptr, qualname, status.message());
   }
 }
 
-void check_float_dtype(const at::Tensor& t, const char* op, const char* arg) {
-  const auto s = t.scalar_type();
-  TORCH_CHECK_TYPE(s == at::kFloat || s == at::kDouble || s == at::kHalf || s == at::kBFloat16, op, ": ",
-                   arg, " must be a floating tensor (float32, float64, float16 or bfloat16), got ", s);
+// ---------------------------------------------------------------- tensors
+
+namespace {
+
+void shim_check(AOTITorchError err, const char* what) {
+  if (err != AOTI_TORCH_SUCCESS) throw std::runtime_error(std::string("opbridge: torch's C shim failed in ") + what);
 }
 
-void check_param(const std::optional<at::Tensor>& p, const at::Tensor& x, const char* op, const char* arg) {
-  if (!p.has_value() || !p->defined()) return;
-  TORCH_CHECK_TYPE(p->scalar_type() == x.scalar_type(), op, ": ", arg, " must have the dtype of x (",
-                   x.scalar_type(), "), got ", p->scalar_type());
-  TORCH_CHECK_VALUE(p->device() == x.device(), op, ": ", arg, " must be on x's device (", x.device(),
-                    "), got ", p->device());
-  TORCH_CHECK_VALUE(p->dim() == 1, op, ": ", arg, " must be 1-D (one value per channel), got shape ",
-                    p->sizes());
+// The C shim's device type of a tensor (aoti_torch_device_type_*()).
+int32_t device_type(const Tensor& t) {
+  int32_t v = 0;
+  shim_check(aoti_torch_get_device_type(t.get(), &v), "aoti_torch_get_device_type");
+  return v;
 }
 
-}  // namespace opbridge::torch_adapter
+// The shim's numbers of the dtypes the kernels use, asked once.
+struct ShimDtypes {
+  int32_t f32 = aoti_torch_dtype_float32(), f64 = aoti_torch_dtype_float64(), f16 = aoti_torch_dtype_float16(),
+          bf16 = aoti_torch_dtype_bfloat16(), i64 = aoti_torch_dtype_int64(), u8 = aoti_torch_dtype_uint8();
+};
+const ShimDtypes& shim_dtypes() {
+  static const ShimDtypes d;
+  return d;
+}
+
+int32_t shim_dtype(ScalarType t) {
+  const ShimDtypes& d = shim_dtypes();
+  switch (t) {
+    case ScalarType::Float: return d.f32;
+    case ScalarType::Double: return d.f64;
+    case ScalarType::Half: return d.f16;
+    case ScalarType::BFloat16: return d.bf16;
+    case ScalarType::Long: return d.i64;
+    case ScalarType::Byte: return d.u8;
+    default: return torch::stable::detail::to<int32_t>(torch::stable::detail::from(t));
+  }
+}
+
+}  // namespace
+
+ScalarType dtype(const Tensor& t) {
+  int32_t v = 0;
+  shim_check(aoti_torch_get_dtype(t.get(), &v), "aoti_torch_get_dtype");
+  const ShimDtypes& d = shim_dtypes();
+  if (v == d.f32) return ScalarType::Float;
+  if (v == d.f64) return ScalarType::Double;
+  if (v == d.f16) return ScalarType::Half;
+  if (v == d.bf16) return ScalarType::BFloat16;
+  if (v == d.i64) return ScalarType::Long;
+  return t.scalar_type();
+}
+
+ElemType elem_type(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return ElemType::kFloat32;
+    case ScalarType::Double: return ElemType::kFloat64;
+    case ScalarType::Half: return ElemType::kFloat16;
+    case ScalarType::BFloat16: return ElemType::kBFloat16;
+    case ScalarType::Byte: return ElemType::kUint8;
+    case ScalarType::Char: return ElemType::kInt8;
+    case ScalarType::Short: return ElemType::kInt16;
+    case ScalarType::Int: return ElemType::kInt32;
+    case ScalarType::Long: return ElemType::kInt64;
+    case ScalarType::Bool: return ElemType::kBool;
+    case ScalarType::ComplexFloat: return ElemType::kComplex64;
+    case ScalarType::ComplexDouble: return ElemType::kComplex128;
+    default: return ElemType::kUndefined;
+  }
+}
+
+const char* dtype_name(ScalarType t) {
+  switch (t) {
+    case ScalarType::Float: return "float32";
+    case ScalarType::Double: return "float64";
+    case ScalarType::Half: return "float16";
+    case ScalarType::BFloat16: return "bfloat16";
+    case ScalarType::Long: return "int64";
+    case ScalarType::Int: return "int32";
+    case ScalarType::Short: return "int16";
+    case ScalarType::Char: return "int8";
+    case ScalarType::Byte: return "uint8";
+    case ScalarType::Bool: return "bool";
+    case ScalarType::ComplexFloat: return "complex64";
+    case ScalarType::ComplexDouble: return "complex128";
+    default: return "another type";
+  }
+}
+
+std::vector<int64_t> sizes(const Tensor& t) {
+  const auto s = t.sizes();
+  return std::vector<int64_t>(s.begin(), s.end());
+}
+
+std::string shape_string(const Tensor& t) {
+  std::string s = "[";
+  const auto d = t.sizes();
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+std::string device_string(const Tensor& t) {
+  const int32_t type = device_type(t);
+  if (type == aoti_torch_device_type_cpu()) return "cpu";
+  const std::string name = type == aoti_torch_device_type_cuda() ? "cuda" : "device type " + std::to_string(type);
+  return name + ":" + std::to_string(t.get_device_index());
+}
+
+bool same_device(const Tensor& a, const Tensor& b) {
+  const int32_t ta = device_type(a);
+  if (ta != device_type(b)) return false;
+  return ta == aoti_torch_device_type_cpu() || a.get_device_index() == b.get_device_index();
+}
+
+Tensor empty_strided(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, ScalarType dtype,
+                     const Tensor& like) {
+  std::vector<int64_t> st = strides;
+  if (st.empty()) {
+    st.resize(sizes.size());
+    int64_t s = 1;
+    for (size_t i = sizes.size(); i-- > 0;) {
+      st[i] = s;
+      s *= sizes[i] > 1 ? sizes[i] : 1;
+    }
+  }
+  // aoti_torch_empty_strided: a plain C function (no dispatcher look-up by name per call), the
+  // caching allocator of like's device.
+  int32_t dev_index = 0;
+  shim_check(aoti_torch_get_device_index(like.get(), &dev_index), "aoti_torch_get_device_index");
+  AtenTensorHandle out = nullptr;
+  shim_check(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), st.data(),
+                                      shim_dtype(dtype), device_type(like), dev_index, &out),
+             "aoti_torch_empty_strided");
+  return Tensor(out);
+}
+
+Tensor empty_like(const Tensor& t) { return torch_adapter::empty(sizes(t), torch_adapter::dtype(t), t); }
+
+Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
+
+Tensor to_dtype(const Tensor& t, ScalarType type) {
+  return torch_adapter::dtype(t) == type ? t : torch::stable::to(t, type);
+}
+
+Tensor to_cpu(const Tensor& t) {
+  if (t.is_cpu()) return t;
+  return torch::stable::to(t, torch::stable::Device(torch::headeronly::DeviceType::CPU));
+}
+
+std::vector<int64_t> channels_last_order(int64_t rank) {
+  std::vector<int64_t> p{0};
+  for (int64_t i = 2; i < rank; ++i) p.push_back(i);
+  p.push_back(1);
+  return p;
+}
+
+namespace {
+// Whether t's strides are those of a contiguous tensor permuted by `order` (sizes-1 dims ignored,
+// as torch's is_contiguous does).
+bool permuted_contiguous(const Tensor& t, const std::vector<int64_t>& order) {
+  const auto sz = t.sizes();
+  const auto st = t.strides();
+  int64_t expected = 1;
+  for (size_t k = order.size(); k-- > 0;) {
+    const int64_t d = order[k];
+    if (sz[d] == 1) continue;
+    if (st[d] != expected) return false;
+    expected *= sz[d];
+  }
+  return true;
+}
+}  // namespace
+
+bool uses_channels_last(const Tensor& x) {
+  const int64_t rank = x.dim();
+  if (rank < 3 || x.is_contiguous() || !permuted_contiguous(x, channels_last_order(rank))) return false;
+  return x.size(0) != 1 || x.stride(0) >= x.numel();
+}
+
+Tensor empty_in_layout(const Tensor& x, bool channels_last) {
+  const auto sz = sizes(x);
+  if (!channels_last) return torch_adapter::empty(sz, torch_adapter::dtype(x), x);
+  // The strides of a contiguous [N, *spatial, C] buffer, in x's dimension order.
+  const auto order = channels_last_order(x.dim());
+  std::vector<int64_t> st(sz.size());
+  int64_t s = 1;
+  for (size_t k = order.size(); k-- > 0;) {
+    st[order[k]] = s;
+    s *= sz[order[k]] > 1 ? sz[order[k]] : 1;
+  }
+  return empty_strided(sz, st, torch_adapter::dtype(x), x);
+}
+
+Tensor in_layout(const Tensor& t, bool channels_last) {
+  if (!channels_last) return torch_adapter::contiguous(t);
+  if (permuted_contiguous(t, channels_last_order(t.dim()))) return t;
+  Tensor out = empty_in_layout(t, true);
+  torch::stable::copy_(out, t);
+  return out;
+}
+
+ParallelFor torch_parallel() {
+  struct Ctx {
+    ParallelFor::Body body;
+    void* body_ctx;
+  };
+  const ParallelFor::Runner run = [](void*, int64_t n, int64_t grain, ParallelFor::Body body, void* body_ctx) {
+    Ctx ctx{body, body_ctx};
+    const ParallelFunc fn = [](int64_t b, int64_t e, void* c) {
+      const Ctx* x = static_cast<const Ctx*>(c);
+      x->body(x->body_ctx, b, e);
+    };
+    shim_check(torch_parallel_for(0, n, grain, fn, &ctx), "torch_parallel_for");
+  };
+  return ParallelFor(run, nullptr);
+}
+
+void* current_cuda_stream(const Tensor& t) {
+  using GetStream = AOTITorchError (*)(int32_t device_index, void** ret_stream);
+  static const GetStream get = [] {
+    // A C function of the shim: declared under USE_CUDA in torch's headers, defined in
+    // libtorch_cuda, which torch loads with RTLD_LOCAL (so it is looked up there by name).
+    constexpr const char* kName = "aoti_torch_get_current_cuda_stream";
+    void* f = dlsym(RTLD_DEFAULT, kName);
+    if (f == nullptr) {
+      if (void* lib = dlopen("libtorch_cuda.so", RTLD_LAZY | RTLD_NOLOAD)) f = dlsym(lib, kName);
+    }
+    return reinterpret_cast<GetStream>(f);
+  }();
+  if (get == nullptr) throw std::runtime_error("opbridge: this torch has no CUDA (aoti_torch_get_current_cuda_stream)");
+  void* stream = nullptr;
+  shim_check(get(t.get_device_index(), &stream), "aoti_torch_get_current_cuda_stream");
+  return stream;
+}
+
+// ---------------------------------------------------------------- boxed stacks
+
+Tensor BoxedArgs::tensor(uint64_t i) const { return torch::stable::detail::to<Tensor>(stack_[i]); }
+
+std::optional<Tensor> BoxedArgs::optional_tensor(uint64_t i) const {
+  return torch::stable::detail::to<std::optional<Tensor>>(stack_[i]);
+}
+
+const Tensor& undefined_tensor() {
+  static const Tensor* t = new Tensor();  // never destroyed: may be used until exit
+  return *t;
+}
+
+int64_t BoxedArgs::int64(uint64_t i) const { return torch::stable::detail::to<int64_t>(stack_[i]); }
+double BoxedArgs::float64(uint64_t i) const { return torch::stable::detail::to<double>(stack_[i]); }
+bool BoxedArgs::boolean(uint64_t i) const { return torch::stable::detail::to<bool>(stack_[i]); }
+
+std::string BoxedArgs::string(uint64_t i) const {
+  // By hand rather than to<std::string>, whose 2.13 form does not free the copy it makes.
+  StringHandle h = torch::stable::detail::to<StringHandle>(stack_[i]);
+  size_t n = 0;
+  const char* data = nullptr;
+  const bool ok = torch_string_length(h, &n) == AOTI_TORCH_SUCCESS && torch_string_c_str(h, &data) == AOTI_TORCH_SUCCESS;
+  std::string s = ok ? std::string(data, n) : std::string();
+  torch_delete_string(h);
+  if (!ok) throw std::runtime_error("opbridge: could not read a string argument");
+  return s;
+}
+
+std::vector<int64_t> BoxedArgs::int64_list(uint64_t i) const {
+  return torch::stable::detail::to<std::vector<int64_t>>(stack_[i]);
+}
+std::vector<double> BoxedArgs::float64_list(uint64_t i) const {
+  return torch::stable::detail::to<std::vector<double>>(stack_[i]);
+}
+
+void BoxedArgs::set(StableIValue* stack, uint64_t i, const Tensor& t) { stack[i] = torch::stable::detail::from(t); }
 
 // ---------------------------------------------------------------- declared ops
-
-#include <torch/library.h>
-
-#include <ATen/ops/empty.h>
-
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
-
-namespace opbridge::torch_adapter {
 
 namespace {
 
@@ -85,64 +334,7 @@ std::string default_literal(const ArgDecl& a) {
   return "";
 }
 
-
-ElemType elem_type(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return ElemType::kFloat32;
-    case at::kDouble: return ElemType::kFloat64;
-    case at::kHalf: return ElemType::kFloat16;
-    case at::kBFloat16: return ElemType::kBFloat16;
-    case at::kByte: return ElemType::kUint8;
-    case at::kChar: return ElemType::kInt8;
-    case at::kShort: return ElemType::kInt16;
-    case at::kInt: return ElemType::kInt32;
-    case at::kLong: return ElemType::kInt64;
-    case at::kBool: return ElemType::kBool;
-    case at::kComplexFloat: return ElemType::kComplex64;
-    case at::kComplexDouble: return ElemType::kComplex128;
-    default: return ElemType::kUndefined;
-  }
-}
-
 }  // namespace
-
-// (0, 2, ..., rank - 1, 1): x.permute(this) is [N, *spatial, C].
-std::vector<int64_t> channels_last_order(int64_t rank) {
-  std::vector<int64_t> p{0};
-  for (int64_t i = 2; i < rank; ++i) p.push_back(i);
-  p.push_back(1);
-  return p;
-}
-
-// Whether x is processed as [N, S, C]: its memory is channels-last and it is not also
-// contiguous (where both hold, e.g. C = 1 or all spatial dims 1, the two views coincide); a
-// single sample only with a batch stride of at least its size (torch's rule, see
-// opbridge/ops/_declared.py: channels_last).
-bool uses_channels_last(const at::Tensor& x) {
-  if (x.dim() < 3 || x.is_contiguous() || !x.permute(channels_last_order(x.dim())).is_contiguous()) return false;
-  return x.size(0) != 1 || x.stride(0) >= x.numel();
-}
-
-// A new tensor of x's sizes, channels-last (strides of a contiguous [N, *spatial, C] buffer) or
-// contiguous.
-at::Tensor empty_in_layout(const at::Tensor& x, bool channels_last) {
-  if (!channels_last) return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  const auto order = channels_last_order(x.dim());
-  std::vector<int64_t> sizes;
-  for (int64_t i : order) sizes.push_back(x.size(i));
-  std::vector<int64_t> inverse(order.size());
-  for (size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int64_t>(i);
-  return at::empty(sizes, x.options()).permute(inverse);
-}
-
-// t in the given layout (a copy only where t's memory differs).
-at::Tensor in_layout(const at::Tensor& t, bool channels_last) {
-  if (!channels_last) return t.contiguous();
-  if (t.permute(channels_last_order(t.dim())).is_contiguous()) return t;
-  at::Tensor out = empty_in_layout(t, true);
-  out.copy_(t);
-  return out;
-}
 
 std::string torch_schema(const OpDecl& decl) {
   std::string s = decl.name() + "(";
@@ -164,58 +356,106 @@ std::string torch_schema(const OpDecl& decl) {
   return s + ")";
 }
 
-void define_op(torch::Library& m, const OpDecl& decl) {
-  TORCH_CHECK(decl.error().empty(), "opbridge: misdeclared op: ", decl.error());
-  const std::string schema = torch_schema(decl);
-  m.def(schema.c_str(), {at::Tag::pt2_compliant_tag});
+std::string checked_schema(const OpDecl& decl) {
+  if (!decl.error().empty()) throw std::runtime_error("opbridge: misdeclared op: " + decl.error());
+  return torch_schema(decl);
 }
 
-void CheckedCall::check(const Status& status) const { check_status(status, qualname.c_str()); }
-
-const at::Tensor* Arg::tensor() const {
-  if (tensor_ != nullptr) return tensor_->defined() ? tensor_ : nullptr;
-  if (opt_ != nullptr && opt_->has_value() && (*opt_)->defined()) return &**opt_;
-  return nullptr;
+void define_op(torch::stable::detail::StableLibrary& m, const OpDecl& decl) {
+  const std::string schema = checked_schema(decl);
+  m.def(schema.c_str());
 }
 
-CheckedCall check_call(const OpDecl& decl, const char* qualname, std::initializer_list<Arg> args) {
-  CheckedCall out{OpCall(decl), {}, qualname};
-  TORCH_CHECK(args.size() == decl.args().size(), qualname, ": expected ", decl.args().size(), " arguments, got ",
-              args.size());
-  const at::Tensor* first = nullptr;
-  const ArgDecl* first_decl = nullptr;
-  size_t k = 0;
-  for (const Arg& arg : args) {
-    const ArgDecl& a = decl.args()[k++];
+TorchCall::TorchCall(const OpDecl& decl, std::string_view qualname, StableIValue* stack, uint64_t num_args)
+    : decl_(&decl), qualname_(qualname), call_(decl) {
+  const BoxedArgs args(stack, num_args);
+  const auto& arg_decls = decl.args();
+  if (num_args != arg_decls.size()) {
+    throw_error(nullptr, qualname_, "expected " + std::to_string(arg_decls.size()) + " arguments, got " +
+                                        std::to_string(num_args));
+  }
+  inputs_.resize(decl.inputs().size());
+  host_.resize(decl.inputs().size());
+  // Take every argument over first (each is an owning reference), then check.
+  for (uint64_t k = 0; k < num_args; ++k) {
+    const ArgDecl& a = arg_decls[k];
     if (a.is_input) {
-      TensorArg& t = out.call.input(static_cast<size_t>(a.input_index));
-      const at::Tensor* tensor = arg.tensor();
-      if (tensor == nullptr) continue;
-      t.present = true;
-      t.type = elem_type(tensor->scalar_type());
-      t.shape.assign(tensor->sizes().begin(), tensor->sizes().end());
-      if (a.host_memory) {
-        // Validation reads these values: a contiguous CPU copy (one sync for a device tensor).
-        at::Tensor host = tensor->is_cpu() ? tensor->contiguous() : tensor->to(at::kCPU).contiguous();
-        if (host.scalar_type() == at::kLong) t.data = host.const_data_ptr();
-        out.host.push_back(std::move(host));
-        continue;
-      }
-      if (first == nullptr) {
-        first = tensor;
-        first_decl = &a;
+      auto& slot = inputs_[static_cast<size_t>(a.input_index)];
+      if (a.optional) {
+        slot = args.optional_tensor(k);
       } else {
-        TORCH_CHECK_VALUE(tensor->device() == first->device(), qualname, ": ", a.name, " must be on ",
-                          first_decl->name, "'s device (", first->device(), "), got ", tensor->device());
+        slot.emplace(args.tensor(k));
       }
-    } else {
-      AttrValue& v = out.call.attr(static_cast<size_t>(a.attr_index));
-      v = arg.value();
-      v.type = a.attr_type;
+      continue;
+    }
+    AttrValue& v = call_.attr(static_cast<size_t>(a.attr_index));
+    v.type = a.attr_type;
+    switch (a.attr_type) {
+      case AttrType::kInt: v.i = args.int64(k); break;
+      case AttrType::kBool: v.i = args.boolean(k) ? 1 : 0; break;
+      case AttrType::kFloat: v.f = args.float64(k); break;
+      case AttrType::kString: v.s = args.string(k); break;
+      case AttrType::kInts: v.ints = args.int64_list(k); break;
+      case AttrType::kFloats: v.floats = args.float64_list(k); break;
     }
   }
-  check_status(opbridge::check_call(out.call), qualname);
-  return out;
+  const Tensor* first = nullptr;
+  const ArgDecl* first_decl = nullptr;
+  for (const ArgDecl* a : decl.inputs()) {
+    const size_t i = static_cast<size_t>(a->input_index);
+    if (!inputs_[i].has_value()) continue;
+    const Tensor& t = *inputs_[i];
+    TensorArg& arg = call_.input(i);
+    arg.present = true;
+    const ScalarType type = torch_adapter::dtype(t);
+    arg.type = elem_type(type);
+    const auto sz = t.sizes();
+    arg.shape.assign(sz.begin(), sz.end());
+    if (a->host_memory) {
+      // Validation reads these values: a contiguous CPU copy (one sync for a device tensor).
+      host_[i] = torch_adapter::contiguous(to_cpu(t));
+      if (type == ScalarType::Long) arg.data = host_[i]->data_ptr();
+      continue;
+    }
+    if (first == nullptr) {
+      first = &t;
+      first_decl = a;
+    } else if (!same_device(t, *first)) {
+      throw_error(kValueErrorTag, qualname_,
+                  a->name + " must be on " + first_decl->name + "'s device (" + device_string(*first) + "), got " +
+                      device_string(t));
+    }
+  }
+  check_status(opbridge::check_call(call_), qualname_);
+  outputs_.resize(decl.outputs().size());
+}
+
+const Tensor& TorchCall::in(std::string_view name) const {
+  const int64_t i = decl_->input_index(name);
+  if (i < 0) throw std::runtime_error(std::string(qualname_) + ": no input named " + std::string(name));
+  const auto& t = inputs_[static_cast<size_t>(i)];
+  return t.has_value() ? *t : undefined_tensor();
+}
+
+const Tensor& TorchCall::host(std::string_view name) const {
+  const int64_t i = decl_->input_index(name);
+  if (i < 0 || !host_[static_cast<size_t>(i)].has_value()) {
+    throw std::runtime_error(std::string(qualname_) + ": no host_memory input named " + std::string(name));
+  }
+  return *host_[static_cast<size_t>(i)];
+}
+
+void TorchCall::set_output(size_t i, Tensor t) { outputs_.at(i) = std::move(t); }
+
+void TorchCall::box_outputs(StableIValue* stack, uint64_t num_outputs) const {
+  if (num_outputs != outputs_.size()) {
+    throw_error(nullptr, qualname_, "the schema has " + std::to_string(num_outputs) + " outputs, the declaration " +
+                                        std::to_string(outputs_.size()));
+  }
+  for (size_t i = 0; i < outputs_.size(); ++i) {
+    if (!outputs_[i].has_value()) throw_error(nullptr, qualname_, "the kernel set no output " + std::to_string(i));
+    BoxedArgs::set(stack, i, *outputs_[i]);
+  }
 }
 
 }  // namespace opbridge::torch_adapter

@@ -1,15 +1,27 @@
-// opbridge torch adapter helpers: status translation, thread pool, dtype dispatch.
-// Deliberately light: ATen/core/Tensor.h, not torch/extension.h (compile time on 2 cores).
+// opbridge torch adapter on the LibTorch stable ABI (torch/csrc/stable, torch/headeronly and the
+// C shim): one binary loads into every torch from the release it targets (TORCH_TARGET_VERSION,
+// 2.11) on. Nothing here includes ATen or c10 headers or uses a libtorch C++ symbol: a kernel is a
+// boxed function (StableIValue stack) registered with STABLE_TORCH_LIBRARY_IMPL, tensors are
+// torch::stable::Tensor, every torch call goes through the C shim.
+//
+// A declared op (opbridge/op_decl.h) needs no hand-written unboxing: OPBRIDGE_DECLARED_KERNEL
+// makes the boxed kernel, which reads the arguments the declaration lists, runs its checks, calls
+// the op's run function with a TorchCall, and returns the outputs that function set.
+//
+// Errors: the stable ABI raises every C++ exception in Python as RuntimeError. opbridge tags the
+// message with the exception type it stands for ("ValueError: opbridge::group_norm: x must ...",
+// see the k*Tag constants below); opbridge.ops translates it back (opbridge/ops/_errors.py), so the Python API
+// raises ValueError, TypeError, NotImplementedError, torch.linalg.LinAlgError as before.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-#include <c10/util/Exception.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
 
-#include <c10/util/string_view.h>
-
-#include <initializer_list>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "opbridge/dtype.h"
@@ -17,130 +29,212 @@
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
 
-namespace torch {
-class Library;
+// Hidden, like torch's stable types it holds: each library embeds its own copy of the adapter.
+namespace opbridge {
+namespace torch_adapter __attribute__((visibility("hidden"))) {
+
+using Tensor = torch::stable::Tensor;
+using ScalarType = torch::headeronly::ScalarType;
+
+// ---- errors ------------------------------------------------------------------------------------
+// The tags of messages, by the Python exception they stand for. The message of a tagged error is
+// "<tag>: <qualname>: <what>"; an error without a tag is a plain RuntimeError.
+inline constexpr const char* kValueErrorTag = "ValueError";
+inline constexpr const char* kTypeErrorTag = "TypeError";
+inline constexpr const char* kNotImplementedTag = "NotImplementedError";
+inline constexpr const char* kLinAlgErrorTag = "LinAlgError";
+
+// Throws std::runtime_error("<tag>: <qualname>: <message>") (tag may be nullptr: no tag).
+[[noreturn]] void throw_error(const char* tag, std::string_view qualname, std::string_view message);
+// Throws the error matching a non-ok Status (kInvalidArgument: ValueError, kTypeError: TypeError,
+// kNotImplemented: NotImplementedError, others: RuntimeError), prefixed with the op's name.
+void check_status(const Status& status, std::string_view qualname);
+inline void check_value(bool cond, std::string_view qualname, const std::string& message) {
+  if (!cond) throw_error(kValueErrorTag, qualname, message);
+}
+inline void check_type(bool cond, std::string_view qualname, const std::string& message) {
+  if (!cond) throw_error(kTypeErrorTag, qualname, message);
 }
 
-namespace opbridge::torch_adapter {
+// ---- tensors -----------------------------------------------------------------------------------
+// t's dtype, as t.scalar_type() but with one shim call for the floating and int64 types (the
+// stable ABI's conversion asks the shim for each candidate in turn).
+ScalarType dtype(const Tensor& t);
+// The ONNX element type of a torch dtype (kUndefined for others).
+ElemType elem_type(ScalarType t);
+// "float32", "int64", ... (torch's Python names).
+const char* dtype_name(ScalarType t);
+// "[2, 3, 4]".
+std::string shape_string(const Tensor& t);
+std::vector<int64_t> sizes(const Tensor& t);
+// "cpu", "cuda:0".
+std::string device_string(const Tensor& t);
+bool same_device(const Tensor& a, const Tensor& b);
 
-// ---- memory formats (ops whose outputs keep_memory_format(); the fake kernels follow the same
+// A new uninitialized tensor of `like`'s device, with the given sizes and strides (empty: contiguous).
+Tensor empty_strided(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, ScalarType dtype,
+                     const Tensor& like);
+inline Tensor empty(const std::vector<int64_t>& sizes, ScalarType dtype, const Tensor& like) {
+  return empty_strided(sizes, {}, dtype, like);
+}
+Tensor empty_like(const Tensor& t);  // contiguous, t's sizes, dtype and device
+// t itself when contiguous, else a contiguous copy.
+Tensor contiguous(const Tensor& t);
+// t converted to dtype (a copy only where it differs).
+Tensor to_dtype(const Tensor& t, ScalarType dtype);
+// t on the CPU (a copy only where it is elsewhere).
+Tensor to_cpu(const Tensor& t);
+
+// ---- memory formats (ops whose outputs keeps_memory_format(); the fake kernels follow the same
 // rule, opbridge/ops/_declared.py: channels_last) ----
 // (0, 2, ..., rank - 1, 1): x.permute(this) is [N, *spatial, C].
 std::vector<int64_t> channels_last_order(int64_t rank);
 // Whether x is processed as [N, S, C]: its memory is channels-last and it is not also
 // contiguous (where both hold, e.g. C = 1 or all spatial dims 1, the two views coincide); a
 // single sample (N = 1) only with a batch stride of at least its size, as torch decides.
-bool uses_channels_last(const at::Tensor& x);
+bool uses_channels_last(const Tensor& x);
 // A new tensor of x's sizes, channels-last (strides of a contiguous [N, *spatial, C] buffer) or
 // contiguous.
-at::Tensor empty_in_layout(const at::Tensor& x, bool channels_last);
+Tensor empty_in_layout(const Tensor& x, bool channels_last);
 // t in the given layout (a copy only where t's memory differs).
-at::Tensor in_layout(const at::Tensor& t, bool channels_last);
+Tensor in_layout(const Tensor& t, bool channels_last);
 
-// ---- declared ops (opbridge/op_decl.h) ----
-// The torch schema of a declaration, e.g. "group_norm(Tensor x, int num_groups, Tensor? weight=None, ...) -> Tensor".
-std::string torch_schema(const OpDecl& decl);
-// m.def(torch_schema(decl)), tagged pt2-compliant. Throws (at library load) for a misdeclared op.
-void define_op(torch::Library& m, const OpDecl& decl);
+// An undefined tensor (what an absent optional input reads as).
+const Tensor& undefined_tensor();
 
-// One argument of a torch call, as a declared op's checks see it.
-class Arg {
+template <class T>
+const T* ptr(const Tensor& t) {
+  return static_cast<const T*>(t.data_ptr());
+}
+template <class T>
+T* mutable_ptr(const Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+template <class T>
+const T* opt_ptr(const Tensor& t) {
+  return t.defined() ? ptr<T>(t) : nullptr;
+}
+
+// torch's parallel_for (torch_parallel_for of the C shim), so kernels follow torch.set_num_threads.
+ParallelFor torch_parallel();
+
+// torch's current CUDA stream (a cudaStream_t) on t's device: the C shim's
+// aoti_torch_get_current_cuda_stream, found at run time in the libtorch_cuda torch has loaded (a
+// CPU torch has none: then this throws, and no CUDA tensor can reach a CUDA kernel there anyway).
+// The library thus needs no CUDA torch to build and loads into CPU and CUDA torch alike.
+void* current_cuda_stream(const Tensor& t);
+
+// ---- boxed stacks ------------------------------------------------------------------------------
+// Reading a boxed kernel's arguments (each taken over, once) and writing its results.
+class BoxedArgs {
  public:
-  Arg(const at::Tensor& t) : tensor_(&t) {}  // NOLINT: implicit by design
-  Arg(const std::optional<at::Tensor>& t) : opt_(&t) {}  // NOLINT
-  Arg(int64_t v) : kind_(AttrType::kInt) { value_.type = kind_; value_.i = v; }  // NOLINT
-  Arg(double v) : kind_(AttrType::kFloat) { value_.type = kind_; value_.f = v; }  // NOLINT
-  Arg(bool v) : kind_(AttrType::kBool) { value_.type = kind_; value_.i = v; }  // NOLINT
-  Arg(c10::string_view v) : kind_(AttrType::kString) { value_.type = kind_; value_.s = std::string(v); }  // NOLINT
-  Arg(const std::string& v) : kind_(AttrType::kString) { value_.type = kind_; value_.s = v; }  // NOLINT
-  Arg(const char* v) : kind_(AttrType::kString) { value_.type = kind_; value_.s = v; }  // NOLINT
-  const at::Tensor* tensor() const;  // nullptr for an absent optional tensor or an attribute
-  bool is_tensor_arg() const { return tensor_ != nullptr || opt_ != nullptr; }
-  const AttrValue& value() const { return value_; }
+  BoxedArgs(StableIValue* stack, uint64_t num_args) : stack_(stack), n_(num_args) {}
+  uint64_t size() const { return n_; }
+  Tensor tensor(uint64_t i) const;
+  std::optional<Tensor> optional_tensor(uint64_t i) const;
+  int64_t int64(uint64_t i) const;
+  double float64(uint64_t i) const;
+  bool boolean(uint64_t i) const;
+  std::string string(uint64_t i) const;
+  std::vector<int64_t> int64_list(uint64_t i) const;
+  std::vector<double> float64_list(uint64_t i) const;
+  static void set(StableIValue* stack, uint64_t i, const Tensor& t);
 
  private:
-  const at::Tensor* tensor_ = nullptr;
-  const std::optional<at::Tensor>* opt_ = nullptr;
-  AttrType kind_ = AttrType::kInt;
-  AttrValue value_;
+  StableIValue* stack_;
+  uint64_t n_;
 };
 
-// A checked call: the OpCall the declaration's checks passed, plus the contiguous host copies of
-// host_memory inputs it points into.
-struct CheckedCall {
-  OpCall call;
-  std::vector<at::Tensor> host;  // host_memory inputs, contiguous, on the CPU (declaration order)
-  std::string qualname;          // "namespace::op", the prefix of messages
+// ---- declared ops (opbridge/op_decl.h) ---------------------------------------------------------
+// The torch schema of a declaration, e.g. "group_norm(Tensor x, int num_groups, Tensor? weight=None, ...) -> Tensor".
+std::string torch_schema(const OpDecl& decl);
+// Throws for a misdeclared op (at library load); returns torch_schema(decl).
+std::string checked_schema(const OpDecl& decl);
 
-  // Throws a non-ok status (e.g. the kernel's) as the matching torch exception, prefixed with
-  // the op's name, as check_status does.
-  void check(const Status& status) const;
+// One call of a declared op, unboxed from torch's stack and checked by the declaration: the
+// tensors by name, the OpCall the checks passed (attributes with their values), host copies of
+// host_memory inputs, and the outputs the run function sets.
+class TorchCall {
+ public:
+  // Reads the arguments (schema order), checks devices (tensor inputs other than host_memory
+  // ones on the first input's device) and runs check_call; throws the tagged error on failure.
+  // qualname must outlive the call (a literal or a static string).
+  TorchCall(const OpDecl& decl, std::string_view qualname, StableIValue* stack, uint64_t num_args);
+
+  const OpDecl& decl() const { return *decl_; }
+  std::string_view qualname() const { return qualname_; }
+  const OpCall& call() const { return call_; }
+  // The tensor input of that name (undefined for an absent optional input).
+  const Tensor& in(std::string_view name) const;
+  // A host_memory input: contiguous on the CPU (copied once from a device tensor).
+  const Tensor& host(std::string_view name) const;
+  void set_output(size_t i, Tensor t);
+  // Throws the tagged error for a non-ok status (e.g. the kernel's), as check_status does.
+  void check(const Status& status) const { check_status(status, qualname_); }
+
+  // Writes the outputs to the stack (the boxed kernel's last step).
+  void box_outputs(StableIValue* stack, uint64_t num_outputs) const;
+
+ private:
+  const OpDecl* decl_;
+  std::string_view qualname_;
+  OpCall call_;
+  std::vector<std::optional<Tensor>> inputs_;  // per declared input (empty: absent)
+  std::vector<std::optional<Tensor>> host_;    // per declared input (set for host_memory ones)
+  std::vector<std::optional<Tensor>> outputs_;
 };
-// Runs the declaration's checks on a call (arguments in schema order) and throws the matching
-// torch exception ("<qualname>: <message>") when they fail; tensor inputs other than
-// host_memory ones must be on the first input's device.
-CheckedCall check_call(const OpDecl& decl, const char* qualname, std::initializer_list<Arg> args);
+
+// The boxed kernel of a declared op: TorchCall from the stack, run(call), outputs to the stack.
+template <const OpDecl& (*Decl)(), void (*Run)(TorchCall&), const char* (*Namespace)()>
+void declared_kernel(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  static const std::string qualname = std::string(Namespace()) + "::" + Decl().name();
+  TorchCall call(Decl(), qualname, stack, num_args);
+  Run(call);
+  call.box_outputs(stack, num_outputs);
+}
 
 // ---- the library's torch namespace ----
 // opbridge_add_op() compiles a library's torch sources with OPBRIDGE_TORCH_NAMESPACE defined to
 // the library's NAMESPACE, so that op files need not restate it:
 //   OPBRIDGE_TORCH_LIBRARY_FRAGMENT(m) { define_op(m, my_op_decl()); }
-//   OPBRIDGE_TORCH_LIBRARY_IMPL(CPU, m) { m.impl("my_op", &my_op_cpu); }
-//   check_call(my_op_decl(), {x, weight, eps})   // messages start with "<namespace>::my_op: "
+//   OPBRIDGE_TORCH_LIBRARY_IMPL(CPU, m) { m.impl("my_op", OPBRIDGE_DECLARED_KERNEL(my_op_decl, my_op_cpu)); }
+// where `void my_op_cpu(TorchCall& c)` reads c.in("x"), c.call().attr_float("eps"), ... and sets
+// c.set_output(0, y); messages start with "<namespace>::my_op: ".
 #ifdef OPBRIDGE_TORCH_NAMESPACE
 #define OPBRIDGE_TORCH_STR_(x) #x
 #define OPBRIDGE_TORCH_STR(x) OPBRIDGE_TORCH_STR_(x)
 // One more level of macros, so that OPBRIDGE_TORCH_NAMESPACE is expanded before torch's macros
 // paste and stringify it.
-#define OPBRIDGE_TORCH_FRAGMENT_(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
-#define OPBRIDGE_TORCH_IMPL_(ns, key, m) TORCH_LIBRARY_IMPL(ns, key, m)
+#define OPBRIDGE_TORCH_FRAGMENT_(ns, m) STABLE_TORCH_LIBRARY_FRAGMENT(ns, m)
+#define OPBRIDGE_TORCH_IMPL_(ns, key, m) STABLE_TORCH_LIBRARY_IMPL(ns, key, m)
 #define OPBRIDGE_TORCH_LIBRARY_FRAGMENT(m) OPBRIDGE_TORCH_FRAGMENT_(OPBRIDGE_TORCH_NAMESPACE, m)
 #define OPBRIDGE_TORCH_LIBRARY_IMPL(key, m) OPBRIDGE_TORCH_IMPL_(OPBRIDGE_TORCH_NAMESPACE, key, m)
-inline constexpr const char* kTorchNamespace = OPBRIDGE_TORCH_STR(OPBRIDGE_TORCH_NAMESPACE);
-// "<namespace>::<op>", the torch name of a declared op of this library.
-inline std::string qualname(const OpDecl& decl) { return std::string(kTorchNamespace) + "::" + decl.name(); }
-inline CheckedCall check_call(const OpDecl& decl, std::initializer_list<Arg> args) {
-  return check_call(decl, qualname(decl).c_str(), args);
-}
+inline const char* torch_namespace() { return OPBRIDGE_TORCH_STR(OPBRIDGE_TORCH_NAMESPACE); }
+// "<namespace>::<op>", the torch name of an op of this library.
+inline std::string qualname(std::string_view op) { return std::string(torch_namespace()) + "::" + std::string(op); }
+#define OPBRIDGE_DECLARED_KERNEL(decl_fn, run_fn)                                    \
+  (&::opbridge::torch_adapter::declared_kernel<&decl_fn, &run_fn,                    \
+                                               &::opbridge::torch_adapter::torch_namespace>)
 #endif
 
-// at::parallel_for, so kernels follow torch.set_num_threads.
-ParallelFor torch_parallel();
+// m.def(schema of the declaration). Throws (at library load) for a misdeclared op. (torch 2.11's
+// stable ABI has no def with tags: the ops carry no pt2_compliant tag, which nothing in torch
+// requires by default.)
+void define_op(torch::stable::detail::StableLibrary& m, const OpDecl& decl);
 
-// Throws the torch exception matching a non-ok Status (ValueError, NotImplementedError,
-// RuntimeError, TypeError in Python), prefixed with the op name.
-void check_status(const Status& status, const char* op);
-
-// Checks that `t` is a floating tensor of a dtype the kernels support.
-void check_float_dtype(const at::Tensor& t, const char* op, const char* arg);
-// Checks an optional per-channel parameter: same dtype and device as x, one dimension.
-void check_param(const std::optional<at::Tensor>& p, const at::Tensor& x, const char* op, const char* arg);
-
-// Calls f(T{}) with T the opbridge element type matching `t`'s dtype.
+// Calls f(T{}) with T the opbridge element type matching the dtype.
 template <class F>
-decltype(auto) dispatch_float(at::ScalarType t, const char* op, F&& f) {
+decltype(auto) dispatch_float(ScalarType t, std::string_view qualname, F&& f) {
   switch (t) {
-    case at::ScalarType::Float: return f(float{});
-    case at::ScalarType::Double: return f(double{});
-    case at::ScalarType::Half: return f(Half{});
-    case at::ScalarType::BFloat16: return f(BFloat16{});
+    case ScalarType::Float: return f(float{});
+    case ScalarType::Double: return f(double{});
+    case ScalarType::Half: return f(Half{});
+    case ScalarType::BFloat16: return f(BFloat16{});
     default:
-      TORCH_CHECK_NOT_IMPLEMENTED(false, op, ": unsupported dtype ", t,
-                                  "; expected float32, float64, float16 or bfloat16");
+      throw_error(kNotImplementedTag, qualname,
+                  std::string("unsupported dtype ") + dtype_name(t) + "; expected float32, float64, float16 or bfloat16");
   }
 }
 
-template <class T>
-const T* ptr(const at::Tensor& t) {
-  return static_cast<const T*>(t.const_data_ptr());
-}
-template <class T>
-T* mutable_ptr(at::Tensor& t) {
-  return static_cast<T*>(t.mutable_data_ptr());
-}
-template <class T>
-const T* opt_ptr(const std::optional<at::Tensor>& t) {
-  return t.has_value() && t->defined() ? ptr<T>(*t) : nullptr;
-}
-
-}  // namespace opbridge::torch_adapter
+}  // namespace torch_adapter
+}  // namespace opbridge

@@ -87,11 +87,11 @@ def _pins() -> dict[str, str]:
 
     major, minor = (int(p) for p in opbridge.__version__.split(".")[:2])
     pins = {"opbridge_req": f"opbridge>={major}.{minor},<{major}.{minor + 1}", "opbridge_minor": f"{major}.{minor}"}
-    torch_version = (opbridge.build_info().get("torch_version") or "").split("+")[0]
-    # The torch extension links the static torch adapter, compiled against exactly this torch
-    # (torch has no stable C++ ABI across versions); a local label (+cpu, +cu130) is left out so
-    # that any build of that version satisfies it.
-    pins["torch_req"] = f"torch=={torch_version}" if torch_version else ""
+    info = opbridge.build_info()
+    # The torch extension is built on opbridge's torch adapter, on the LibTorch stable ABI of
+    # torch_target: it builds with, and loads into, every torch from that release on.
+    target = info.get("torch_target") or ""
+    pins["torch_req"] = f"torch>={target}" if info.get("torch_version") and target else ""
     return pins
 
 
@@ -170,8 +170,8 @@ def new_op(name: str, dir: str | Path | None = None, namespace: str | None = Non
         "op": name, "Op": pascal(name), "OP": name.upper(), "ns": ns, "NS": ns.upper(), "lib": lib, "domain": dom,
         "dist": ns.replace("_", "-"), "opbridge_req": pins["opbridge_req"], "opbridge_minor": pins["opbridge_minor"],
         "torch_req": pins["torch_req"] or "torch",
-        "torch_dep": (f'  # The torch extension is compiled against the torch opbridge was built against (torch\n'
-                      f'  # has no stable C++ ABI): that version only.\n  "{pins["torch_req"]}",\n'
+        "torch_dep": (f'  # The torch extension is on the LibTorch stable ABI: one build for every torch from\n'
+                      f'  # the release opbridge targets on.\n  "{pins["torch_req"]}",\n'
                       if pins["torch_req"] else ""),
         "torch_build_req": f', "{pins["torch_req"]}"' if pins["torch_req"] else "",
         "cuda_block": _CUDA_BLOCK.format(NS=ns.upper()) if cuda else "",

@@ -13,7 +13,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     print(f"opbridge {opbridge.__version__}")
     info = opbridge.build_info()
-    for key in ("torch_version", "ort_api_version", "eigen_version", "cuda", "cuda_version", "compiler"):
+    for key in ("torch_version", "torch_target", "ort_api_version", "eigen_version", "cuda", "cuda_version",
+                "compiler"):
         print(f"  built {key:16s} {info.get(key, '?')}")
     print(f"  ORT library            {opbridge.get_library_path()}")
     try:
@@ -38,6 +39,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
                 and not n.endswith("_backward") and not n.startswith("_")
             )
             print(f"  torch ops              {', '.join('torch.ops.opbridge.' + n for n in ops)}")
+            fast = hasattr(ns, "_no_grad_fast_path")
+            print(f"  torch fast path        {'loaded' if fast else 'not loaded (built for torch ' + info.get('torch_version', '?') + ')'}")
     else:
         print("  torch                  not installed (torch ops unavailable)")
     print(f"  ONNX domain            {opbridge.DOMAIN}")

@@ -165,15 +165,24 @@ def run_torch(p):
     Returns [y, (dx, dweight, dbias) for the tensor args that require grad], each as
     (numpy array, dtype name) or ("meta", shape, dtype)."""
     torch = _torch_init()
+    # The C++ kernels' errors cross the stable ABI as RuntimeError tagged with their type; they are
+    # judged as the Python API raises them (opbridge.ops: the tagged type; an untagged RuntimeError
+    # stays one and fails an invalid case's check).
+    from opbridge.ops._errors import raise_translated
+
     args = [make_tensor(a) if isinstance(a, dict) and "data" in a else a for a in p["args"]]
     op = getattr(torch.ops.opbridge, p["op"]).default
-    y = op(*args)
-    outs = [_to_numpy(y), {"contiguous": bool(y.is_contiguous()), "shape": tuple(y.shape)}]
-    if p.get("grad") is not None:
-        dy = make_tensor(p["grad"])
-        inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-        grads = torch.autograd.grad(y, inputs, dy, allow_unused=True)
-        outs.append([None if g is None else _to_numpy(g) for g in grads])
+    try:
+        y = op(*args)
+        outs = [_to_numpy(y), {"contiguous": bool(y.is_contiguous()), "shape": tuple(y.shape)}]
+        if p.get("grad") is not None:
+            dy = make_tensor(p["grad"])
+            inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+            grads = torch.autograd.grad(y, inputs, dy, allow_unused=True)
+            outs.append([None if g is None else _to_numpy(g) for g in grads])
+    except RuntimeError as e:
+        raise_translated(e)
+        raise
     return outs
 
 

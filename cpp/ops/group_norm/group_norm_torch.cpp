@@ -1,18 +1,12 @@
 // torch op opbridge::group_norm: schema (from the declaration, group_norm_decl.cpp) and CPU
-// implementation; the fake kernel comes from the declaration too, the autograd formula from
-// opbridge/ops/group_norm.py.
+// implementation on the stable ABI; the fake kernel comes from the declaration too, the autograd
+// formula from opbridge/ops/group_norm.py.
 //
 // Memory format: a contiguous x is [N, C, S]; an x whose memory is channels-last ([N, *spatial,
 // C], e.g. torch.channels_last / channels_last_3d, or a rank-3 (N, L, C) buffer seen as
 // (N, C, L)) is [N, S, C] and gives an output of the same strides, with no copy; anything else
 // is made contiguous first. The fake kernel (opbridge/ops/_declared.py) applies the same rule.
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <torch/library.h>
-
 #include <string>
-#include <tuple>
-#include <vector>
 
 #include "opbridge/group_norm.h"
 #include "torch_common.h"
@@ -21,78 +15,80 @@ namespace opbridge::torch_adapter {
 namespace {
 
 constexpr const char* kOp = "opbridge::group_norm";
+constexpr const char* kBackwardOp = "opbridge::group_norm_backward";
 
-// Shared input validation of forward and backward: the declaration's checks.
-Activation check_group_norm(const at::Tensor& x, int64_t num_groups, const std::optional<at::Tensor>& weight,
-                            const std::optional<at::Tensor>& bias, double eps, c10::string_view activation) {
-  check_call(group_norm_decl(), kOp, {x, num_groups, weight, bias, eps, activation});
-  return activation_from_name(std::string(activation));
+GroupNormDims dims_of(const Tensor& x, int64_t num_groups, bool channels_last) {
+  const auto s = x.sizes();
+  return group_norm_dims(s.data(), s.size(), num_groups, channels_last);
 }
 
-std::optional<at::Tensor> contiguous(const std::optional<at::Tensor>& t) {
-  if (!t.has_value() || !t->defined()) return std::nullopt;
-  return t->contiguous();
-}
+Tensor contiguous_or_undefined(const Tensor& t) { return t.defined() ? contiguous(t) : t; }
 
-GroupNormDims dims_of(const at::Tensor& x, int64_t num_groups, bool channels_last) {
-  return group_norm_dims(x.sizes().data(), x.sizes().size(), num_groups, channels_last);
-}
-
-at::Tensor group_norm_cpu_impl(const at::Tensor& x, int64_t num_groups, const std::optional<at::Tensor>& weight,
-                               const std::optional<at::Tensor>& bias, double eps, c10::string_view activation) {
-  const Activation act = check_group_norm(x, num_groups, weight, bias, eps, activation);
+void group_norm_cpu_impl(TorchCall& c) {
+  const Tensor& x = c.in("x");
+  const int64_t num_groups = c.call().attr_int("num_groups");
+  const double eps = c.call().attr_float("eps");
+  const Activation act = activation_from_name(c.call().attr_string("activation"));
   const bool cl = uses_channels_last(x);
-  const at::Tensor xc = cl ? x : x.contiguous();
+  const Tensor xc = cl ? x : contiguous(x);
   const GroupNormDims d = dims_of(xc, num_groups, cl);
-  const auto wc = contiguous(weight), bc = contiguous(bias);
-  at::Tensor y = empty_in_layout(xc, cl);
-  dispatch_float(x.scalar_type(), kOp, [&](auto tag) {
+  const Tensor wc = contiguous_or_undefined(c.in("weight")), bc = contiguous_or_undefined(c.in("bias"));
+  Tensor y = empty_in_layout(xc, cl);
+  dispatch_float(dtype(x), kOp, [&](auto tag) {
     using T = decltype(tag);
-    check_status(group_norm_cpu<T>(ptr<T>(xc), opt_ptr<T>(wc), opt_ptr<T>(bc), mutable_ptr<T>(y), d, eps, act,
-                                   nullptr, nullptr, torch_parallel()),
-                 kOp);
+    c.check(group_norm_cpu<T>(ptr<T>(xc), opt_ptr<T>(wc), opt_ptr<T>(bc), mutable_ptr<T>(y), d, eps, act, nullptr,
+                              nullptr, torch_parallel()));
   });
-  return y;
+  c.set_output(0, std::move(y));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> group_norm_backward_cpu_impl(
-    const at::Tensor& grad, const at::Tensor& x, int64_t num_groups, const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias, double eps, c10::string_view activation) {
-  const Activation act = check_group_norm(x, num_groups, weight, bias, eps, activation);
-  TORCH_CHECK_VALUE(grad.sizes() == x.sizes(), kOp, ": grad must have x's shape ", x.sizes(), ", got ",
-                    grad.sizes());
+// group_norm_backward(Tensor grad, Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps,
+// str activation) -> (Tensor dx, Tensor dweight, Tensor dbias): the declaration's checks on the
+// forward's arguments, then grad's shape.
+void group_norm_backward_cpu_impl(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  const BoxedArgs args(stack, num_args);
+  const Tensor grad = args.tensor(0);
+  // The forward's arguments, checked by its declaration (messages name opbridge::group_norm).
+  TorchCall c(group_norm_decl(), kOp, stack + 1, num_args - 1);
+  const Tensor& x = c.in("x");
+  check_value(grad.sizes().equals(x.sizes()), kBackwardOp,
+              "grad must have x's shape " + shape_string(x) + ", got " + shape_string(grad));
+  const int64_t num_groups = c.call().attr_int("num_groups");
+  const double eps = c.call().attr_float("eps");
+  const Activation act = activation_from_name(c.call().attr_string("activation"));
   const bool cl = uses_channels_last(x);
-  const at::Tensor xc = cl ? x : x.contiguous();
-  const at::Tensor gc = in_layout(grad.to(x.scalar_type()), cl);
+  const Tensor xc = cl ? x : contiguous(x);
+  const Tensor gc = in_layout(to_dtype(grad, dtype(x)), cl);
   const GroupNormDims d = dims_of(xc, num_groups, cl);
-  const auto wc = contiguous(weight), bc = contiguous(bias);
-  at::Tensor dx = empty_in_layout(xc, cl);
-  at::Tensor dw = at::empty({d.C}, x.options());
-  at::Tensor db = at::empty({d.C}, x.options());
-  dispatch_float(x.scalar_type(), kOp, [&](auto tag) {
+  const Tensor wc = contiguous_or_undefined(c.in("weight")), bc = contiguous_or_undefined(c.in("bias"));
+  Tensor dx = empty_in_layout(xc, cl);
+  Tensor dw = empty({d.C}, dtype(x), x);
+  Tensor db = empty({d.C}, dtype(x), x);
+  dispatch_float(dtype(x), kBackwardOp, [&](auto tag) {
     using T = decltype(tag);
-    check_status(group_norm_backward_cpu<T>(ptr<T>(gc), ptr<T>(xc), opt_ptr<T>(wc), opt_ptr<T>(bc),
-                                            mutable_ptr<T>(dx), mutable_ptr<T>(dw), mutable_ptr<T>(db), d, eps, act,
-                                            torch_parallel()),
-                 kOp);
+    check_status(group_norm_backward_cpu<T>(ptr<T>(gc), ptr<T>(xc), opt_ptr<T>(wc), opt_ptr<T>(bc), mutable_ptr<T>(dx),
+                                            mutable_ptr<T>(dw), mutable_ptr<T>(db), d, eps, act, torch_parallel()),
+                 kBackwardOp);
   });
-  return {dx, dw, db};
+  (void)num_outputs;
+  BoxedArgs::set(stack, 0, dx);
+  BoxedArgs::set(stack, 1, dw);
+  BoxedArgs::set(stack, 2, db);
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(opbridge, m) {
+OPBRIDGE_TORCH_LIBRARY_FRAGMENT(m) {
   define_op(m, group_norm_decl());
   // Gradients w.r.t. (x, weight, bias); weight/bias gradients are computed as if weight = 1
   // when weight is None, and the caller drops what it does not need. bias enters through the
   // activation's derivative. dx has x's memory format (see group_norm).
   m.def("group_norm_backward(Tensor grad, Tensor x, int num_groups, Tensor? weight, Tensor? bias, float eps, "
-        "str activation=\"none\") -> (Tensor, Tensor, Tensor)",
-        {at::Tag::pt2_compliant_tag});
+        "str activation=\"none\") -> (Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(opbridge, CPU, m) {
-  m.impl("group_norm", &group_norm_cpu_impl);
+OPBRIDGE_TORCH_LIBRARY_IMPL(CPU, m) {
+  m.impl("group_norm", OPBRIDGE_DECLARED_KERNEL(group_norm_decl, group_norm_cpu_impl));
   m.impl("group_norm_backward", &group_norm_backward_cpu_impl);
 }
 

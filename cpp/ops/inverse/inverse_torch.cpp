@@ -1,13 +1,6 @@
 // torch op opbridge::inverse: schema (from the declaration, inverse_decl.cpp) and CPU
-// implementation; the fake kernel comes from the declaration too, the autograd formula from
-// opbridge/ops/inverse.py.
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty_like.h>
-#include <torch/library.h>
-
-#include <string>
-#include <string_view>
-
+// implementation on the stable ABI; the fake kernel comes from the declaration too, the autograd
+// formula from opbridge/ops/inverse.py.
 #include "opbridge/inverse.h"
 #include "torch_common.h"
 
@@ -16,29 +9,29 @@ namespace {
 
 constexpr const char* kOp = "opbridge::inverse";
 
-at::Tensor inverse_cpu_impl(const at::Tensor& x, c10::string_view on_singular) {
-  check_call(inverse_decl(), kOp, {x, on_singular});
-  const bool nan_on_singular = on_singular == "nan";
-  const InverseDims d = inverse_dims({x.sizes().begin(), x.sizes().end()});
-  const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
+void inverse_cpu_impl(TorchCall& c) {
+  const Tensor& x = c.in("x");
+  const bool nan_on_singular = c.call().attr_string("on_singular") == "nan";
+  const InverseDims d = inverse_dims(sizes(x));
+  const Tensor xc = contiguous(x);
+  Tensor y = empty_like(xc);
   const Status status =
-      x.scalar_type() == at::kFloat
-          ? inverse_cpu<float>(ptr<float>(xc), mutable_ptr<float>(y), d.batch, d.n, torch_parallel(),
-                                 CpuIsa::kAuto, nan_on_singular)
+      dtype(x) == ScalarType::Float
+          ? inverse_cpu<float>(ptr<float>(xc), mutable_ptr<float>(y), d.batch, d.n, torch_parallel(), CpuIsa::kAuto,
+                               nan_on_singular)
           : inverse_cpu<double>(ptr<double>(xc), mutable_ptr<double>(y), d.batch, d.n, torch_parallel(),
-                                  CpuIsa::kAuto, nan_on_singular);
-  // A singular matrix raises torch.linalg.LinAlgError, as torch.linalg.inv does; other
-  // failures raise as usual.
-  TORCH_CHECK_LINALG(status.code() != StatusCode::kRuntimeError, kOp, ": ", status.message());
-  check_status(status, kOp);
-  return y;
+                                CpuIsa::kAuto, nan_on_singular);
+  // A singular matrix raises torch.linalg.LinAlgError (through opbridge.ops), as torch.linalg.inv
+  // does; other failures raise as usual.
+  if (status.code() == StatusCode::kRuntimeError) throw_error(kLinAlgErrorTag, kOp, status.message());
+  c.check(status);
+  c.set_output(0, std::move(y));
 }
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(opbridge, m) { define_op(m, inverse_decl()); }
+OPBRIDGE_TORCH_LIBRARY_FRAGMENT(m) { define_op(m, inverse_decl()); }
 
-TORCH_LIBRARY_IMPL(opbridge, CPU, m) { m.impl("inverse", &inverse_cpu_impl); }
+OPBRIDGE_TORCH_LIBRARY_IMPL(CPU, m) { m.impl("inverse", OPBRIDGE_DECLARED_KERNEL(inverse_decl, inverse_cpu_impl)); }
 
 }  // namespace opbridge::torch_adapter

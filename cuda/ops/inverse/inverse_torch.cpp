@@ -1,17 +1,14 @@
-// torch op opbridge::inverse on CUDA tensors: same schema, checks and messages as the CPU
-// implementation (cpp/ops/inverse/inverse_torch.cpp), queued on torch's current stream.
+// torch op opbridge::inverse on CUDA tensors, on the stable ABI: same schema, checks and messages
+// as the CPU implementation (cpp/ops/inverse/inverse_torch.cpp), queued on torch's current stream.
 //
-// on_singular="raise" (default): a singular matrix raises torch.linalg.LinAlgError, as on the CPU:
-// the kernel's 8-byte report is read back with .item(), which synchronizes the current stream
-// once per call (as torch.linalg.inv's own error check does).
+// on_singular="raise" (default): a singular matrix raises torch.linalg.LinAlgError (through
+// opbridge.ops), as on the CPU: the kernel's 8-byte report is copied to the host, which
+// synchronizes the current stream once per call (as torch.linalg.inv's own error check does).
 // on_singular="nan": a singular matrix's output is all NaN and the report is not read, so the call
 // never synchronizes (it can be captured in a CUDA graph).
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/empty_like.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/accelerator.h>
+
+#include <string>
 
 #include "inverse.cuh"
 #include "opbridge/inverse.h"
@@ -22,45 +19,51 @@ namespace {
 
 constexpr const char* kOp = "opbridge::inverse";
 
-at::Tensor inverse_cuda_impl(const at::Tensor& x, c10::string_view on_singular) {
-  check_call(inverse_decl(), kOp, {x, on_singular});
-  const bool nan_on_singular = on_singular == "nan";
-  const auto dt = x.scalar_type();
-  const InverseDims d = inverse_dims({x.sizes().begin(), x.sizes().end()});
+void inverse_cuda_impl(TorchCall& c) {
+  const Tensor& x = c.in("x");
+  const bool nan_on_singular = c.call().attr_string("on_singular") == "nan";
+  const InverseDims d = inverse_dims(sizes(x));
   const int64_t n = d.n, batch = d.batch;
-
-  const c10::cuda::CUDAGuard device_guard(x.device());
-  const at::Tensor xc = x.contiguous();
-  at::Tensor y = at::empty_like(xc, at::MemoryFormat::Contiguous);
-  if (y.numel() == 0) return y;
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+  const torch::stable::accelerator::DeviceGuard device_guard(x.get_device_index());
+  const Tensor xc = contiguous(x);
+  Tensor y = empty_like(xc);
+  if (x.numel() == 0) {
+    c.set_output(0, std::move(y));
+    return;
+  }
+  const auto stream = static_cast<cudaStream_t>(current_cuda_stream(x));
   // The report word (int64 -1 == kInverseInfoOk) and the workspace, from torch's allocator.
-  at::Tensor info = at::empty({1}, x.options().dtype(at::kLong));
+  const Tensor info = empty({1}, ScalarType::Long, x);
   const auto launch = [&](auto tag) {
     using T = decltype(tag);
     const size_t ws_bytes = cuda::inverse_workspace_bytes<T>(batch, n);
-    at::Tensor ws;
-    if (ws_bytes > 0) ws = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
+    Tensor ws = ws_bytes > 0 ? empty({static_cast<int64_t>(ws_bytes)}, ScalarType::Byte, x) : undefined_tensor();
     return cuda::launch_inverse<T>(stream, ptr<T>(xc), mutable_ptr<T>(y), batch, n,
-                                   static_cast<uint64_t*>(info.mutable_data_ptr()),
-                                   ws_bytes > 0 ? ws.mutable_data_ptr() : nullptr, ws_bytes, nan_on_singular);
+                                   static_cast<uint64_t*>(info.data_ptr()), ws_bytes > 0 ? ws.data_ptr() : nullptr,
+                                   ws_bytes, nan_on_singular);
   };
-  const cudaError_t err = dt == at::kFloat ? launch(float{}) : launch(double{});
-  TORCH_CHECK(err == cudaSuccess, kOp, ": CUDA launch failed: ", cudaGetErrorName(err), " (",
-              cudaGetErrorString(err), ")");
-  if (nan_on_singular) return y;
-  int64_t index = 0, step = 0;
-  if (cuda::inverse_info_singular(static_cast<uint64_t>(info.item<int64_t>()), &index, &step)) {
-    // torch.linalg.LinAlgError, as on the CPU and as torch.linalg.inv raises.
-    TORCH_CHECK_LINALG(false, kOp, ": ", cuda::inverse_singular_status(index, step).message());
+  const cudaError_t err = dtype(x) == ScalarType::Float ? launch(float{}) : launch(double{});
+  if (err != cudaSuccess) {
+    throw_error(nullptr, kOp, std::string("CUDA launch failed: ") + cudaGetErrorName(err) + " (" +
+                                  cudaGetErrorString(err) + ")");
   }
-  return y;
+  if (!nan_on_singular) {
+    const Tensor host = to_cpu(info);
+    int64_t index = 0, step = 0;
+    if (cuda::inverse_info_singular(static_cast<uint64_t>(*ptr<int64_t>(host)), &index, &step)) {
+      // torch.linalg.LinAlgError, as on the CPU and as torch.linalg.inv raises.
+      throw_error(kLinAlgErrorTag, kOp, cuda::inverse_singular_status(index, step).message());
+    }
+  }
+  c.set_output(0, std::move(y));
 }
+
+const char* opbridge_namespace() { return "opbridge"; }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(opbridge, CUDA, m) {
-  m.impl("inverse", &inverse_cuda_impl);
-}
+// The library's namespace spelled out (this file is also syntax-checked on its own, without
+// opbridge_add_op's OPBRIDGE_TORCH_NAMESPACE).
+STABLE_TORCH_LIBRARY_IMPL(opbridge, CUDA, m) { m.impl("inverse", &declared_kernel<&inverse_decl, &inverse_cuda_impl, &opbridge_namespace>); }
 
 }  // namespace opbridge::torch_adapter

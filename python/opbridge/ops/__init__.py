@@ -14,7 +14,7 @@ from .._library import load_torch_library
 
 load_torch_library()
 
-__all__: list[str] = ["no_grad_fast_path", "register_autograd", "register_library_ops"]
+__all__: list[str] = ["no_grad_fast_path", "register_autograd", "register_library_ops", "translate_errors"]
 for _m in pkgutil.iter_modules(__path__):
     if _m.name.startswith("_"):
         continue
@@ -27,5 +27,6 @@ for _m in pkgutil.iter_modules(__path__):
 # after the op modules above registered their formulas.
 from .._decl import opbridge_library  # noqa: E402
 from ._declared import no_grad_fast_path, register_autograd, register_library_ops  # noqa: E402
+from ._errors import translate_errors  # noqa: E402
 
 register_library_ops(opbridge_library())

@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from ._declared import channels_last, register_autograd, register_formula
+from ._errors import raise_translated
 
 __all__ = ["group_norm"]
 
@@ -33,7 +34,11 @@ def group_norm(
     ``channels_last_3d``, or any x whose memory is (N, *spatial, C)) gives a channels-last result
     without copies; other non-contiguous inputs give a contiguous result. Differentiable to any
     order. Runs opbridge's C++ (CPU) or CUDA kernel, exports to ONNX as ``ai.opbridge::GroupNorm``."""
-    return torch.ops.opbridge.group_norm.default(x, num_groups, weight, bias, eps, activation)
+    try:
+        return torch.ops.opbridge.group_norm.default(x, num_groups, weight, bias, eps, activation)
+    except RuntimeError as e:
+        raise_translated(e)
+        raise
 
 
 # ---- memory format: the rule of the C++ kernels (cpp/ops/group_norm/group_norm_torch.cpp) ------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ._declared import register_autograd
+from ._errors import raise_translated
 
 __all__ = ["inverse"]
 
@@ -20,7 +21,11 @@ def inverse(x: torch.Tensor, on_singular: str = "raise") -> torch.Tensor:
         gradient), every other matrix is computed as usual -- for batches of independent problems,
         e.g. one Kalman update per track, where one degenerate item must not fail the rest.
     """
-    return torch.ops.opbridge.inverse.default(x, on_singular)
+    try:
+        return torch.ops.opbridge.inverse.default(x, on_singular)
+    except RuntimeError as e:
+        raise_translated(e)
+        raise
 
 
 def _setup_context(ctx, inputs, output):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ._declared import register_autograd, register_formula
+from ._errors import raise_translated
 
 __all__ = ["ms_deform_attn"]
 
@@ -41,13 +42,17 @@ def ms_deform_attn(
     Deformable DETR's ``custom_fwd(cast_inputs=torch.float32)`` does. Differentiable (first
     order) with respect to value, sampling_locations and attention_weights. Exports to ONNX as
     ``ai.opbridge::MultiScaleDeformableAttention``."""
-    if (value.dtype in _LOW and sampling_locations.dtype == torch.float32
-            and attention_weights.dtype == torch.float32):
-        out = torch.ops.opbridge.ms_deform_attn.default(value.float(), spatial_shapes, level_start_index,
-                                                        sampling_locations, attention_weights)
-        return out.to(value.dtype)
-    return torch.ops.opbridge.ms_deform_attn.default(value, spatial_shapes, level_start_index, sampling_locations,
-                                                     attention_weights)
+    try:
+        if (value.dtype in _LOW and sampling_locations.dtype == torch.float32
+                and attention_weights.dtype == torch.float32):
+            out = torch.ops.opbridge.ms_deform_attn.default(value.float(), spatial_shapes, level_start_index,
+                                                            sampling_locations, attention_weights)
+            return out.to(value.dtype)
+        return torch.ops.opbridge.ms_deform_attn.default(value, spatial_shapes, level_start_index,
+                                                         sampling_locations, attention_weights)
+    except RuntimeError as e:
+        raise_translated(e)
+        raise
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import torch
-from opbridge.ops import register_autograd
+from opbridge.ops import register_autograd, translate_errors
 
 __all__ = ["rms_norm"]
 
 
+# translate_errors: the kernels' errors reach Python through the stable ABI as RuntimeError tagged
+# with their type ("ValueError: myops::rms_norm: ..."); this function raises that type.
+@translate_errors
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """x / sqrt(mean(x**2, -1) + eps) * weight, one weight per channel (the last dimension of x);
     float32/float64. Exports to ONNX as com.example.myops::RmsNorm."""

@@ -5,7 +5,7 @@ it raises a clear NotImplementedError."""
 from __future__ import annotations
 
 import torch
-from opbridge.ops import register_library_ops
+from opbridge.ops import register_library_ops, translate_errors
 
 from .. import library
 
@@ -14,6 +14,8 @@ __all__ = ["log_cumsum_exp"]
 register_library_ops(library())
 
 
+# The kernel's errors cross the stable ABI as RuntimeError tagged with their type; this raises the type.
+@translate_errors
 def log_cumsum_exp(x: torch.Tensor, dim: int) -> torch.Tensor:
     """log(cumsum(exp(x), dim)), computed stably (like torch.logcumsumexp); float32/float64, CPU.
     Exports to ONNX as com.example.userops::LogCumSumExp (attribute axis = dim)."""
