@@ -2,9 +2,11 @@
 non-comment lines of the project that are not in what new-op generated (added or changed
 lines, per file, by difflib), tests left out.
 
-    python scripts/count_hand_lines.py PROJECT OP [--namespace NS] [--domain DOMAIN] [--cuda] [--no-format]
+    python scripts/count_hand_lines.py PROJECT OP [OP ...] [--namespace NS] [--domain DOMAIN] [--cuda] [--no-format]
 
-regenerates the scaffold in a temporary folder with the same arguments and compares. Both sides
+regenerates the scaffold in a temporary folder with the same arguments and compares (several ops:
+made in the order given, as `new-op OP --dir PROJECT` adds them; each op's own files, ops/OP/ and
+python/*/ops/OP.py, are counted for it, the other files as shared). Both sides
 are first formatted the same way where the formatters are installed (`ruff format` for Python,
 `clang-format` for C++/CUDA; both on PyPI), so a line count cannot be changed by how lines are
 wrapped; the report says which formatters ran. Skipped: tests/, build and dist folders, hidden
@@ -88,12 +90,22 @@ def count(project: Path, scaffold: Path, fmt: dict[str, list[str]]) -> tuple[int
     return sum(per_file.values()), per_file
 
 
+def owner(rel: str) -> str | None:
+    """The op whose own file `rel` is (ops/OP/..., python/PKG/ops/OP.py), else None."""
+    parts = Path(rel).parts
+    if len(parts) >= 3 and parts[0] == "ops":
+        return parts[1]
+    if len(parts) == 4 and parts[0] == "python" and parts[2] == "ops" and parts[3] != "__init__.py":
+        return Path(parts[3]).stem
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from opbridge._newop import new_op
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("project", type=Path)
-    p.add_argument("op")
+    p.add_argument("ops", nargs="+", metavar="op")
     p.add_argument("--namespace")
     p.add_argument("--domain")
     p.add_argument("--cuda", action="store_true", help="the project was made with new-op --cuda")
@@ -101,11 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     fmt = {} if args.no_format else formatters()
     with tempfile.TemporaryDirectory() as tmp:
-        scaffold = new_op(args.op, dir=Path(tmp) / args.project.name, namespace=args.namespace, domain=args.domain,
-                          cuda=args.cuda).dir
+        for op in args.ops:
+            scaffold = new_op(op, dir=Path(tmp) / args.project.name, namespace=args.namespace, domain=args.domain,
+                              cuda=args.cuda).dir
         total, per_file = count(args.project, scaffold, fmt)
     for rel, n in per_file.items():
         print(f"{rel}: {n}")
+    if len(args.ops) > 1:
+        for op in args.ops:
+            print(f"op {op}: {sum(n for rel, n in per_file.items() if owner(rel) == op)}")
+        print(f"shared: {sum(n for rel, n in per_file.items() if owner(rel) is None)}")
     how = ", ".join(f"{k} by {Path(v[0]).name}" for k, v in fmt.items()) or "none (ruff / clang-format not found)"
     print(f"total: {total} hand-written lines (non-blank, non-comment, tests excluded; formatted: {how})")
     return 0

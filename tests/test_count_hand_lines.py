@@ -72,3 +72,20 @@ def test_formatting_makes_the_count_independent_of_wrapping(tmp_path):
     empty.mkdir()
     assert mod.count(a, empty, fmt)[0] == mod.count(b, empty, fmt)[0]
     assert mod.count(a, empty, {})[0] != mod.count(b, empty, {})[0]  # unformatted they differ
+
+
+def test_several_ops_each_get_their_own_files(tmp_path, capsys):
+    # A project of two ops, made as new-op makes them (the second added with --dir): each op's own
+    # files count for it, the rest (here the extra Python module) as shared.
+    project = _project(tmp_path)
+    new_op("other_op", dir=project)
+    (project / "ops" / "other_op" / "other_op_cpu.cpp").write_text(
+        (project / "ops" / "other_op" / "other_op_cpu.cpp").read_text() + "\nint other() { return 3; }\n")
+    mod = _script()
+    mod.main([str(project), "seg_sum", "other_op", "--no-format"])
+    out = capsys.readouterr().out
+    lines = dict(line.rsplit(": ", 1) for line in out.splitlines() if not line.startswith("total"))
+    assert lines["op other_op"] == "1", out
+    assert int(lines["op seg_sum"]) == int(lines["ops/seg_sum/seg_sum_cpu.cpp"]) > 0, out
+    assert int(lines["shared"]) == int(lines["python/segops/extra.py"]) > 0, out
+    assert "CMakeLists.txt" not in lines, out  # the second op's opbridge_add_op line is new-op's

@@ -195,3 +195,18 @@ def test_callers_own_shapes_are_used(rng):
     proto, _ = _export(WeightAsInput(), (torch.randn(2, 8, 5), torch.rand(8)),
                        dynamic_shapes={"x": {2: n}, "weight": None})
     assert _input_dims(proto)["x"] == [2, 8, "n"]
+
+
+def test_forward_with_var_positional_inputs_gets_a_dynamic_batch(tmp_path):
+    # forward(self, *xs): torch.export takes the *xs entries of dynamic_shapes as one tuple.
+    class Sum(torch.nn.Module):
+        def forward(self, *xs):
+            return opbridge.ops.group_norm(xs[0] + xs[1], 2)
+
+    x, y = torch.randn(3, 4, 5), torch.randn(3, 4, 5)
+    proto = opbridge.onnx.export(Sum(), (x, y))
+    dims = [i.type.tensor_type.shape.dim[0] for i in proto.graph.input]
+    assert all(d.HasField("dim_param") for d in dims), dims
+    got = opbridge.InferenceSession(proto).run(None, {i.name: t.numpy() for i, t in zip(proto.graph.input, (x[:2], y[:2]))})
+    with torch.no_grad():
+        np.testing.assert_allclose(got[0], Sum()(x[:2], y[:2]).numpy(), rtol=1e-5, atol=1e-5)

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstdint>
+#include <cstring>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -338,6 +340,143 @@ bool parse_int(const std::string& s, int64_t* out) {
 
 }  // namespace
 
+namespace {
+
+// Reads an output rule's dimensions (see OutputDecl) into postfix expressions.
+class RuleParser {
+ public:
+  RuleParser(const OpDecl& decl, const std::string& rule) : decl_(decl), s_(rule) {}
+
+  std::vector<std::vector<DimTerm>> parse(std::string* error) {
+    std::vector<std::vector<DimTerm>> dims;
+    try {
+      do {
+        std::vector<DimTerm> expr;
+        sum(&expr);
+        dims.push_back(std::move(expr));
+      } while (eat(","));
+      skip();
+      if (pos_ != s_.size()) fail("expected ',', an operator or the end");
+    } catch (const std::invalid_argument& e) {
+      *error = e.what();
+      return {};
+    }
+    return dims;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::invalid_argument("cannot read shape rule '" + s_ + "' at position " + std::to_string(pos_) + ": " +
+                                what + " (a rule is an input name, or per dimension: integers, input[dim], int "
+                                "attributes, + - * // % and parentheses)");
+  }
+  void skip() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\\t')) ++pos_;
+  }
+  bool eat(const char* tok) {
+    skip();
+    const size_t n = std::strlen(tok);
+    if (s_.compare(pos_, n, tok) != 0) return false;
+    pos_ += n;
+    return true;
+  }
+  void sum(std::vector<DimTerm>* out) {
+    product(out);
+    for (;;) {
+      if (eat("+")) {
+        product(out);
+        out->push_back({DimTerm::kAdd, 0, 0});
+      } else if (eat("-")) {
+        product(out);
+        out->push_back({DimTerm::kSub, 0, 0});
+      } else {
+        return;
+      }
+    }
+  }
+  void product(std::vector<DimTerm>* out) {
+    primary(out);
+    for (;;) {
+      if (eat("*")) {
+        primary(out);
+        out->push_back({DimTerm::kMul, 0, 0});
+      } else if (eat("//")) {
+        primary(out);
+        out->push_back({DimTerm::kFloorDiv, 0, 0});
+      } else if (eat("%")) {
+        primary(out);
+        out->push_back({DimTerm::kMod, 0, 0});
+      } else if (skip(), pos_ < s_.size() && s_[pos_] == '/') {
+        fail("'/' is not an operator of shape rules (use // for floor division)");
+      } else {
+        return;
+      }
+    }
+  }
+  bool integer(int64_t* value) {
+    skip();
+    const size_t b = pos_;
+    while (pos_ < s_.size() && std::isdigit(static_cast<unsigned char>(s_[pos_]))) ++pos_;
+    if (pos_ == b) return false;
+    if (!parse_int(s_.substr(b, pos_ - b), value)) {
+      pos_ = b;
+      fail("integer out of range");
+    }
+    return true;
+  }
+  void primary(std::vector<DimTerm>* out) {
+    int64_t value = 0;
+    if (eat("(")) {
+      sum(out);
+      if (!eat(")")) fail("expected ')'");
+      return;
+    }
+    if (integer(&value)) {
+      out->push_back({DimTerm::kConst, value, 0});
+      return;
+    }
+    skip();
+    const size_t b = pos_;
+    while (pos_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[pos_])) || s_[pos_] == '_')) ++pos_;
+    const std::string name = s_.substr(b, pos_ - b);
+    if (name.empty() || std::isdigit(static_cast<unsigned char>(name[0]))) {
+      pos_ = b;
+      fail(pos_ == s_.size() ? "expected a size, got the end" : "expected a size");
+    }
+    const int64_t input = decl_.input_index(name);
+    if (input >= 0) {
+      if (!eat("[")) fail("input " + name + " needs a dimension, e.g. " + name + "[0]");
+      const bool negative = eat("-");
+      if (!integer(&value)) fail("expected a dimension");
+      if (!eat("]")) fail("expected ']'");
+      out->push_back({DimTerm::kInputDim, input, negative ? -value : value});
+      return;
+    }
+    const int64_t attr = decl_.attr_index(name);
+    if (attr >= 0) {
+      const ArgDecl& a = *decl_.attrs()[static_cast<size_t>(attr)];
+      if (a.attr_type != AttrType::kInt) {
+        pos_ = b;
+        fail("attribute " + name + " is " + attr_type_name(a.attr_type) + ", a size needs an int attribute");
+      }
+      out->push_back({DimTerm::kAttr, attr, 0});
+      return;
+    }
+    pos_ = b;
+    fail("'" + name + "' is neither an input nor an attribute of op " + decl_.name());
+  }
+
+  const OpDecl& decl_;
+  const std::string& s_;
+  size_t pos_ = 0;
+};
+
+std::vector<std::vector<DimTerm>> parse_shape_rule(const OpDecl& decl, const std::string& rule, std::string* error) {
+  return RuleParser(decl, rule).parse(error);
+}
+
+}  // namespace
+
 void OpDecl::finish() const {
   if (derived_.finished) return;
   derived_.finished = true;
@@ -409,29 +548,9 @@ void OpDecl::finish() const {
       errors.push_back(where + "empty shape rule");
       continue;
     }
-    for (const std::string& dim : split(rule, ',')) {
-      std::vector<DimFactor> product;
-      for (const std::string& factor : split(dim, '*')) {
-        DimFactor f;
-        int64_t value = 0;
-        const size_t open = factor.find('[');
-        if (parse_int(factor, &value) && value >= 0) {
-          f.input = -1;
-          f.dim = value;
-        } else if (open != std::string::npos && !factor.empty() && factor.back() == ']' &&
-                   input_index(trim(factor.substr(0, open))) >= 0 &&
-                   parse_int(trim(factor.substr(open + 1, factor.size() - open - 2)), &value)) {
-          f.input = input_index(trim(factor.substr(0, open)));
-          f.dim = value;
-        } else {
-          errors.push_back(where + "cannot read '" + factor + "' in shape rule '" + o.rule +
-                           "' (expected an input name, input[dim] or a non-negative integer)");
-          continue;
-        }
-        product.push_back(f);
-      }
-      o.dims.push_back(std::move(product));
-    }
+    std::string error;
+    o.dims = parse_shape_rule(*this, o.rule, &error);
+    if (!error.empty()) errors.push_back(where + error);
   }
   std::string msg;
   for (const std::string& e : errors) msg += (msg.empty() ? "" : "; ") + e;
@@ -580,7 +699,17 @@ Status check_call(const OpCall& call) {
     }
   }
   OPBRIDGE_RETURN_IF_ERROR(check_attributes(call));
-  if (d.validate_fn() != nullptr) return d.validate_fn()(call);
+  if (d.validate_fn() != nullptr) OPBRIDGE_RETURN_IF_ERROR(d.validate_fn()(call));
+  // Output sizes the rules give (after the op's own checks, whose messages say more).
+  for (const OutputDecl& o : d.outputs()) {
+    for (const auto& expr : o.dims) {
+      std::string error;
+      eval_dim(call, expr, &error);
+      if (!error.empty()) {
+        return Status::InvalidArgument("output " + o.name + ": shape rule '" + o.rule + "' " + error);
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -594,19 +723,83 @@ std::vector<int64_t> output_shape(const OpCall& call, size_t output) {
     return s;
   }
   std::vector<int64_t> shape;
-  for (const auto& product : o.dims) {
-    int64_t v = 1;
-    for (const DimFactor& f : product) {
-      const int64_t x = f.input < 0 ? f.dim : call.input(static_cast<size_t>(f.input)).dim(f.dim);
-      if (x < 0 || v < 0) {
-        v = -1;
-      } else if (__builtin_mul_overflow(v, x, &v)) {
-        v = -1;
-      }
-    }
-    shape.push_back(v);
-  }
+  for (const auto& expr : o.dims) shape.push_back(eval_dim(call, expr));
   return shape;
+}
+
+int64_t eval_dim(const OpCall& call, const std::vector<DimTerm>& expr, std::string* error) {
+  struct Value {
+    int64_t v;
+    bool known;
+  };
+  std::vector<Value> stack;
+  stack.reserve(expr.size());
+  for (const DimTerm& t : expr) {
+    switch (t.kind) {
+      case DimTerm::kConst:
+        stack.push_back({t.a, true});
+        continue;
+      case DimTerm::kInputDim: {
+        const TensorArg& in = call.input(static_cast<size_t>(t.a));
+        const int64_t v = in.present && in.rank_known ? in.dim(t.b) : -1;
+        stack.push_back({v, v >= 0});
+        continue;
+      }
+      case DimTerm::kAttr:
+        stack.push_back({call.attr(static_cast<size_t>(t.a)).i, true});
+        continue;
+      default:
+        break;
+    }
+    const Value y = stack.back();
+    stack.pop_back();
+    Value& x = stack.back();
+    if (y.known && y.v == 0 && (t.kind == DimTerm::kFloorDiv || t.kind == DimTerm::kMod)) {
+      if (error != nullptr) *error = "divides by zero";
+      return -1;
+    }
+    x.known = x.known && y.known;
+    if (!x.known) continue;
+    bool overflow = false;
+    switch (t.kind) {
+      case DimTerm::kAdd:
+        overflow = __builtin_add_overflow(x.v, y.v, &x.v);
+        break;
+      case DimTerm::kSub:
+        overflow = __builtin_sub_overflow(x.v, y.v, &x.v);
+        break;
+      case DimTerm::kMul:
+        overflow = __builtin_mul_overflow(x.v, y.v, &x.v);
+        break;
+      case DimTerm::kFloorDiv:
+      case DimTerm::kMod: {
+        if (x.v == INT64_MIN && y.v == -1) {
+          overflow = true;
+          break;
+        }
+        int64_t q = x.v / y.v;
+        int64_t r = x.v % y.v;
+        if (r != 0 && ((r < 0) != (y.v < 0))) {  // floor, as Python
+          q -= 1;
+          r += y.v;
+        }
+        x.v = t.kind == DimTerm::kFloorDiv ? q : r;
+        break;
+      }
+      default:
+        break;
+    }
+    if (overflow) {
+      if (error != nullptr) *error = "overflows int64";
+      return -1;
+    }
+  }
+  if (stack.size() != 1 || !stack[0].known) return -1;
+  if (stack[0].v < 0) {
+    if (error != nullptr) *error = "gives " + std::to_string(stack[0].v) + ", a size must be >= 0";
+    return -1;
+  }
+  return stack[0].v;
 }
 
 ElemType output_type(const OpCall& call, size_t output) {
@@ -746,11 +939,13 @@ std::string describe_ops_json(const std::vector<const OpDecl*>& ops, const std::
       j << (i ? "," : "") << "{\"name\":" << json_string(o.name) << ",\"type_var\":" << json_string(o.type_var)
         << ",\"rule\":" << json_string(o.rule) << ",\"doc\":" << json_string(o.doc)
         << ",\"keeps_memory_format\":" << (o.keeps_memory_format ? "true" : "false")
-        << ",\"like\":" << o.like_input << ",\"dims\":[";
+        << ",\"like\":" << o.like_input << ",\"exprs\":[";
+      // Per dimension its postfix expression, a [kind, a, b] triple per step (DimTerm).
       for (size_t p = 0; p < o.dims.size(); ++p) {
         j << (p ? "," : "") << "[";
         for (size_t f = 0; f < o.dims[p].size(); ++f) {
-          j << (f ? "," : "") << "[" << o.dims[p][f].input << "," << o.dims[p][f].dim << "]";
+          const DimTerm& t = o.dims[p][f];
+          j << (f ? "," : "") << "[" << static_cast<int>(t.kind) << "," << t.a << "," << t.b << "]";
         }
         j << "]";
       }

@@ -209,12 +209,12 @@ void infer_declared(const OpSpec& spec, const InferIO& io) {
     } else {
       // A dimension copied from one input dimension keeps its symbol.
       for (size_t k = 0; k < out.dims.size(); ++k) {
-        const auto& product = out.dims[k];
-        if (product.size() == 1 && product[0].input >= 0) {
-          const TensorArg& src = call.input(static_cast<size_t>(product[0].input));
-          if (!src.rank_known) continue;
-          const auto names = io.input_symbols(static_cast<size_t>(product[0].input));
-          int64_t axis = product[0].dim < 0 ? product[0].dim + src.rank() : product[0].dim;
+        const auto& expr = out.dims[k];
+        if (expr.size() == 1 && expr[0].kind == DimTerm::kInputDim) {
+          const TensorArg& src = call.input(static_cast<size_t>(expr[0].a));
+          if (!src.present || !src.rank_known) continue;
+          const auto names = io.input_symbols(static_cast<size_t>(expr[0].a));
+          int64_t axis = expr[0].b < 0 ? expr[0].b + src.rank() : expr[0].b;
           if (axis >= 0 && axis < static_cast<int64_t>(names.size())) symbols[k] = names[static_cast<size_t>(axis)];
         }
       }

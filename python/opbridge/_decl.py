@@ -127,7 +127,58 @@ class OutputDecl:
     doc: str
     keeps_memory_format: bool
     like: int  # input index whose shape the output has, or -1
-    dims: tuple  # ((input, dim) or (-1, constant), ...) per dimension, when like == -1
+    exprs: tuple  # per dimension (when like == -1) its postfix expression: ((kind, a, b), ...) as in DimTerm
+
+    def sizes(self, size: Any, attr: Any) -> list:
+        """The output's dimensions (like == -1) for one call. size(input, dim) gives an input's
+        size (an int, a torch SymInt, or None where unknown), attr(index) an int attribute's value.
+        A dimension is None where a size it reads is None."""
+        return [eval_dim(e, size, attr) for e in self.exprs]
+
+    def single_input_dim(self, k: int) -> tuple[int, int] | None:
+        """(input, dim) where dimension k of the rule is exactly that input's dimension, else None."""
+        e = self.exprs[k]
+        return (e[0][1], e[0][2]) if len(e) == 1 and e[0][0] == _DIM_INPUT else None
+
+
+_DIM_CONST, _DIM_INPUT, _DIM_ATTR = 0, 1, 2
+_DIM_BINARY = {3: lambda x, y: x + y, 4: lambda x, y: x - y, 5: lambda x, y: x * y,
+               6: lambda x, y: x // y, 7: lambda x, y: x % y}
+
+
+def eval_dim(expr: Sequence[Sequence[int]], size: Any, attr: Any) -> Any:
+    """Evaluates one dimension of an output rule (postfix, as DimTerm in op_decl.h): floor division
+    and modulo as in Python, None where a size it reads is None (or a division by an unknown)."""
+    stack: list = []
+    for kind, a, b in expr:
+        if kind == _DIM_CONST:
+            stack.append(a)
+        elif kind == _DIM_INPUT:
+            stack.append(size(a, b))
+        elif kind == _DIM_ATTR:
+            stack.append(int(attr(a)))
+        else:
+            y = stack.pop()
+            x = stack.pop()
+            stack.append(None if x is None or y is None or (kind >= 6 and isinstance(y, int) and y == 0)
+                         else _DIM_BINARY[kind](x, y))
+    return stack[0]
+
+
+def _exprs(output: Mapping[str, Any]) -> tuple:
+    """An output's rule expressions from its JSON; libraries built before expressions gave products
+    of (input, dim) / (-1, constant) factors, read here as the same postfix form."""
+    if "exprs" in output:
+        return tuple(tuple(tuple(t) for t in e) for e in output["exprs"])
+    out = []
+    for product in output["dims"]:
+        e: list = []
+        for k, (index, dim) in enumerate(product):
+            e.append((_DIM_CONST, dim, 0) if index < 0 else (_DIM_INPUT, index, dim))
+            if k:
+                e.append((5, 0, 0))
+        out.append(tuple(e))
+    return tuple(out)
 
 
 @dataclass
@@ -277,7 +328,7 @@ class OpLibrary:
                                          a.get("default", _NO_DEFAULT), tuple(a["choices"]), n_attr))
                     n_attr += 1
             outputs = [OutputDecl(x["name"], x["type_var"], x["rule"], x["doc"], x["keeps_memory_format"], x["like"],
-                                  tuple(tuple(tuple(f) for f in d) for d in x["dims"])) for x in o["outputs"]]
+                                  _exprs(x)) for x in o["outputs"]]
             self.ops[o["name"]] = OpDecl(o["name"], o["onnx_type"], o["since"], o["doc"], args,
                                          {k: list(v) for k, v in o["types"].items()}, outputs, self)
 

@@ -20,6 +20,7 @@ Failures are collected and reported together, one line each with the numbers tha
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -466,6 +467,40 @@ def _check_export(report: CheckReport, decl: Any, overload: Any, samples: list, 
                             continue
                         problem = _compare_all(tuple(got), expected, *tol[dt])
                         report.add(name, "FAIL" if problem else "ok", problem)
+    _check_dynamic_batch(report, decl, overload, samples, dtypes, tol, exporters)
+
+
+def _check_dynamic_batch(report: CheckReport, decl: Any, overload: Any, samples: list, dtypes: list, tol: Mapping,
+                         exporters: Sequence[str]) -> None:
+    """The first sample exported as opbridge.onnx.export does by default (dim 0 of the inputs that
+    share the first input's batch made dynamic), run in ONNX Runtime against torch."""
+    import opbridge.onnx
+
+    from ._session import InferenceSession
+
+    dt = next((d for d in dtypes if d != torch.bfloat16), None)
+    if dt is None:
+        return
+    args = _cast(samples[0], dt)
+    model = _OpModule(overload, args).eval()
+    tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+    with torch.no_grad():
+        expected = model(*tensors)
+    for exporter in exporters:
+        label = f"{exporter} export with a dynamic batch (opbridge.onnx.export's default), {_DTYPE_NAMES[dt]}, sample 0"
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # export's notes on parameter-like inputs
+                proto = opbridge.onnx.export(model, tensors, dynamo=exporter == "dynamo", dynamic_batch=True)
+            feeds = {i.name: t.numpy() for i, t in zip(proto.graph.input, tensors)}
+            got = InferenceSession(proto, providers=["CPUExecutionProvider"]).run(None, feeds)
+        except Exception as e:
+            report.add(label, "FAIL", _error(e, 8))
+            continue
+        dynamic = [i.name for i in proto.graph.input if i.type.tensor_type.shape.dim
+                   and i.type.tensor_type.shape.dim[0].HasField("dim_param")]
+        problem = _compare_all(tuple(got), expected, *tol[dt])
+        report.add(label, "FAIL" if problem else "ok", problem or f"dynamic dim 0: {dynamic or 'none'}")
 
 
 def _graph_problem(proto: Any, decl: Any, lowering: str) -> str:

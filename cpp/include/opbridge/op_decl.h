@@ -197,10 +197,16 @@ struct TypeVarDecl {
   std::vector<ElemType> types;
 };
 
-// Output shape rule: "x" (the shape of input x) or dimensions "a[0], a[1], b[2]*b[3], 4".
-struct DimFactor {
-  int64_t input = -1;  // input index, or -1 for a constant
-  int64_t dim = 0;     // dimension of that input (negative: from the end), or the constant
+// Output shape rule: "x" (the shape of input x), or one expression per dimension, comma separated:
+// non-negative integers, input[dim] (negative dim: from the end), int attributes by name,
+// + - * // % (floor division and modulo, as in Python) and parentheses, e.g.
+// "num_segments, values[1]", "x[0], x[1] * r * r, x[2] // stride". A size that comes out negative
+// is an error of the call (check_call); a rule that does not parse is an error of the declaration.
+struct DimTerm {  // one step of a dimension's expression, in postfix order
+  enum Kind : int32_t { kConst = 0, kInputDim = 1, kAttr = 2, kAdd = 3, kSub = 4, kMul = 5, kFloorDiv = 6, kMod = 7 };
+  Kind kind = kConst;
+  int64_t a = 0;  // kConst: the value; kInputDim: the input index; kAttr: the attribute index
+  int64_t b = 0;  // kInputDim: the dimension (negative: from the end)
 };
 struct OutputDecl {
   std::string name;
@@ -208,7 +214,7 @@ struct OutputDecl {
   std::string rule;
   std::string doc;
   int64_t like_input = -1;                    // rule "x": the index of x
-  std::vector<std::vector<DimFactor>> dims;   // rule with dimensions: one product per dimension
+  std::vector<std::vector<DimTerm>> dims;     // rule with dimensions: one postfix expression per dimension
   bool keeps_memory_format = false;           // torch: channels_last in -> channels_last out
 };
 
@@ -302,6 +308,10 @@ Status check_attributes(const OpCall& call);
 
 // The output shapes a call produces, -1 where unknown (valid after check_call succeeded).
 std::vector<int64_t> output_shape(const OpCall& call, size_t output);
+// One dimension of an output rule evaluated on a call: its size, -1 where an input size it reads
+// is unknown. Sets *error (when not null) for a result that is negative, a division by zero or an
+// int64 overflow.
+int64_t eval_dim(const OpCall& call, const std::vector<DimTerm>& expr, std::string* error = nullptr);
 // The element type of output `output`: that of the inputs bound to its type variable.
 ElemType output_type(const OpCall& call, size_t output);
 

@@ -191,6 +191,16 @@ def _tensor_args(args: Any) -> tuple:
     return args
 
 
+def _var_positional_start(model: Any, args: tuple) -> int | None:
+    """The position of forward's *args parameter among the inputs, or None where it has none."""
+    try:
+        params = list(inspect.signature(model.forward).parameters.values())
+    except (TypeError, ValueError, AttributeError):
+        return None
+    k = next((i for i, p in enumerate(params) if p.kind == p.VAR_POSITIONAL), None)
+    return k if k is not None and k <= len(args) else None
+
+
 def _input_names(model: Any, args: tuple) -> list[str]:
     try:
         params = [p for p in inspect.signature(model.forward).parameters.values()
@@ -298,7 +308,7 @@ def export(
             table = dict(translation_table(cfg.lowering, cfg.custom_opsets, cfg.opset_version))
             table.update(kwargs.pop("custom_translation_table", None) or {})
             dyn = _dynamic.plan(args, _input_names(model, args), kwargs, dynamo=True, dynamic_batch=dynamic_batch)
-            kwargs.update(dyn.kwargs)
+            kwargs.update(_dynamic.group_var_positional(dyn.kwargs, _var_positional_start(model, args)))
             dyn.warn()
             kwargs.setdefault("verbose", False)
             with _quiet_exporter(), dyn.quiet():

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 import onnx
 
-from .._decl import CheckError, OpDecl, find_op, libraries
+from .._decl import CheckError, OpDecl, eval_dim, find_op, libraries
 
 __all__ = ["attribute_problems", "node_version", "schemas", "stamp_versions", "symbolic", "translation"]
 
@@ -80,39 +80,39 @@ def _infer(op: OpDecl) -> Callable[[Any], None]:
                     result.tensor_type.shape.CopyFrom(like.tensor_type.shape)
             else:
                 shape = result.tensor_type.shape
-                for product in out.dims:
-                    dim = shape.dim.add()
-                    _product_dim(dim, product, types)
+                for d in range(len(out.exprs)):
+                    _rule_dim(shape.dim.add(), out, d, types, lambda i: attrs.get(op.attrs[i].name, op.attrs[i].default))
             ctx.set_output_type(k, result)
 
     return infer
 
 
-def _product_dim(dim: Any, product: tuple, types: list) -> None:
-    """Sets `dim` to the product of the rule's factors: a value when all are known, the symbol of
-    the only factor when it is symbolic, else nothing (unknown)."""
-    value, symbols = 1, []
-    for index, axis in product:
-        if index < 0:
-            value *= axis
-            continue
-        t = types[index]
-        if t is None or not t.tensor_type.HasField("shape"):
+def _input_dim(types: list, index: int, axis: int) -> Any:
+    """The dimension proto of input `index` at `axis`, or None where its shape is unknown."""
+    t = types[index]
+    if t is None or not t.tensor_type.HasField("shape"):
+        return None
+    dims = t.tensor_type.shape.dim
+    return dims[axis] if -len(dims) <= axis < len(dims) else None
+
+
+def _rule_dim(dim: Any, out: Any, k: int, types: list, attr: Callable[[int], Any]) -> None:
+    """Sets `dim` to dimension k of the output rule: a value when the sizes it reads are known, an
+    input dimension's symbol where the rule is just that dimension, else nothing (unknown)."""
+    single = out.single_input_dim(k)
+    if single is not None:
+        d = _input_dim(types, *single)
+        if d is not None and d.HasField("dim_param"):
+            dim.dim_param = d.dim_param
             return
-        dims = t.tensor_type.shape.dim
-        if not -len(dims) <= axis < len(dims):
-            return
-        d = dims[axis]
-        if d.HasField("dim_value"):
-            value *= d.dim_value
-        elif d.HasField("dim_param"):
-            symbols.append(d.dim_param)
-        else:
-            return
-    if not symbols:
+
+    def size(index: int, axis: int) -> int | None:
+        d = _input_dim(types, index, axis)
+        return d.dim_value if d is not None and d.HasField("dim_value") else None
+
+    value = eval_dim(out.exprs[k], size, attr)
+    if value is not None and value >= 0:
         dim.dim_value = value
-    elif len(symbols) == 1 and value == 1:
-        dim.dim_param = symbols[0]
 
 
 def schemas(op: OpDecl) -> list[onnx.defs.OpSchema]:
@@ -309,7 +309,7 @@ def symbolic(op: OpDecl) -> Callable:
     def sym(g: Any, *args: Any) -> Any:
         bound = sig.bind(*args)
         bound.apply_defaults()
-        inputs, attrs = [], {}
+        inputs, attrs, attr_values = [], {}, {}
         wanted: dict[str, Any] = {}  # type variable -> the scalar type its inputs get
         for a in op.args:
             value = bound.arguments.get(a.name)
@@ -320,6 +320,7 @@ def symbolic(op: OpDecl) -> Callable:
                 inputs.append(_cast_to_type_var(g, op, a, value, wanted))
             elif value is not None and not (hasattr(value, "node") and sh._is_none(value)):
                 v = sh._get_const(value, _TS_DESC[a.type], a.name) if hasattr(value, "node") else value
+                attr_values[a.name] = v
                 if a.since == op.since or not a.is_default(v):
                     attrs[f"{a.onnx_name}_{_TS_SUFFIX[a.type]}"] = _onnx_value(a, v)
         outs = g.op(f"{op.domain}::{op.onnx_type}", *inputs, outputs=len(op.outputs), **attrs)
@@ -329,13 +330,8 @@ def symbolic(op: OpDecl) -> Callable:
                 o.setType(inputs[out.like].type())
             else:
                 source = next(v for d, v in zip(op.inputs, inputs) if d.type_var == out.type_var)
-                sizes = []
-                for product in out.dims:
-                    size = 1
-                    for index, axis in product:
-                        d = axis if index < 0 else sh._get_tensor_dim_size(inputs[index], axis)
-                        size = None if d is None or size is None else size * d
-                    sizes.append(size)
+                sizes = out.sizes(lambda index, axis: sh._get_tensor_dim_size(inputs[index], axis),
+                                  lambda i: attr_values.get(op.attrs[i].name, op.attrs[i].default))
                 try:
                     o.setType(source.type().with_sizes(sizes))
                 except RuntimeError:

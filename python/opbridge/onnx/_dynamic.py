@@ -137,6 +137,15 @@ def plan(args: Sequence[Any], names: Sequence[str], export_kwargs: dict, *, dyna
     return Plan({"dynamic_axes": {names[i]: {0: BATCH} for i in dynamic}}, dyn_names, tuple(notes))
 
 
+def group_var_positional(kwargs: dict, start: int | None) -> dict:
+    """The plan's dynamic_shapes for a forward(self, a, *rest): torch.export takes one entry per
+    parameter, so the entries of the inputs from `start` on go into one tuple (that of *rest)."""
+    shapes = kwargs.get("dynamic_shapes")
+    if start is None or not isinstance(shapes, tuple):
+        return kwargs
+    return {**kwargs, "dynamic_shapes": (*shapes[:start], tuple(shapes[start:]))}
+
+
 def _describe(value: Any) -> str:
     return f"shape {_shape(value)}" if _is_tensor(value) else f"a {type(value).__name__}"
 

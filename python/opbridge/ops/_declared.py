@@ -91,12 +91,7 @@ def _output(op: OpDecl, k: int, bound: inspect.BoundArguments) -> torch.Tensor:
             inverse = sorted(range(like.dim()), key=order.__getitem__)
             return like.new_empty([like.shape[i] for i in order], dtype=dtype).permute(inverse)
         return torch.empty(like.shape, dtype=dtype, device=like.device)
-    shape = []
-    for product in out.dims:
-        v = 1
-        for index, dim in product:
-            v = v * (dim if index < 0 else tensors[index].shape[dim])
-        shape.append(v)
+    shape = out.sizes(lambda index, dim: tensors[index].shape[dim], lambda k: bound.arguments[op.attrs[k].name])
     anchor = next(t for t in tensors if t is not None)
     return anchor.new_empty(shape, dtype=dtype)
 

@@ -1,0 +1,76 @@
+// The contract of shapes::segment_sum, written once: the torch schema and checks, the ORT registration
+// (types, attributes, shape inference), the fake kernel, the ONNX OpSchema and both exporters'
+// rules are all derived from these declarations and their validation.
+#include <string>
+
+#include "segment_sum.h"
+
+namespace shapes {
+namespace {
+
+using opbridge::OpCall;
+using opbridge::Status;
+using opbridge::TensorArg;
+
+// The op's own checks, after the generic ones (types, ranks). Sizes may be unknown (-1) in shape
+// inference and fake kernels: checks on them are skipped there and run again in the kernels.
+Status validate(const OpCall& call) {
+  const TensorArg& v = call.in("values");
+  const TensorArg& ids = call.in("segment_ids");
+  if (v.known(0) && ids.known(0) && v.dim(0) != ids.dim(0)) {
+    return Status::InvalidArgument("segment_ids must have one id per row of values (" + std::to_string(v.dim(0)) +
+                                   "), got " + std::to_string(ids.dim(0)));
+  }
+  return Status::Ok();
+}
+
+Status validate_backward(const OpCall& call) {
+  const TensorArg& g = call.in("grad");
+  const int64_t want[2] = {call.attr_int("num_segments"), call.in("values").dim(1)};
+  for (int k = 0; k < 2; ++k) {
+    if (g.known(k) && want[k] >= 0 && g.dim(k) != want[k]) {
+      return Status::InvalidArgument("grad must have y's shape (num_segments, D), got a mismatch in dimension " +
+                                     std::to_string(k));
+    }
+  }
+  return validate(call);
+}
+
+}  // namespace
+
+SegmentSumDims segment_sum_dims(const OpCall& call) {
+  return {call.in("values").dim(0), call.in("values").dim(1), call.attr_int("num_segments")};
+}
+
+const opbridge::OpDecl& segment_sum_decl() {
+  using namespace opbridge;
+  static const OpDecl decl =
+      OpDecl("segment_sum", "SegmentSum", 1)
+          .doc("y[s] = the sum of the rows values[i] with segment_ids[i] == s.")
+          .input("values", "T", "rows to add").shape("(N, D)").rank(2)
+          .input("segment_ids", "I", "the segment of each row, in [0, num_segments)").shape("(N,)").rank(1)
+          .attr_int("num_segments", "number of segments (rows of y)").required()
+          .types("T", kFloat32And64)
+          .types("I", {ElemType::kInt64})
+          .output("y", "T", "num_segments, values[1]", "(num_segments, D)")
+          .check(validate);
+  return decl;
+}
+
+const opbridge::OpDecl& segment_sum_backward_decl() {
+  using namespace opbridge;
+  static const OpDecl decl =
+      OpDecl("segment_sum_backward", "SegmentSumBackward", 1)
+          .doc("Gradient of SegmentSum with respect to values, given the gradient of y.")
+          .input("grad", "T", "gradient of y").shape("(num_segments, D)").rank(2)
+          .input("values", "T", "rows to add").shape("(N, D)").rank(2)
+          .input("segment_ids", "I", "the segment of each row").shape("(N,)").rank(1)
+          .attr_int("num_segments", "number of segments").required()
+          .types("T", kFloat32And64)
+          .types("I", {ElemType::kInt64})
+          .output("grad_values", "T", "values", "shape of values")
+          .check(validate_backward);
+  return decl;
+}
+
+}  // namespace shapes
