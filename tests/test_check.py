@@ -73,12 +73,18 @@ def test_unknown_opbridge_op_fails(tmp_path, capsys):
 
 
 def test_run_failure_is_reported(tmp_path, capsys):
-    # Every op is provided, but the node is invalid: the run fails with the kernel's message.
+    # Every op is provided, but the node is invalid. With C known the load refuses it (its static
+    # shapes already fail the op's checks); with C symbolic the run fails with the kernel's message.
     path = _save(single_node_model("GroupNorm", opbridge.DOMAIN, [("X", np.float32, ["N", 4, 3])],
                                    attrs={"num_groups": 3}), tmp_path, "bad.onnx")
     code, out, _ = _run(capsys, path)
     assert code == 1
-    assert "FAILED: running the model failed" in out and "num_groups must divide" in out
+    assert "static shapes already fail" in out and "num_groups must divide" in out, out
+    path = _save(single_node_model("GroupNorm", opbridge.DOMAIN, [("X", np.float32, ["N", "C", 3])],
+                                   attrs={"num_groups": 3}), tmp_path, "bad_at_run.onnx")
+    code, out, _ = _run(capsys, path, "--dim", "C=4")
+    assert code == 1
+    assert "FAILED: running the model failed" in out and "num_groups must divide" in out, out
 
 
 def test_unreadable_file_and_bad_arguments(tmp_path, capsys):

@@ -297,3 +297,28 @@ def test_python_constants_are_the_declarations():
     assert opbridge.DOMAIN == _config.DOMAIN == _fusion.DOMAIN == opbridge_library().domain
     with pytest.raises(ValueError, match="activation must be 'none' or 'silu', got 'relu'"):
         opbridge.nn.GroupNorm(2, 4, activation="relu")
+
+
+@pytest.mark.parametrize("channels, dims_known, refused", [(6, True, True), (8, True, False), (6, False, False)])
+def test_static_shapes_that_fail_the_checks_are_refused_at_load(channels, dims_known, refused):
+    # ORT accepts such a model and fails only at run; opbridge.InferenceSession refuses it at load,
+    # with the op's own message. Unknown sizes leave the verdict to the run.
+    shape = [2, channels, 3] if dims_known else ["N", "C", 3]
+    node = helper.make_node("GroupNorm", ["x"], ["y"], domain=opbridge.DOMAIN, num_groups=4, name="gn")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(opbridge.DOMAIN, 2)],
+                              ir_version=9)
+    message = f"num_groups must divide the number of channels C = x.shape[1] = {channels}, got num_groups = 4"
+    x = np.random.default_rng().standard_normal((2, channels, 3)).astype(np.float32)
+    if refused:
+        with pytest.raises(ValueError, match=r"ai\.opbridge::GroupNorm \(node 'gn'\): " + re.escape(message)):
+            opbridge.InferenceSession(model)
+        return
+    sess = opbridge.InferenceSession(model)
+    if channels % 4:
+        with pytest.raises(Exception, match=re.escape(message)):
+            sess.run(None, {"x": x})
+    else:
+        (y,) = sess.run(None, {"x": x})
+        np.testing.assert_allclose(y, gn_ref(x.astype(np.float64), 4, None, None, 1e-5), rtol=1e-4, atol=1e-5)

@@ -26,13 +26,14 @@ def session_options(so: Any = None) -> Any:
 
 def _check_attributes(model: Any) -> None:
     """Unknown attribute names (ORT ignores them silently) and attributes newer than the op
-    version the model imports, in nodes of declared ops: a ValueError naming them. Needs onnx;
+    version the model imports, in nodes of declared ops, then static shapes and types that already
+    fail a declared op's checks (ORT would fail only at run): a ValueError naming them. Needs onnx;
     without it the check is skipped."""
     try:
         import onnx
     except ImportError:
         return
-    from .onnx._declared import attribute_problems
+    from .onnx._declared import attribute_problems, static_shape_problems
 
     try:
         if isinstance(model, (bytes, bytearray)):
@@ -44,6 +45,10 @@ def _check_attributes(model: Any) -> None:
     problems = attribute_problems(proto)
     if problems:
         raise ValueError("opbridge: the model has attributes ONNX Runtime would ignore:\n  " + "\n  ".join(problems))
+    problems = static_shape_problems(proto)
+    if problems:
+        raise ValueError("opbridge: the model's static shapes already fail these ops' checks:\n  " +
+                         "\n  ".join(problems))
 
 
 def InferenceSession(

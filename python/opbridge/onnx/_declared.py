@@ -339,3 +339,55 @@ def symbolic(op: OpDecl) -> Callable:
         return outs
 
     return sym
+
+
+def static_shape_problems(model: onnx.ModelProto) -> list[str]:
+    """Nodes of declared ops (in the main graph) whose inputs' static shapes and types, as ONNX's
+    shape inference knows them, already fail the op's checks: the op's own message per node, so a
+    model that could only fail at run is refused at load."""
+    known = {lib.domain for lib in libraries()}
+    nodes = [n for n in model.graph.node if n.domain in known]
+    if not nodes:
+        return []
+    # Inference on the graph without its weights' data (initializers as typed inputs): the memory
+    # a multi-GB model's copy would take is not spent.
+    light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
+    src = model.graph
+    light.graph.node.extend(src.node)
+    light.graph.input.extend(src.input)
+    light.graph.output.extend(src.output)
+    light.graph.value_info.extend(src.value_info)
+    named = {i.name for i in src.input}
+    light.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                             for t in src.initializer if t.name not in named)
+    try:
+        g = onnx.shape_inference.infer_shapes(light, strict_mode=False).graph
+    except Exception:  # noqa: BLE001 - e.g. a declared op's inference refusing: the shapes the model states
+        g = light.graph
+    types: dict[str, tuple] = {}
+    for v in (*g.input, *g.value_info, *g.output):
+        tt = v.type.tensor_type
+        if v.type.HasField("tensor_type"):
+            dims = ([d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+                    if tt.HasField("shape") else None)
+            types[v.name] = (tt.elem_type, dims)
+    problems = []
+    for node in nodes:
+        op = find_op(node.domain, node.op_type)
+        if op is None:
+            continue
+        inputs = [types.get(node.input[k]) if k < len(node.input) and node.input[k] else None
+                  for k in range(len(op.inputs))]
+        if any(t is None for t, name in zip(inputs, node.input) if name):
+            continue  # an input of unknown type: nothing to judge
+        by_onnx = {a.onnx_name: a for a in op.attrs}
+        attrs = {}
+        for a in node.attribute:
+            if a.name in by_onnx:
+                value = onnx.helper.get_attribute_value(a)
+                attrs[by_onnx[a.name].name] = value.decode() if isinstance(value, bytes) else value
+        try:
+            op.check(inputs, attrs)
+        except CheckError as e:
+            problems.append(f"{node.domain}::{node.op_type} (node {node.name!r}): {e.message}")
+    return problems
