@@ -28,13 +28,15 @@ def test_rms_norm_example(tmp_path):
 def test_shapes_example(tmp_path):
     # In CI (about 40 s on 2 cores: one pip build, then the project's own tests).
     # Ops of other shapes than the scaffold's: an int64 index input and an attribute-sized output
-    # (segment_sum), two outputs sized by an expression (window_stats, "x[0], x[1] // window").
+    # (segment_sum), two outputs sized by an expression (window_stats, "x[0], x[1] // window"), an
+    # output sized by the values (select_rows, "?, x[1]"), an optional input and a string attribute
+    # (bias_act).
     if not opbridge.build_info().get("torch_version"):
         pytest.skip("opbridge was built without torch: the example's torch extension cannot be built")
     project = REPO / "examples" / "shapes"
     pip_install(project, tmp_path / "site", tmp_path / "build")
     out = run_project_tests(project, tmp_path / "site")
-    assert re.search(r"\b7 passed\b", out), out
+    assert re.search(r"\b12 passed\b", out), out
     # The README's Python block, as a user copies it.
     (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
     (tmp_path / "readme.py").write_text(block)

@@ -352,7 +352,11 @@ class RuleParser {
     try {
       do {
         std::vector<DimTerm> expr;
-        sum(&expr);
+        if (eat("?")) {
+          expr.push_back({DimTerm::kDynamic, 0, 0});
+        } else {
+          sum(&expr);
+        }
         dims.push_back(std::move(expr));
       } while (eat(","));
       skip();
@@ -368,7 +372,7 @@ class RuleParser {
   [[noreturn]] void fail(const std::string& what) const {
     throw std::invalid_argument("cannot read shape rule '" + s_ + "' at position " + std::to_string(pos_) + ": " +
                                 what + " (a rule is an input name, or per dimension: integers, input[dim], int "
-                                "attributes, + - * // % and parentheses)");
+                                "attributes, + - * // % and parentheses; ? where the input values decide)");
   }
   void skip() {
     while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\\t')) ++pos_;
@@ -747,6 +751,9 @@ int64_t eval_dim(const OpCall& call, const std::vector<DimTerm>& expr, std::stri
       }
       case DimTerm::kAttr:
         stack.push_back({call.attr(static_cast<size_t>(t.a)).i, true});
+        continue;
+      case DimTerm::kDynamic:
+        stack.push_back({-1, false});
         continue;
       default:
         break;

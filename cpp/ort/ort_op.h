@@ -275,10 +275,14 @@ struct OrtOpContext {
     return inputs[static_cast<size_t>(i)];
   }
 
-  // Allocates output `index` with the shape the declaration's rule gives.
-  void* output(size_t index) const { return io.output(index, output_shape(call, index)); }
+  // Allocates output `index` with the shape the declaration's rule gives (an error for an output
+  // whose rule has a "?" dimension: the kernel gives that shape, output(index, shape)).
+  void* output(size_t index) const;
   template <class T> T* output_as(size_t index) const { return static_cast<T*>(output(index)); }
   void* output(size_t index, const std::vector<int64_t>& shape) const { return io.output(index, shape); }
+  template <class T> T* output_as(size_t index, const std::vector<int64_t>& shape) const {
+    return static_cast<T*>(output(index, shape));
+  }
   // Throws a non-ok status as an ORT error prefixed with the label.
   void check(const Status& status) const;
 };

@@ -129,11 +129,17 @@ class OutputDecl:
     like: int  # input index whose shape the output has, or -1
     exprs: tuple  # per dimension (when like == -1) its postfix expression: ((kind, a, b), ...) as in DimTerm
 
-    def sizes(self, size: Any, attr: Any) -> list:
+    def sizes(self, size: Any, attr: Any, dynamic: Any = None) -> list:
         """The output's dimensions (like == -1) for one call. size(input, dim) gives an input's
-        size (an int, a torch SymInt, or None where unknown), attr(index) an int attribute's value.
-        A dimension is None where a size it reads is None."""
-        return [eval_dim(e, size, attr) for e in self.exprs]
+        size (an int, a torch SymInt, or None where unknown), attr(index) an int attribute's value,
+        dynamic() a size for a "?" dimension (the input values decide; default None). A dimension
+        is None where a size it reads is None."""
+        return [eval_dim(e, size, attr, dynamic) for e in self.exprs]
+
+    @property
+    def data_dependent(self) -> bool:
+        """Whether a dimension of the rule is "?" (the input values decide the size)."""
+        return any(t[0] == _DIM_DYNAMIC for e in self.exprs for t in e)
 
     def single_input_dim(self, k: int) -> tuple[int, int] | None:
         """(input, dim) where dimension k of the rule is exactly that input's dimension, else None."""
@@ -141,17 +147,20 @@ class OutputDecl:
         return (e[0][1], e[0][2]) if len(e) == 1 and e[0][0] == _DIM_INPUT else None
 
 
-_DIM_CONST, _DIM_INPUT, _DIM_ATTR = 0, 1, 2
+_DIM_CONST, _DIM_INPUT, _DIM_ATTR, _DIM_DYNAMIC = 0, 1, 2, 8
 _DIM_BINARY = {3: lambda x, y: x + y, 4: lambda x, y: x - y, 5: lambda x, y: x * y,
                6: lambda x, y: x // y, 7: lambda x, y: x % y}
 
 
-def eval_dim(expr: Sequence[Sequence[int]], size: Any, attr: Any) -> Any:
+def eval_dim(expr: Sequence[Sequence[int]], size: Any, attr: Any, dynamic: Any = None) -> Any:
     """Evaluates one dimension of an output rule (postfix, as DimTerm in op_decl.h): floor division
-    and modulo as in Python, None where a size it reads is None (or a division by an unknown)."""
+    and modulo as in Python, None where a size it reads is None (or a division by an unknown); a
+    "?" dimension is dynamic() (None without it)."""
     stack: list = []
     for kind, a, b in expr:
-        if kind == _DIM_CONST:
+        if kind == _DIM_DYNAMIC:
+            stack.append(dynamic() if dynamic is not None else None)
+        elif kind == _DIM_CONST:
             stack.append(a)
         elif kind == _DIM_INPUT:
             stack.append(size(a, b))

@@ -202,8 +202,13 @@ struct TypeVarDecl {
 // + - * // % (floor division and modulo, as in Python) and parentheses, e.g.
 // "num_segments, values[1]", "x[0], x[1] * r * r, x[2] // stride". A size that comes out negative
 // is an error of the call (check_call); a rule that does not parse is an error of the declaration.
+// A dimension "?" depends on the input values: the kernel sizes that output itself (ORT:
+// OrtOpContext::output(index, shape); torch: the tensor it sets), torch's fake kernel gives it a
+// new unbacked size (new_dynamic_size()), ONNX shape inference leaves it symbolic.
 struct DimTerm {  // one step of a dimension's expression, in postfix order
-  enum Kind : int32_t { kConst = 0, kInputDim = 1, kAttr = 2, kAdd = 3, kSub = 4, kMul = 5, kFloorDiv = 6, kMod = 7 };
+  enum Kind : int32_t {
+    kConst = 0, kInputDim = 1, kAttr = 2, kAdd = 3, kSub = 4, kMul = 5, kFloorDiv = 6, kMod = 7, kDynamic = 8
+  };
   Kind kind = kConst;
   int64_t a = 0;  // kConst: the value; kInputDim: the input index; kAttr: the attribute index
   int64_t b = 0;  // kInputDim: the dimension (negative: from the end)

@@ -91,7 +91,8 @@ def _output(op: OpDecl, k: int, bound: inspect.BoundArguments) -> torch.Tensor:
             inverse = sorted(range(like.dim()), key=order.__getitem__)
             return like.new_empty([like.shape[i] for i in order], dtype=dtype).permute(inverse)
         return torch.empty(like.shape, dtype=dtype, device=like.device)
-    shape = out.sizes(lambda index, dim: tensors[index].shape[dim], lambda k: bound.arguments[op.attrs[k].name])
+    shape = out.sizes(lambda index, dim: tensors[index].shape[dim], lambda k: bound.arguments[op.attrs[k].name],
+                      lambda: torch.library.get_ctx().new_dynamic_size())
     anchor = next(t for t in tensors if t is not None)
     return anchor.new_empty(shape, dtype=dtype)
 
