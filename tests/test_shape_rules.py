@@ -122,3 +122,9 @@ def test_rules_that_do_not_parse_name_the_position(probe, rule, position, what):
 def test_an_input_name_alone_is_its_shape(probe):
     got = run(probe, "x", [4, 7, 2])
     assert got["postfix"] == "" and got["shape"] == "4 7 2"
+
+
+def test_an_output_shape_function_replaces_the_rule(probe):
+    # OpDecl::output_shape_fn: for shapes no rule describes (kernels' ctx.output(index), ORT inference).
+    assert run(probe, "fn:?, x[1]", [4, 7])["shape"] == "40 7"
+    assert run(probe, "fn:x", [-1, 7])["shape"] == "-1 7"

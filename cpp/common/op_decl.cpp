@@ -246,6 +246,11 @@ OpDecl& OpDecl::keeps_memory_format() {
   }
   return *this;
 }
+OpDecl& OpDecl::output_shape_fn(OutputShapeFn fn) {
+  output_shape_ = fn;
+  return *this;
+}
+
 OpDecl& OpDecl::check(ValidateFn fn) {
   validate_ = fn;
   return *this;
@@ -719,6 +724,7 @@ Status check_call(const OpCall& call) {
 
 std::vector<int64_t> output_shape(const OpCall& call, size_t output) {
   const OutputDecl& o = call.decl().outputs().at(output);
+  if (call.decl().output_shape_function() != nullptr) return call.decl().output_shape_function()(call, output);
   if (o.like_input >= 0) {
     const TensorArg& t = call.input(static_cast<size_t>(o.like_input));
     if (!t.rank_known) return {};

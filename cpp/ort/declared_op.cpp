@@ -207,7 +207,8 @@ void infer_declared(const OpSpec& spec, const InferIO& io) {
   check(check_call(call), label);
   for (size_t o = 0; o < d.outputs().size(); ++o) {
     const OutputDecl& out = d.outputs()[o];
-    if (out.like_input >= 0 && d.inputs()[static_cast<size_t>(out.like_input)]->type_var == out.type_var) {
+    if (out.like_input >= 0 && d.inputs()[static_cast<size_t>(out.like_input)]->type_var == out.type_var &&
+        d.output_shape_function() == nullptr) {
       io.set_output_like_input(o, static_cast<size_t>(out.like_input));
       continue;
     }
@@ -215,7 +216,9 @@ void infer_declared(const OpSpec& spec, const InferIO& io) {
     if (type == ElemType::kUndefined) continue;
     std::vector<int64_t> dims = output_shape(call, o);
     std::vector<std::string> symbols(dims.size());
-    if (out.like_input >= 0) {
+    if (d.output_shape_function() != nullptr) {
+      // the op's own function: sizes only, no symbols
+    } else if (out.like_input >= 0) {
       if (!call.input(static_cast<size_t>(out.like_input)).rank_known) continue;
       symbols = io.input_symbols(static_cast<size_t>(out.like_input));
     } else {

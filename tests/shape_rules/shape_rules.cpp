@@ -3,6 +3,7 @@
 // with inputs x and y, int attributes k (default 2) and stride (1), a float attribute eps, and one
 // output with RULE; prints the declaration error, or the rule's postfix form, then the check's
 // verdict or the output's dimensions, for x of the dims given (-1: unknown) and y of shape (3, 5).
+// "fn:RULE" gives the op an OutputShapeFn as well.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -25,14 +26,22 @@ int main(int argc, char** argv) {
       x_dims.push_back(std::atoll(a.c_str()));
     }
   }
-  const OpDecl decl = OpDecl("probe", "Probe", 1)
+  // "fn:RULE": the output's shape comes from an OutputShapeFn (x[0] * 10, x[-1]) instead of RULE.
+  const bool use_fn = std::string(argv[1]).rfind("fn:", 0) == 0;
+  OpDecl decl = OpDecl("probe", "Probe", 1)
                           .input("x", "T")
                           .input("y", "T")
                           .attr_int("k", 2)
                           .attr_int("stride", 1)
                           .attr_float("eps", 1e-5)
                           .types("T", {ElemType::kFloat32})
-                          .output("out", "T", argv[1]);
+                          .output("out", "T", argv[1] + (use_fn ? 3 : 0));
+  if (use_fn) {
+    decl.output_shape_fn([](const OpCall& call, size_t) -> std::vector<int64_t> {
+      const TensorArg& x = call.input(0);
+      return {x.known(0) ? x.dim(0) * 10 : -1, x.dim(-1)};
+    });
+  }
   if (!decl.error().empty()) {
     std::printf("declaration error: %s\n", decl.error().c_str());
     return 0;

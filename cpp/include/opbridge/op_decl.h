@@ -167,6 +167,9 @@ class OpCall {
 };
 
 using ValidateFn = Status (*)(const OpCall& call);
+// Output `output`'s shape for a call that passed the checks, -1 where a size is unknown (shape
+// inference: some input sizes may be unknown) or decided by the input values.
+using OutputShapeFn = std::vector<int64_t> (*)(const OpCall& call, size_t output);
 
 // One argument of the torch schema: a tensor input or an attribute.
 struct ArgDecl {
@@ -254,6 +257,10 @@ class OpDecl {
   OpDecl& output(std::string name, std::string type_var, std::string rule, std::string doc = "");
   OpDecl& keeps_memory_format();           // last output: torch keeps x's memory format
   OpDecl& check(ValidateFn fn);            // the op's own validation (after the generic checks)
+  // Output shapes a rule cannot describe: fn replaces the rules in output_shape() (kernels'
+  // ctx.output(index), ORT's shape inference). Python's fake kernel and ONNX inference take
+  // opbridge.ops.register_fake / opbridge.onnx.register_shape_inference.
+  OpDecl& output_shape_fn(OutputShapeFn fn);
 
   // ---- reading ----
   const std::string& name() const { return name_; }
@@ -270,6 +277,7 @@ class OpDecl {
   int64_t input_index(std::string_view name) const;  // -1 when unknown
   int64_t attr_index(std::string_view name) const;
   ValidateFn validate_fn() const { return validate_; }
+  OutputShapeFn output_shape_function() const { return output_shape_; }
 
   // Empty when the declaration is consistent, else what is wrong with it ("op group_norm:
   // attribute eps: ..."): a misdeclared op fails registration with this message.
@@ -286,6 +294,7 @@ class OpDecl {
   std::vector<TypeVarDecl> type_vars_;
   std::vector<OutputDecl> outputs_;
   ValidateFn validate_ = nullptr;
+  OutputShapeFn output_shape_ = nullptr;
   std::vector<std::string> build_errors_;
   // Derived from the above by finish(); pointers into args_, so a copy starts afresh.
   struct Derived {

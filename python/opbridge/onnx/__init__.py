@@ -29,6 +29,7 @@ from . import _dynamic
 from . import _external_data
 from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig, Lowering, default_opset
 from ._custom import CustomOp, declare_op
+from ._declared import register_shape_inference, register_symbolic, register_translation
 from ._registry import new_export, op_names, rule_sets, standard_lowering
 from ._script import infer_shapes, register_schemas
 
@@ -43,7 +44,10 @@ __all__ = [
     "export",
     "infer_shapes",
     "register_schemas",
+    "register_shape_inference",
+    "register_symbolic",
     "register_symbolics",
+    "register_translation",
     "standard_lowering",
     "symbolics_registered",
     "translation_table",

@@ -39,6 +39,47 @@ def _onnx_value(a: Any, value: Any) -> Any:
 # ---------------------------------------------------------------- schemas and shape inference
 
 
+# qualname -> what users supplied for ops their declarations cannot describe (public functions in
+# opbridge.onnx: register_shape_inference, register_translation, register_symbolic).
+_user_infer: dict[str, Callable] = {}
+_user_translation: dict[str, Callable] = {}
+_user_symbolic: dict[str, Callable] = {}
+
+
+def register_shape_inference(qualname: str, fn: Callable | None = None) -> Callable:
+    """Supplies the ONNX shape inference of a declared op's OpSchema (onnx.shape_inference, the
+    checker, exporters' graphs); usable as a decorator. ``fn(ctx)`` gets onnx's InferenceContext
+    after the declaration's checks passed and sets the outputs' types
+    (``ctx.set_output_type(k, type_proto)``). ORT's own shape inference comes from the C++
+    declaration (``OpDecl::output_shape_fn``). Takes effect at once."""
+    def register(f: Callable) -> Callable:
+        _user_infer[qualname] = f
+        return f
+
+    return register(fn) if fn is not None else register
+
+
+def register_translation(qualname: str, fn: Callable | None = None) -> Callable:
+    """Supplies the dynamo exporter's rule (an onnxscript function taking the torch op's arguments)
+    for a declared op exported with lowering "custom", instead of the one-node rule the declaration
+    gives; usable as a decorator."""
+    def register(f: Callable) -> Callable:
+        _user_translation[qualname] = f
+        return f
+
+    return register(fn) if fn is not None else register
+
+
+def register_symbolic(qualname: str, fn: Callable | None = None) -> Callable:
+    """Supplies the TorchScript exporter's symbolic ``fn(g, *args)`` for a declared op exported with
+    lowering "custom"; usable as a decorator."""
+    def register(f: Callable) -> Callable:
+        _user_symbolic[qualname] = f
+        return f
+
+    return register(fn) if fn is not None else register
+
+
 def _infer(op: OpDecl) -> Callable[[Any], None]:
     def infer(ctx: Any) -> None:
         from onnx.shape_inference import InferenceError
@@ -68,6 +109,10 @@ def _infer(op: OpDecl) -> Callable[[Any], None]:
             op.check(inputs, attrs)
         except CheckError as e:
             raise InferenceError(f"{op.domain}::{op.onnx_type} ({ctx.get_display_name()}): {e.message}") from None
+        user = _user_infer.get(op.qualname)
+        if user is not None:
+            user(ctx)
+            return
         for k, out in enumerate(op.outputs):
             source = next((t for i, t in zip(op.inputs, types) if t is not None and i.type_var == out.type_var), None)
             if source is None:

@@ -103,7 +103,9 @@ class DeclaredRules:
         if not self.loaded():
             return {}
         if cfg.lowering_for(self.OPS) == "custom":
-            return {self.overload(): translation(self.op)}
+            from ._declared import _user_translation
+
+            return {self.overload(): _user_translation.get(self.op.qualname) or translation(self.op)}
         fn, opset = self._standard(cfg, dynamo=True)
         from ._build import DynamoBuilder
 
@@ -122,7 +124,9 @@ class DeclaredRules:
         if not self.loaded():
             return {}
         if cfg.lowering_for(self.OPS) == "custom":
-            return {self.op.qualname: symbolic(self.op)}
+            from ._declared import _user_symbolic
+
+            return {self.op.qualname: _user_symbolic.get(self.op.qualname) or symbolic(self.op)}
         fn, _ = self._standard(cfg, dynamo=False)
         from torch.onnx import symbolic_helper as sh
 

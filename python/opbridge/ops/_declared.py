@@ -111,6 +111,24 @@ def channels_last(x: torch.Tensor) -> bool:
     return x.shape[0] != 1 or x.stride(0) >= x.numel()
 
 
+# qualname -> the fake kernel a user supplied (register_fake): it runs after the declaration's checks.
+_user_fakes: dict[str, Callable] = {}
+
+
+def register_fake(qualname: str, fn: Callable | None = None) -> Callable:
+    """Supplies the fake kernel (meta function: output shapes, dtypes and devices, no data) of a
+    declared op whose output rule cannot describe its outputs; usable as a decorator. ``fn`` gets the
+    op's arguments (fake tensors, as torch.library.register_fake's functions do; sizes may be
+    symbolic, ``torch.library.get_ctx().new_dynamic_size()`` gives a data-dependent one) and returns
+    the output tensor(s). The declaration's checks still run first, so bad input gets the same
+    verdict as in the kernels. Takes effect at once, also for ops already registered."""
+    def register(f: Callable) -> Callable:
+        _user_fakes[qualname] = f
+        return f
+
+    return register(fn) if fn is not None else register
+
+
 def _make_fake(op: OpDecl) -> Callable:
     sig = signature(op)
 
@@ -118,6 +136,9 @@ def _make_fake(op: OpDecl) -> Callable:
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
         _check(op, bound)
+        user = _user_fakes.get(op.qualname)
+        if user is not None:
+            return user(*bound.args)
         outs = tuple(_output(op, k, bound) for k in range(len(op.outputs)))
         return outs[0] if len(outs) == 1 else outs
 
