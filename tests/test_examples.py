@@ -36,7 +36,7 @@ def test_shapes_example(tmp_path):
     project = REPO / "examples" / "shapes"
     pip_install(project, tmp_path / "site", tmp_path / "build")
     out = run_project_tests(project, tmp_path / "site")
-    assert re.search(r"\b12 passed\b", out), out
+    assert re.search(r"\b13 passed\b", out), out
     # The README's Python block, as a user copies it.
     (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
     (tmp_path / "readme.py").write_text(block)

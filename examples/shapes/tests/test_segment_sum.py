@@ -77,3 +77,16 @@ def test_ort_without_torch_api():
 
     assert shapes.get_library_path().endswith("libshapes_ort.so")
     assert isinstance(shapes.session_options(), ort.SessionOptions)
+
+
+def test_ort_checks_the_ids_values_too():
+    # segment_ids is host_memory(): the declaration reads its values, in ORT as in torch.
+    class M(torch.nn.Module):
+        def forward(self, values, ids):
+            return shapes.segment_sum(values, ids, 3)
+
+    proto = opbridge.onnx.export(M().eval(), (torch.randn(4, 2), torch.tensor([0, 1, 2, 1])))
+    sess = opbridge.InferenceSession(proto)
+    feeds = {"values": np.random.default_rng().standard_normal((2, 2)).astype(np.float32), "ids": np.array([2, 3])}
+    with pytest.raises(Exception, match=r"segment_ids\[1\] = 3 is outside \[0, num_segments = 3\)"):
+        sess.run(None, feeds)

@@ -25,7 +25,7 @@ struct SegmentSumDims {
 SegmentSumDims segment_sum_dims(const opbridge::OpCall& call);
 
 // Forward (y fully written) and backward (grad_values[i] = grad[segment_ids[i]]). T: float or double.
-// An id outside [0, segments) is an InvalidArgument status.
+// ids: in [0, segments) (the declaration checks them).
 template <class T>
 opbridge::Status segment_sum_cpu(const T* values, const int64_t* ids, T* y, const SegmentSumDims& d,
                                  const opbridge::ParallelFor& pf);

@@ -21,6 +21,14 @@ Status validate(const OpCall& call) {
     return Status::InvalidArgument("segment_ids must have one id per row of values (" + std::to_string(v.dim(0)) +
                                    "), got " + std::to_string(ids.dim(0)));
   }
+  // host_memory(): the values, where known (not in fake kernels or at load), are checked here.
+  const int64_t n = call.attr_int("num_segments");
+  for (int64_t i = 0; ids.int64_data() != nullptr && i < ids.dim(0); ++i) {
+    if (ids.int64_data()[i] < 0 || ids.int64_data()[i] >= n) {
+      return Status::InvalidArgument("segment_ids[" + std::to_string(i) + "] = " + std::to_string(ids.int64_data()[i]) +
+                                     " is outside [0, num_segments = " + std::to_string(n) + ")");
+    }
+  }
   return Status::Ok();
 }
 
@@ -49,6 +57,7 @@ const opbridge::OpDecl& segment_sum_decl() {
           .doc("y[s] = the sum of the rows values[i] with segment_ids[i] == s.")
           .input("values", "T", "rows to add").shape("(N, D)").rank(2)
           .input("segment_ids", "I", "the segment of each row, in [0, num_segments)").shape("(N,)").rank(1)
+          .host_memory()
           .attr_int("num_segments", "number of segments (rows of y)").required()
           .types("T", kFloat32And64)
           .types("I", {ElemType::kInt64})
@@ -64,7 +73,7 @@ const opbridge::OpDecl& segment_sum_backward_decl() {
           .doc("Gradient of SegmentSum with respect to values, given the gradient of y.")
           .input("grad", "T", "gradient of y").shape("(num_segments, D)").rank(2)
           .input("values", "T", "rows to add").shape("(N, D)").rank(2)
-          .input("segment_ids", "I", "the segment of each row").shape("(N,)").rank(1)
+          .input("segment_ids", "I", "the segment of each row").shape("(N,)").rank(1).host_memory()
           .attr_int("num_segments", "number of segments").required()
           .types("T", kFloat32And64)
           .types("I", {ElemType::kInt64})

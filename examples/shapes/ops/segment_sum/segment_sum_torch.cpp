@@ -14,7 +14,8 @@ using namespace opbridge::torch_adapter;
 
 // The declaration's checks have passed when this runs (OPBRIDGE_DECLARED_KERNEL).
 void segment_sum_cpu_impl(TorchCall& c) {
-  const Tensor vc = contiguous(c.in("values")), ids = contiguous(c.in("segment_ids"));
+  const Tensor vc = contiguous(c.in("values"));
+  const Tensor& ids = c.host("segment_ids");  // host_memory: contiguous, on the CPU
   Tensor y = empty(opbridge::output_shape(c.call(), 0), dtype(vc), vc);
   c.check(opbridge::dispatch<float, double>(c.call().in("values").type, [&](auto tag) {
     using T = decltype(tag);
@@ -25,7 +26,8 @@ void segment_sum_cpu_impl(TorchCall& c) {
 }
 
 void segment_sum_backward_cpu_impl(TorchCall& c) {
-  const Tensor gc = contiguous(c.in("grad")), ids = contiguous(c.in("segment_ids"));
+  const Tensor gc = contiguous(c.in("grad"));
+  const Tensor& ids = c.host("segment_ids");
   Tensor grad_values = empty_like(c.in("values"));
   c.check(opbridge::dispatch<float, double>(c.call().in("values").type, [&](auto tag) {
     using T = decltype(tag);
