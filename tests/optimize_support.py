@@ -8,7 +8,7 @@ import functools
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import opbridge
 from onnx_models import IR_VERSION
@@ -75,3 +75,35 @@ needs_ort_silu = pytest.mark.skipif(
     reason="opbridge's ORT library does not apply GroupNorm's activation attribute yet "
     "(ai.opbridge GroupNorm version 2); the fused graph is checked against the float64 reference instead",
 )
+
+
+def group_norm_decomposition_with_table(rng, channels, groups, spatial, table_rows=16, name="gn_table"):
+    """A model optimize rewrites and a tensor it leaves alone: the TorchScript exporter's GroupNorm
+    decomposition (Reshape -> InstanceNormalization -> Reshape -> Mul -> Add) of x (N, channels,
+    *spatial), and a float32 table of table_rows x 1024 that is only gathered from (input idx).
+    Returns (model, weight, bias, table)."""
+    w, b = rng.uniform(0.5, 1.5, channels), rng.uniform(-0.5, 0.5, channels)
+    table = rng.standard_normal((table_rows, 1024)).astype(np.float32)
+    inits = [numpy_helper.from_array(np.array([0, groups, -1], np.int64), "gs"),
+             numpy_helper.from_array(np.ones(groups, np.float32), "ones"),
+             numpy_helper.from_array(np.zeros(groups, np.float32), "zeros"),
+             numpy_helper.from_array(w.astype(np.float32).reshape(channels, 1, 1), "w"),
+             numpy_helper.from_array(b.astype(np.float32).reshape(channels, 1, 1), "b"),
+             numpy_helper.from_array(table, "table")]
+    nodes = [helper.make_node("Reshape", ["x", "gs"], ["r"]),
+             helper.make_node("InstanceNormalization", ["r", "ones", "zeros"], ["n"]),
+             helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Reshape", ["n", "s"], ["rr"]),
+             helper.make_node("Mul", ["rr", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["y"]),
+             helper.make_node("Gather", ["table", "idx"], ["e"])]
+    shape = ["N", channels, *spatial]
+    graph = helper.make_graph(
+        nodes, name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape),
+         helper.make_tensor_value_info("idx", TensorProto.INT64, ["K"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape),
+         helper.make_tensor_value_info("e", TensorProto.FLOAT, ["K", 1024])],
+        initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    return model, w, b, table

@@ -271,3 +271,29 @@ def test_second_order_gradients_of_an_op_without_them_are_a_clear_error():
     np.testing.assert_allclose(g.detach().numpy(), 18 * x.detach().numpy())
     with pytest.raises(NotImplementedError, match="second-order gradients of opbridge_test_dbl::scale"):
         g.sum().backward()
+
+
+def test_python_constants_are_the_declarations():
+    """What the Python side knows of an op's arguments it reads from the declaration: the names of
+    GroupNorm's activations, its default eps (the torch op's Python function, the nn module), the
+    op version its activation needs and the ONNX op type (the fusion), the library's domain."""
+    import importlib
+    import inspect
+
+    import opbridge.nn
+
+    # By module name: opbridge.ops.group_norm and opbridge.onnx._config are also functions' names.
+    gn_ops = importlib.import_module("opbridge.ops.group_norm")
+    _config = importlib.import_module("opbridge.onnx._config")
+    _fusion = importlib.import_module("opbridge.onnx._fusion")
+
+    decl = opbridge_library().ops["group_norm"]
+    assert gn_ops.ACTIVATIONS == decl.arg("activation").choices
+    assert inspect.signature(opbridge.ops.group_norm).parameters["eps"].default == decl.arg("eps").default
+    assert inspect.signature(opbridge.nn.GroupNorm).parameters["eps"].default == decl.arg("eps").default
+    assert _fusion.ACTIVATION_DOMAIN_VERSION == decl.arg("activation").since
+    assert _fusion.OP_TYPE == decl.onnx_type
+    assert _fusion.SILU in decl.arg("activation").choices
+    assert opbridge.DOMAIN == _config.DOMAIN == _fusion.DOMAIN == opbridge_library().domain
+    with pytest.raises(ValueError, match="activation must be 'none' or 'silu', got 'relu'"):
+        opbridge.nn.GroupNorm(2, 4, activation="relu")

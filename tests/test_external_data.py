@@ -16,13 +16,13 @@ import shutil
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 import opbridge
-from onnx_models import IR_VERSION
 from opbridge import _optimize
 from opbridge._check import check
 from opbridge.cli import main
+from optimize_support import group_norm_decomposition_with_table
 from reference import group_norm as ref_group_norm
 
 TWO_GB = 2**31
@@ -46,30 +46,7 @@ def _total_size(folder):
 def _external_model(tmp_path, rng, name="m.onnx"):
     """A GroupNorm decomposition whose weight and bias (2 KiB each) and a 64 KiB table live in
     external data (ORT needs the small shape tensors inline)."""
-    c, g = 512, 32
-    w, b = rng.uniform(0.5, 1.5, c), rng.uniform(-0.5, 0.5, c)
-    table = rng.standard_normal((16, 1024)).astype(np.float32)
-    inits = [numpy_helper.from_array(np.array([0, g, -1], np.int64), "gs"),
-             numpy_helper.from_array(np.ones(g, np.float32), "ones"),
-             numpy_helper.from_array(np.zeros(g, np.float32), "zeros"),
-             numpy_helper.from_array(w.astype(np.float32).reshape(c, 1, 1), "w"),
-             numpy_helper.from_array(b.astype(np.float32).reshape(c, 1, 1), "b"),
-             numpy_helper.from_array(table, "table")]
-    nodes = [helper.make_node("Reshape", ["x", "gs"], ["r"]),
-             helper.make_node("InstanceNormalization", ["r", "ones", "zeros"], ["n"]),
-             helper.make_node("Shape", ["x"], ["s"]),
-             helper.make_node("Reshape", ["n", "s"], ["rr"]),
-             helper.make_node("Mul", ["rr", "w"], ["m"]),
-             helper.make_node("Add", ["m", "b"], ["y"]),
-             helper.make_node("Gather", ["table", "idx"], ["e"])]
-    graph = helper.make_graph(
-        nodes, "ext",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", c, 2, 3]),
-         helper.make_tensor_value_info("idx", TensorProto.INT64, ["K"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", c, 2, 3]),
-         helper.make_tensor_value_info("e", TensorProto.FLOAT, ["K", 1024])],
-        initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
+    model, w, b, table = group_norm_decomposition_with_table(rng, 512, 32, (2, 3), name="ext")
     path = str(tmp_path / name)
     onnx.save_model(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
                     location="weights.bin", size_threshold=1024)

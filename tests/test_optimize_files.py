@@ -13,44 +13,18 @@ import sys
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 import opbridge
-from onnx_models import IR_VERSION
 from opbridge import _optimize
 from opbridge.cli import main
+from optimize_support import group_norm_decomposition_with_table
 from reference import group_norm as ref_group_norm
 
 C, G = 64, 8
 
 
 def _model(rng, table_rows=16):
-    """A GroupNorm decomposition (what optimize rewrites) and a float32 table of table_rows x 1024
-    that is only gathered from."""
-    w, b = rng.uniform(0.5, 1.5, C), rng.uniform(-0.5, 0.5, C)
-    table = rng.standard_normal((table_rows, 1024)).astype(np.float32)
-    inits = [numpy_helper.from_array(np.array([0, G, -1], np.int64), "gs"),
-             numpy_helper.from_array(np.ones(G, np.float32), "ones"),
-             numpy_helper.from_array(np.zeros(G, np.float32), "zeros"),
-             numpy_helper.from_array(w.astype(np.float32).reshape(C, 1, 1), "w"),
-             numpy_helper.from_array(b.astype(np.float32).reshape(C, 1, 1), "b"),
-             numpy_helper.from_array(table, "table")]
-    nodes = [helper.make_node("Reshape", ["x", "gs"], ["r"]),
-             helper.make_node("InstanceNormalization", ["r", "ones", "zeros"], ["n"]),
-             helper.make_node("Shape", ["x"], ["s"]),
-             helper.make_node("Reshape", ["n", "s"], ["rr"]),
-             helper.make_node("Mul", ["rr", "w"], ["m"]),
-             helper.make_node("Add", ["m", "b"], ["y"]),
-             helper.make_node("Gather", ["table", "idx"], ["e"])]
-    graph = helper.make_graph(
-        nodes, "files",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", C, 3, 5]),
-         helper.make_tensor_value_info("idx", TensorProto.INT64, ["K"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", C, 3, 5]),
-         helper.make_tensor_value_info("e", TensorProto.FLOAT, ["K", 1024])],
-        initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=IR_VERSION)
-    return model, w, b, table
+    return group_norm_decomposition_with_table(rng, C, G, (3, 5), table_rows, name="files")
 
 
 def _save(model, folder, name="m.onnx", external=True):

@@ -35,9 +35,16 @@ __all__ = [
 # torch gets the torch ops (e.g. for torch.export.load); a mismatch only warns here and raises
 # where the torch ops are asked for (opbridge.ops).
 if sys.modules.get("torch") is not None and torch_library_path() is not None:
-    from ._library import register_torch_ops_if_compatible
+    # When they cannot be registered (another torch version, an extension that does not load),
+    # this only warns, so that the ONNX Runtime side stays usable; ``import opbridge.ops`` raises
+    # the error where the torch ops are asked for.
+    try:
+        importlib.import_module(".ops", __name__)
+    except ImportError as _e:
+        import warnings
 
-    register_torch_ops_if_compatible()
+        warnings.warn(f"opbridge: torch ops not registered. {_e}", RuntimeWarning, stacklevel=2)
+        del _e
 
 
 def __getattr__(name: str):

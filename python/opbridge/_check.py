@@ -194,7 +194,7 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
     import onnx
     import onnxruntime as ort
 
-    from . import __version__
+    from ._version import __version__
     from ._decl import _discover, register_library
     from ._session import InferenceSession
 

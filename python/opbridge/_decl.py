@@ -349,6 +349,15 @@ class OpLibrary:
 # ---------------------------------------------------------------- the known libraries
 
 _registered: dict[str, OpLibrary] = {}
+# What register_library tells about each new library: the layers above this one subscribe
+# (opbridge.onnx registers the new ops' OpSchemas with onnx) instead of being called from here.
+_listeners: list = []
+
+
+def on_register(listener: Any) -> None:
+    """Calls ``listener(library)`` for every library :func:`register_library` adds from now on."""
+    if listener not in _listeners:
+        _listeners.append(listener)
 
 
 @functools.lru_cache(maxsize=None)
@@ -373,9 +382,8 @@ def register_library(ort_path: str | os.PathLike, namespace: str | None = None,
         _registered[key] = lib
         # Where opbridge.onnx is in use, onnx learns the new ops' OpSchemas now (onnx.checker,
         # shape inference, the check for unknown attributes); its import registers the others.
-        script = sys.modules.get("opbridge.onnx._script")
-        if script is not None:
-            script.register_schemas()
+        for listener in list(_listeners):
+            listener(lib)
     else:
         if namespace is not None and lib.namespace is None:
             lib.namespace = namespace

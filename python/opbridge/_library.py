@@ -1,9 +1,11 @@
-"""Locating and loading opbridge's native libraries. Needs neither torch nor onnxruntime."""
+"""Locating and loading opbridge's native libraries. Needs neither torch nor onnxruntime.
+
+Part of the package's core layer (with _decl, _cmake, _version): it imports nothing of ops/,
+onnx/ or the command line (tests/test_package_layers.py)."""
 
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.resources
 import os
 import warnings
@@ -159,17 +161,6 @@ def load_fastpath_library(torch_version: str) -> bool:
                       "every call", RuntimeWarning, stacklevel=2)
         return False
     return True
-
-
-def register_torch_ops_if_compatible() -> None:
-    """``import opbridge`` in a process that has already imported torch: registers the torch ops
-    (import opbridge.ops). When they cannot be registered (another torch version, an extension
-    that does not load), this only warns, so that the ONNX Runtime side stays usable;
-    ``import opbridge.ops`` raises the error where the torch ops are asked for."""
-    try:
-        importlib.import_module("opbridge.ops")
-    except ImportError as e:
-        warnings.warn(f"opbridge: torch ops not registered. {e}", RuntimeWarning, stacklevel=2)
 
 
 def build_info() -> dict:

@@ -4,6 +4,11 @@
     python -m tests.fuzz.run --cases 2000 --kind ort --op group_norm --seed 7
     python -m tests.fuzz.run --replay fuzz-failures/<file>.pkl
     python -m tests.fuzz.run --cases 2000 --device cuda --seed 7  # the torch cases on the GPU
+    python -m tests.fuzz.run --cases 2000 --seed 7 --record before.jsonl   # every outcome, one line each
+
+--record writes each case's outcome (its description, the verdict, and for a refusal the exception
+type and message) as a JSON line: two builds run with the same seed give files that `diff`
+compares line by line (same verdicts and messages on every case).
 
 Every case runs in a long-lived worker process; a crash or hang is recorded with its case
 (pickled under --out for --replay) and a new worker takes over, so the run always completes.
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import pickle
 import sys
@@ -47,6 +53,17 @@ def drive(strategy, n: int, seed: int, fn) -> None:
     body()
 
 
+def outcome(case, res) -> dict:
+    """One case's outcome for --record: what a refusal said, verbatim; "ok" for a result."""
+    out = {"op": case.op, "kind": case.kind, "case": case.desc, "verdict": res.verdict}
+    reply = res.reply
+    if isinstance(reply, tuple) and reply and reply[0] == "error":
+        out["error"] = [str(reply[1]), str(reply[2])]
+    elif isinstance(reply, tuple) and reply and reply[0] == "ok":
+        out["result"] = "ok"
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=1000, help="total number of cases (split over op x kind)")
@@ -59,6 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                     help="torch cases: where their tensors live (cuda: the CUDA kernels against the same "
                          "expectations as the CPU op)")
+    ap.add_argument("--record", type=Path, help="write every case's outcome to this file (JSON lines)")
     args = ap.parse_args(argv)
     if args.device == "cuda":
         os.environ["OPBRIDGE_FUZZ_DEVICE"] = "cuda"  # read by the workers (tests/fuzz/worker.py)
@@ -90,6 +108,7 @@ def main(argv=None) -> int:
 
     totals = collections.Counter()
     failures = []
+    record = args.record.open("w") if args.record else None
     t_start = time.monotonic()
     for (op, kind), n in zip(jobs, per_job):
         seed = derive_seed(base, op, kind)
@@ -102,6 +121,8 @@ def main(argv=None) -> int:
             def one(case):
                 res = harness.judge(case, worker)
                 counts[res.verdict] += 1
+                if record is not None:
+                    record.write(json.dumps(outcome(case, res)) + "\n")
                 done = sum(counts.values())
                 if res.verdict != "pass":
                     path = harness.save_case(case, res, args.out)
@@ -117,6 +138,8 @@ def main(argv=None) -> int:
               f"{time.monotonic() - t0:.0f} s", flush=True)
         totals.update(counts)
     elapsed = time.monotonic() - t_start
+    if record is not None:
+        record.close()
     print(f"fuzz total: {sum(totals.values())} cases in {elapsed:.0f} s: pass {totals['pass']}, "
           f"fail {totals['fail']}, crash {totals['crash']}, hang {totals['hang']} (base seed {base})")
     return 0 if not failures else 1

@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from ..ops.group_norm import ACTIVATIONS
+from ..ops.group_norm import ACTIVATIONS, DEFAULT_EPS
 
 
 class GroupNorm(torch.nn.GroupNorm):
@@ -15,7 +15,7 @@ class GroupNorm(torch.nn.GroupNorm):
     ``torch.nn.Sequential(torch.nn.GroupNorm(...), torch.nn.SiLU())`` computes); the state_dict is
     unchanged by it. The output keeps a channels-last input's memory format."""
 
-    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True,
+    def __init__(self, num_groups: int, num_channels: int, eps: float = DEFAULT_EPS, affine: bool = True,
                  device=None, dtype=None, activation: str = "none") -> None:
         _check_activation(activation)
         super().__init__(num_groups, num_channels, eps, affine, device, dtype)
@@ -41,4 +41,5 @@ class GroupNorm(torch.nn.GroupNorm):
 
 def _check_activation(activation: str) -> None:
     if activation not in ACTIVATIONS:
-        raise ValueError(f"opbridge.nn.GroupNorm: activation must be 'none' or 'silu', got {activation!r}")
+        names = " or ".join(repr(a) for a in ACTIVATIONS)
+        raise ValueError(f"opbridge.nn.GroupNorm: activation must be {names}, got {activation!r}")

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 import onnx
 
+from .._decl import on_register as _decl_on_register
 from . import _dynamic
 from . import _external_data
 from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig, Lowering, default_opset
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 register_schemas()
+# Libraries registered later (users' ops) get their schemas when they are registered.
+_decl_on_register(lambda _library: register_schemas())
 
 
 def _config(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None = None,
@@ -269,7 +272,7 @@ def export(
     external_data: True: tensors over 1 KiB go to ``<f>.data`` beside ``f``; False: all in ``f``
         (up to protobuf's 2 GB limit; writing one file serializes the model in memory, about twice
         its size); None (default): external when the model's tensors pass 256 MiB
-        (``opbridge._optimize.AUTO_EXTERNAL_BYTES``), as torch.onnx.export writes them. External
+        (``opbridge.onnx._external_data.AUTO_EXTERNAL_BYTES``), as torch.onnx.export writes them. External
         tensors are written one at a time, straight from the exported model (torch's own memory
         with the dynamo exporter): export then needs no more memory than torch.onnx.export itself
         (docs/optimize.md, "Real-size models").
@@ -352,7 +355,7 @@ def _write(model: Any, f: str | None, external: bool, cfg: ExportConfig, *, fuse
     fuse = fuse and cfg.lowering_for(("opbridge::group_norm", "group_norm")) == "custom"
     if fuse and not convert:
         # On the exporter's model, before any copy (the rules read small constants only).
-        from .._optimize import EXPORT_SOURCES, rewrite_model
+        from ._fusion import EXPORT_SOURCES, rewrite_model
 
         rewrite_model(model, sources=EXPORT_SOURCES)
         fuse = False
@@ -365,7 +368,7 @@ def _write(model: Any, f: str | None, external: bool, cfg: ExportConfig, *, fuse
         # the fusion follows it, as it matches the converted opset's forms.
         proto = _convert_opset(proto, cfg.opset_version)
         if fuse:
-            from .._optimize import fuse_exported
+            from ._fusion import fuse_exported
 
             proto = fuse_exported(proto, base_dir=None if f is None else os.path.dirname(os.path.abspath(f)))
     _finalize(proto, cfg)
@@ -380,7 +383,7 @@ def _type_custom_outputs(model: Any) -> None:
     finds nothing to do)."""
     for node in model.graph:
         if node.domain == DOMAIN and any(o.shape is None or o.dtype is None for o in node.outputs):
-            from .._optimize import infer_shapes_ir
+            from ._fusion import infer_shapes_ir
 
             infer_shapes_ir(model)
             return

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union
 
-DOMAIN = "ai.opbridge"
+from .._library import DOMAIN
+
 DOMAIN_VERSION = 1
 
 LOWERINGS = ("custom", "standard")

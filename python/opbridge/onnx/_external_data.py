@@ -17,14 +17,79 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import tempfile
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import onnx
 
-from .._optimize import (AUTO_EXTERNAL_BYTES, EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, PROTOBUF_LIMIT,
-                         data_file_name, tensor_bytes, write_file, writing)
+
+# Largest tensor (bytes) a protobuf message can hold in one piece; past this total the model must
+# keep its tensors in an external data file.
+PROTOBUF_LIMIT = 2**31 - 1
+# With a file target, opbridge.onnx.export and optimize keep a model's tensors in an external data
+# file past this many bytes (below it, in the model file, as before). Writing one file needs the
+# serialized model in memory twice (the ModelProto, then its bytes); past 256 MiB that would exceed
+# export's budget of one model size + 0.5 GB over torch.onnx.export's own peak, while external data is
+# written one tensor at a time. It is also where ORT starts to gain from memory-mapping the tensors.
+AUTO_EXTERNAL_BYTES = 256 << 20
+# Tensors larger than this go to the external data file when one is written (onnx's own default).
+EXTERNAL_THRESHOLD = 1024
+# Offsets of large external tensors are aligned so that ONNX Runtime can memory-map them instead
+# of copying (64 KiB: the allocation granularity it checks on every platform).
+EXTERNAL_ALIGNMENT = 65536
+
+
+class WriteError(OSError):
+    """A file could not be written (a full disk, no permission); the message names it and why."""
+
+
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """OSErrors inside the block become a WriteError naming ``path``."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as e:
+        reason = e.strerror or str(e)
+        raise WriteError(e.errno, f"cannot write {path}: {reason}") from e
+
+
+@contextlib.contextmanager
+def write_file(path: str) -> Iterator[str]:
+    """Yields a temporary name beside ``path`` to write to; renamed to ``path`` when the block
+    completes, removed when it fails (an OSError then becomes a WriteError naming ``path``)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    with writing(path):
+        os.makedirs(folder, exist_ok=True)
+        # A name only (the writer creates the file, with the usual permissions; mkstemp's are 0600).
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            raise
+
+
+def tensor_bytes(model: Any) -> int:
+    """Bytes of all initializers (what must fit in one protobuf message unless kept external)."""
+    total = 0
+    for graph in (model.graph, *model.graph.subgraphs()):
+        for value in graph.initializers.values():
+            t = value.const_value
+            if t is not None:
+                total += int(t.nbytes)
+    return total
+
+
+def data_file_name(path: str) -> str:
+    """Name of the external data file written next to the model at ``path``."""
+    return os.path.basename(os.fspath(path)) + ".data"
 
 
 # Tensor bytes past which a model cannot be one protobuf message: the limit less room for the graph

@@ -17,6 +17,7 @@ Torch's own ops have keys of their own (``"torch_inverse"``).
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from typing import Any, Callable
 
@@ -151,10 +152,10 @@ class DeclaredRules:
 
 
 def _modules() -> list:
-    from . import __path__ as pkg_path
-
+    # This package's folder, read from this file's place (not from the package object, which
+    # imports this module).
     mods = []
-    for m in sorted(pkgutil.iter_modules(pkg_path), key=lambda m: m.name):
+    for m in sorted(pkgutil.iter_modules([os.path.dirname(__file__)]), key=lambda m: m.name):
         if not m.name.startswith("_"):
             mods.append(importlib.import_module(f"opbridge.onnx.{m.name}"))
     return mods

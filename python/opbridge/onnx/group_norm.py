@@ -23,10 +23,10 @@ from onnx import TensorProto
 from ._registry import standard_lowering
 
 @standard_lowering("opbridge::group_norm")
-def standard(b: Any, x: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5,
-             activation: str = "none") -> Any:
-    """The standard-ONNX lowering, for either exporter (``b`` is an opbridge.onnx._build.Builder);
-    activation "silu" appends x * Sigmoid(x)."""
+def standard(b: Any, x: Any, num_groups: int, weight: Any, bias: Any, eps: float, activation: str) -> Any:
+    """The standard-ONNX lowering, for either exporter (``b`` is an opbridge.onnx._build.Builder;
+    every argument as the call has it, defaults applied from the declaration); activation "silu"
+    appends x * Sigmoid(x)."""
     y = _standard(b, x, int(num_groups), weight, bias, float(eps))
     if activation == "silu":
         y = b.op("Mul", y, b.op("Sigmoid", y))

@@ -7,13 +7,17 @@ from typing import Optional
 
 import torch
 
+from .._decl import opbridge_library
 from ._declared import channels_last, register_autograd, register_formula
 from ._errors import raise_translated
 
 __all__ = ["group_norm"]
 
-# The values of the `activation` argument (and of the ONNX attribute of the same name).
-ACTIVATIONS = ("none", "silu")
+_DECL = opbridge_library().ops["group_norm"]
+# The values of the `activation` argument (and of the ONNX attribute of the same name), and the
+# default of `eps`: the declaration's (cpp/ops/group_norm/group_norm_decl.cpp).
+ACTIVATIONS = _DECL.arg("activation").choices
+DEFAULT_EPS = _DECL.arg("eps").default
 
 
 def group_norm(
@@ -21,7 +25,7 @@ def group_norm(
     num_groups: int,
     weight: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
-    eps: float = 1e-5,
+    eps: float = DEFAULT_EPS,
     activation: str = "none",
 ) -> torch.Tensor:
     """Group normalization with per-channel affine, same semantics as

@@ -1,0 +1,111 @@
+"""Every file the documentation names exists: the links of docs/*.md and README.md, and the paths
+and file names they quote as code (``cpp/ops/group_norm/group_norm_decl.cpp``,
+``torch_common.h``), so that a renamed or deleted file cannot leave the docs pointing at nothing.
+
+A quoted name is looked up as a path from the repository root, from the document's folder and
+from the folders the docs quote headers and modules relative to (cpp/include for
+``opbridge/op_decl.h``, python/ for ``opbridge/_decl.py``, ...); a bare file name must be the name
+of a file in the repository. Names of files that are not ours (ONNX Runtime's headers, files a
+build or a user's project makes) are listed below. Placeholders (``<op>_decl.cpp``) and globs are
+skipped.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
+
+# Folders the docs quote paths relative to, besides the root and the document's own.
+BASES = ["cpp/include", "cpp", "cuda", "python", "python/opbridge", "tests", "benchmarks", "scripts", "cmake",
+         "examples"]
+# File extensions that make a quoted word a file name.
+EXTENSIONS = {".h", ".cuh", ".cpp", ".cu", ".inc", ".py", ".md", ".cmake", ".txt", ".toml", ".sh", ".json",
+              ".map", ".in", ".tmpl", ".yml", ".cfg", ".pbtxt"}
+# Files the docs may name that are not in this repository: third-party headers and libraries, and
+# what a build, an install or a user's project makes.
+NOT_OURS = {
+    "onnxruntime_c_api.h", "onnxruntime_cxx_api.h", "onnxruntime_cxx_inline.h", "onnxruntime_float16.h",
+    "onnxruntime_lite_custom_op.h", "cuda_context.h", "cuda_runtime.h", "cuda_runtime_api.h", "cuda_fp16.h",
+    "cuda_bf16.h", "cooperative_groups.h", "extension.h", "library.h", "Tensor.h", "ops.h", "tensor.h",
+    "accelerator.h", "ScalarType.h", "opbridgeConfig.cmake", "opbridgeConfigVersion.cmake", "_version.py",
+    "config.pbtxt", "model.onnx", "model.onnx.data", "setup.py", "conanfile.txt", "conan_toolchain.cmake",
+    "compile_commands.json", "asv-results.json", "requirements.txt", "test_op.py", "__init__.py",
+}
+
+
+def _tracked() -> list[str]:
+    try:
+        out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        return out.splitlines()
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: the files on disk
+        return [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file() and ".git" not in p.parts]
+
+
+TRACKED = _tracked()
+BASENAMES = {Path(p).name for p in TRACKED}
+
+
+def _references(text: str) -> list[tuple[str, str]]:
+    """(kind, name) of every file reference in a markdown text, fenced code blocks excluded."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+    refs = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        refs.append(("link", target.split("#", 1)[0]))
+    for span in re.findall(r"`([^`\n]+)`", text):
+        span = span.strip()
+        # "path:42" and "path::name" point into a file.
+        span = re.sub(r"(:\d+(-\d+)?|::\w+)$", "", span)
+        if re.search(r"[\s<>*{}$|=,()\[\]'\"]", span) or span.startswith(("-", ".", "~", "/")):
+            continue
+        if Path(span).suffix in EXTENSIONS or (span.endswith("/") and "/" in span[:-1]):
+            refs.append(("code", span))
+    return refs
+
+
+# Paths of the installed package (the wheel's opbridge/ folder), not of the repository.
+INSTALLED = ("include/", "lib/", "share/")
+
+
+def _exists(name: str, doc: Path) -> bool:
+    if name.startswith(INSTALLED):
+        return True
+    name = name.rstrip("/")
+    if not name:
+        return True
+    candidates = [ROOT / name, doc.parent / name] + [ROOT / b / name for b in BASES]
+    if any(c.exists() for c in candidates):
+        return True
+    return "/" not in name and (name in BASENAMES or name in NOT_OURS)
+
+
+def _missing(doc: Path) -> list[str]:
+    out = []
+    for kind, name in _references(doc.read_text()):
+        if not _exists(name, doc):
+            out.append(f"{doc.relative_to(ROOT)}: {kind} {name!r}")
+    return sorted(set(out))
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
+def test_every_named_file_exists(doc):
+    missing = _missing(doc)
+    assert not missing, "files the docs name that do not exist:\n" + "\n".join("  " + m for m in missing)
+
+
+def test_the_reader_finds_references(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("See [the kernel](../cpp/ops/nothing.cpp), `cuda/common/adapter_checks.h`, `ort_attr.h`,\n"
+                   "`cpp/ops/group_norm/group_norm_decl.cpp:12`, `<op>_decl.cpp` and `x = 1`.\n"
+                   "```\nnot/in/a/fence.h\n```\n")
+    assert _references(doc.read_text()) == [("link", "../cpp/ops/nothing.cpp"), ("code", "cuda/common/adapter_checks.h"),
+                                            ("code", "ort_attr.h"), ("code", "cpp/ops/group_norm/group_norm_decl.cpp")]
+    missing = [name for kind, name in _references(doc.read_text()) if not _exists(name, ROOT / "docs" / "x.md")]
+    assert missing == ["../cpp/ops/nothing.cpp", "cuda/common/adapter_checks.h", "ort_attr.h"]
