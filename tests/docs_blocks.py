@@ -169,18 +169,6 @@ def code_spans(path: Path) -> list[tuple[int, str]]:
     return out
 
 
-def link_targets(path: Path) -> list[tuple[int, str]]:
-    """(line, target) of every relative Markdown link ([text](target)), anchors dropped."""
-    out = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        for m in re.finditer(r"\]\(([^)\s]+)\)", line):
-            target = m.group(1)
-            if re.match(r"[a-z]+:", target) or target.startswith("#"):
-                continue
-            out.append((n, target.split("#")[0]))
-    return out
-
-
 # ---- shell commands ---------------------------------------------------------------------------
 
 def commands(text: str) -> list[list[str]]:

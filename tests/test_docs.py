@@ -3,8 +3,9 @@
 page in page order in one temporary directory, each in a fresh process: `run` ones here, `run slow`
 ones in the slow suite (--run-slow), `run gpu` ones in the GPU suite (cuda marker); excerpts match
 the file they name; commands that cannot run name only scripts, modules, options and CMake
-variables that exist. Also: every `opbridge.…` the docs name in backticks resolves, and every
-repository path they name exists. Figures and messages the docs quote: tests/test_docs_claims.py."""
+variables that exist. Also: every `opbridge.…` the docs name in backticks resolves and every
+import statement they quote runs. Files the docs name: tests/test_docs_files.py; figures and
+messages they quote: tests/test_docs_claims.py."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from docs_blocks import DOCS, KINDS, REPO, RUN_SUITES, SHELL, Block, all_blocks, code_spans, commands, link_targets
+from docs_blocks import DOCS, KINDS, REPO, RUN_SUITES, SHELL, Block, all_blocks, code_spans, commands
 from docs_blocks import missing_excerpt_lines
 
 BLOCKS = all_blocks()
@@ -387,52 +388,32 @@ def test_opbridge_names_resolve():
     assert not bad, "\n".join(bad)
 
 
+IMPORT_SPAN = re.compile(r"(from opbridge(?:\.\w+)* import \w+(?:, \w+)*|import opbridge(?:\.\w+)*)")
+
+
+def test_import_statements_run():
+    """Every `import opbridge...` / `from opbridge... import name` the docs quote in backticks
+    runs, each in a fresh process (the name a `from` import gives is then used: a function such
+    as docs/group_norm.md's `uses_channels_last` is called on a channels-last tensor)."""
+    pytest.importorskip("torch", reason="the docs import the torch side too")
+    found = sorted({span for path in DOCS for _, span in code_spans(path) if IMPORT_SPAN.fullmatch(span)})
+    assert "from opbridge.ops.group_norm import uses_channels_last" in found and len(found) >= 4
+    bad = []
+    for stmt in found:
+        r = subprocess.run([sys.executable, "-c", stmt], capture_output=True, text=True, timeout=300)
+        if r.returncode:
+            bad.append(f"`{stmt}`: {r.stderr.strip().splitlines()[-1]}")
+    assert not bad, "\n".join(bad)
+    check = ("import torch\nfrom opbridge.ops.group_norm import uses_channels_last\n"
+             "x = torch.randn(2, 8, 3, 5)\n"
+             "print(uses_channels_last(x), uses_channels_last(x.contiguous(memory_format=torch.channels_last)))\n")
+    r = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=300)
+    assert r.stdout.split() == ["False", "True"], r.stdout + r.stderr
+
+
 def test_resolve_fails_where_a_function_shadows_a_module():
     pytest.importorskip("torch")
     # opbridge.ops.group_norm is the function, which shadows the module of that name.
     assert callable(resolve("opbridge.ops.group_norm"))
     with pytest.raises(AttributeError):
         resolve("opbridge.ops.group_norm.uses_channels_last")
-
-
-def _tracked_top() -> set[str]:
-    """The repository's top-level files and folders (not build outputs or venvs)."""
-    r = subprocess.run(["git", "-C", str(REPO), "ls-files"], capture_output=True, text=True)
-    if r.returncode == 0 and r.stdout:
-        return {line.split("/")[0] for line in r.stdout.splitlines()}
-    return {p.name for p in REPO.iterdir() if p.name not in ("build", "dist", ".git") and not p.name.startswith(".venv")}
-
-
-TOP = _tracked_top()
-# Files the docs name that a build or a program makes, not the repository.
-MADE = {"libopbridge_ort.so", "libopbridge_torch.so", "libopbridge_torch_fastpath.so", "libopbridge_kernels.a",
-        "benchmarks.png"}
-
-
-def _paths() -> list[tuple[str, str, Path]]:
-    """(where, as written, path) of every repository path named in backticks or linked."""
-    out = []
-    for path in DOCS:
-        for line, span in code_spans(path):
-            for word in span.split():
-                word = word.rstrip(",.;:)")
-                first = word.split("/")[0]
-                if "/" in word and first in TOP and re.fullmatch(r"[\w.<>*/-]+", word):
-                    out.append((f"{_rel(path)}:{line}", word, REPO / word))
-        for line, target in link_targets(path):
-            if target:
-                out.append((f"{_rel(path)}:{line}", target, (path.parent / target).resolve()))
-    return out
-
-
-def test_repository_paths_exist():
-    found = _paths()
-    assert len(found) > 50
-    bad = []
-    for where, written, p in found:
-        if p.name in MADE:
-            continue
-        pattern = re.sub(r"<[^>]+>", "*", str(p))
-        if not glob.glob(pattern) and not glob.glob(pattern.rstrip("/")):
-            bad.append(f"{where}: `{written}` does not exist")
-    assert not bad, "\n".join(bad)

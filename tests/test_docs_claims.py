@@ -68,7 +68,8 @@ def test_torch_version_error_message():
     with pytest.raises(_library.TorchVersionError) as info:
         _library.check_torch_version("2.10.0+cpu")
     assert str(info.value) == " ".join(quoted[0].split())
-    assert "opbridge: torch ops not registered." in (REPO / "python" / "opbridge" / "_library.py").read_text()
+    package = "\n".join(f.read_text() for f in (REPO / "python" / "opbridge").rglob("*.py"))
+    assert 'f"opbridge: torch ops not registered. {' in package  # the warning install.md quotes
     assert "opbridge: torch ops not registered." in _text(DOC / "install.md")
 
 
@@ -224,3 +225,47 @@ def test_cuda_check_stages_exist():
     assert named >= {"prepare", "build", "test", "memcheck", "bench"}
     missing = sorted(w for w in named if f"stage_{w}()" not in script)
     assert not missing, f"docs/cuda.md names stages scripts/cuda_check.sh lacks: {missing}"
+
+
+# ---- CUDA: the launchers' signatures and GroupNorm's CUDA paragraph -----------------------------
+
+def _launcher_params(name: str) -> list[tuple[str, str]]:
+    """(type, name) of each parameter of `cudaError_t name(...)` as a cuda/ops/*/*.cuh declares it."""
+    for header in sorted((REPO / "cuda" / "ops").glob("*/*.cuh")):
+        m = re.search(rf"cudaError_t\s+{name}\s*\(([^)]*)\)\s*;", header.read_text())
+        if m:
+            params = [" ".join(p.split()) for p in m.group(1).split(",")]
+            return [(p.rsplit(" ", 1)[0], p.rsplit(" ", 1)[1]) for p in params]
+    raise AssertionError(f"no declaration of {name} in cuda/ops/*/*.cuh")
+
+
+def test_cuda_launcher_signatures():
+    """docs/cuda.md writes each launcher's parameters in order, by name or by type
+    (`GroupNormDims`, `Activation`); `bytes` is `workspace_bytes`."""
+    page = _text(DOC / "cuda.md")
+    quoted = re.findall(r"`(launch_\w+)<T>\(([^)`]*)\)`", page)
+    assert {n for n, _ in quoted} >= {"launch_group_norm", "launch_inverse"}
+    for name, args in quoted:
+        params = _launcher_params(name)
+        words = [a.strip() for a in args.split(",")]
+        assert len(words) == len(params), f"docs/cuda.md: {name} has {len(params)} parameters: {params}"
+        for w, (ptype, pname) in zip(words, params):
+            assert w in (pname, pname.removeprefix("workspace_")) or re.search(rf"\b{w}\b", ptype), \
+                f"docs/cuda.md: {name}: `{w}` where the declaration has `{ptype} {pname}`"
+
+
+def test_group_norm_cuda_paragraph():
+    """docs/group_norm.md's CUDA paragraph: the launcher takes the types it names, the torch CUDA
+    adapter picks the layout by the CPU op's rule and passes the activation, the ORT CUDA adapter
+    reads the `activation` attribute. (What they compute: tests/test_cuda_host.py, tests/test_cuda.py.)"""
+    page = _text(DOC / "group_norm.md")
+    m = re.search(r"CUDA: the launcher takes `(\w+)` and `(\w+)` as the CPU kernel does", page)
+    assert m, "docs/group_norm.md no longer states the launcher's arguments in the form this test reads"
+    types = {t for t, _ in _launcher_params("launch_group_norm")}
+    assert f"const {m.group(1)}&" in types and m.group(2) in types, types
+    cpu = (REPO / "cpp" / "include" / "opbridge" / "group_norm.h").read_text()
+    assert all(re.search(rf"\b{t}\b", cpu) for t in m.groups()), "the CPU kernel's header declares both"
+    torch_cuda = (REPO / "cuda" / "ops" / "group_norm" / "group_norm_torch.cpp").read_text()
+    assert "uses_channels_last(x)" in torch_cuda and 'attr_string("activation")' in torch_cuda
+    ort_cuda = (REPO / "cuda" / "ops" / "group_norm" / "group_norm_ort.cpp").read_text()
+    assert 'attr_string("activation")' in ort_cuda
