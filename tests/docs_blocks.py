@@ -187,7 +187,7 @@ def commands(text: str) -> list[list[str]]:
             line = line[:m.start()] + "SUBST" + line[m.end():]
         if not line:
             continue
-        for part in re.split(r"&&|\|\||;|\|", line):
+        for part in _split_operators(line):
             try:
                 words = shlex.split(part)
             except ValueError:
@@ -197,3 +197,26 @@ def commands(text: str) -> list[list[str]]:
             if words:
                 out.append(words)
     return out
+
+
+def _split_operators(line: str) -> list[str]:
+    """The line split at `&&`, `||`, `;` and `|` outside quotes (an `asv -b '^(a|b)'` regex stays whole)."""
+    parts, cur, quote, k = [], [], None, 0
+    while k < len(line):
+        c = line[k]
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "\"'":
+            quote = c
+        elif line.startswith(("&&", "||"), k):
+            parts.append("".join(cur))
+            cur, k = [], k + 2
+            continue
+        elif c in ";|":
+            parts.append("".join(cur))
+            cur, k = [], k + 1
+            continue
+        cur.append(c)
+        k += 1
+    parts.append("".join(cur))
+    return parts

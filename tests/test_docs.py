@@ -197,12 +197,14 @@ def _cmake_variables() -> str:
 
 
 def _benchmark_names() -> set[str]:
+    """The names `asv -b REGEX` is searched in: module.Class.method and module.function."""
     names = set()
     for f in (REPO / "benchmarks" / "benchmarks").glob("*.py"):
-        tree = ast.parse(f.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef)):
-                names.add(node.name)
+        for node in ast.parse(f.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                names |= {f"{f.stem}.{node.name}.{m.name}" for m in node.body if isinstance(m, ast.FunctionDef)}
+            elif isinstance(node, ast.FunctionDef):
+                names.add(f"{f.stem}.{node.name}")
     return names
 
 
@@ -342,6 +344,8 @@ def test_command_check_can_fail():
     assert command_problems(["opbridge", "optimize", "--no-such-option"], REPO)
     assert command_problems(["pip", "install", "-Ccmake.define.OPBRIDGE_NO_SUCH=1", "."], REPO)
     assert command_problems(["asv", "run", "-b", "NoSuchBenchmark"], REPO)
+    assert command_problems(["asv", "run", "-b", "^no_such_module"], REPO)
+    assert not command_problems(["asv", "run", "-b", "^bench_inverse.InverseSpeedup"], REPO)
     assert command_problems(["python", "-m", "tests.fuzz.no_such_module"], REPO)
     assert not command_problems(["opbridge", "optimize", "--no-silu"], REPO)
 
