@@ -1,6 +1,7 @@
 """benchmarks/cpp/group_norm_vs_floor.cpp (GroupNorm's kernel against the memory floor) builds
 against the installed package as its header says, its float64 check of the kernel passes, and it
-prints one row per shape and layout."""
+prints one row per shape and layout. The asv suite's CUDA benchmarks skip at once where there is
+no GPU."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -85,3 +88,36 @@ def test_cuda_kernel_bench_compiles(tmp_path):
            "-o", str(tmp_path / "kernel_bench.o")]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_cuda_benchmarks_skip_at_once_without_a_gpu():
+    """benchmarks/benchmarks/bench_cuda.py where there is no GPU: one parameter combination per
+    benchmark, whose setup raises NotImplementedError (asv: skipped) without importing torch. (asv
+    starts a process per benchmark and combination: 438 of them, each importing torch, took about
+    an hour on 2 cores.)"""
+    code = textwrap.dedent("""
+        import inspect, itertools, sys
+        sys.path.insert(0, "benchmarks")
+        from benchmarks import bench_cuda as b
+        if b.NO_GPU is None:
+            print("GPU")
+            raise SystemExit
+        classes = [c for _, c in inspect.getmembers(b, inspect.isclass) if c.__module__ == b.__name__]
+        assert len(classes) >= 4
+        for c in classes:
+            combos = list(itertools.product(*c.params))
+            assert len(combos) == 1 and len(c.params) == len(c.param_names), (c, c.params)
+            try:
+                c().setup(*combos[0])
+            except NotImplementedError as e:
+                assert "no CUDA device" in str(e) or "torch is not installed" in str(e)
+            else:
+                raise AssertionError(f"{c.__name__}.setup did not skip")
+        assert "torch" not in sys.modules
+        print("skipped", len(classes))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    if r.stdout.strip() == "GPU":
+        pytest.skip("this machine has an NVIDIA device: the benchmarks run")
+    assert r.stdout.startswith("skipped"), r.stdout

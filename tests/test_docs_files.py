@@ -1,17 +1,20 @@
 """Every file the documentation names exists: the links of docs/*.md and README.md, and the paths
 and file names they quote as code (``cpp/ops/group_norm/group_norm_decl.cpp``,
-``torch_common.h``), so that a renamed or deleted file cannot leave the docs pointing at nothing.
+``torch_common.h``, the paths in a quoted command such as ``scripts/count_hand_lines.py
+examples/rms_norm``), so that a renamed or deleted file cannot leave the docs pointing at nothing.
 
 A quoted name is looked up as a path from the repository root, from the document's folder and
 from the folders the docs quote headers and modules relative to (cpp/include for
 ``opbridge/op_decl.h``, python/ for ``opbridge/_decl.py``, ...); a bare file name must be the name
 of a file in the repository. Names of files that are not ours (ONNX Runtime's headers, files a
-build or a user's project makes) are listed below. Placeholders (``<op>_decl.cpp``) and globs are
-skipped.
+build or a user's project makes) are listed below. A path with a placeholder or a glob
+(``cpp/ops/<op>/<op>_decl.cpp``) must match some file; a bare file name with one
+(``<op>_cuda_torch.cpp``) is a naming rule and is skipped.
 """
 
 from __future__ import annotations
 
+import glob
 import re
 import subprocess
 from pathlib import Path
@@ -35,8 +38,10 @@ NOT_OURS = {
     "cuda_bf16.h", "cooperative_groups.h", "extension.h", "library.h", "Tensor.h", "ops.h", "tensor.h",
     "accelerator.h", "ScalarType.h", "opbridgeConfig.cmake", "opbridgeConfigVersion.cmake", "_version.py",
     "config.pbtxt", "model.onnx", "model.onnx.data", "setup.py", "conanfile.txt", "conan_toolchain.cmake",
-    "compile_commands.json", "asv-results.json", "requirements.txt", "test_op.py", "__init__.py",
+    "compile_commands.json", "asv-results.json", "requirements.txt", "test_op.py", "__init__.py", "out.json",
 }
+# Repository paths the docs name that a program of the repository writes.
+MADE = {"docs/benchmarks.png"}  # benchmarks/plot.py
 
 
 def _tracked() -> list[str]:
@@ -49,6 +54,8 @@ def _tracked() -> list[str]:
 
 TRACKED = _tracked()
 BASENAMES = {Path(p).name for p in TRACKED}
+# A quoted word with a slash that starts with one of these is a repository path, extension or not.
+TOP_FOLDERS = {p.split("/")[0] for p in TRACKED if "/" in p}
 
 
 def _references(text: str) -> list[tuple[str, str]]:
@@ -60,13 +67,19 @@ def _references(text: str) -> list[tuple[str, str]]:
             continue
         refs.append(("link", target.split("#", 1)[0]))
     for span in re.findall(r"`([^`\n]+)`", text):
-        span = span.strip()
-        # "path:42" and "path::name" point into a file.
-        span = re.sub(r"(:\d+(-\d+)?|::\w+)$", "", span)
-        if re.search(r"[\s<>*{}$|=,()\[\]'\"]", span) or span.startswith(("-", ".", "~", "/")):
-            continue
-        if Path(span).suffix in EXTENSIONS or (span.endswith("/") and "/" in span[:-1]):
-            refs.append(("code", span))
+        # A span may be a command (`scripts/count_hand_lines.py examples/rms_norm rms_norm`): each word.
+        for word in span.split():
+            word = word.rstrip(",.;:)")
+            # "path:42" and "path::name" point into a file.
+            word = re.sub(r"(:\d+(-\d+)?|::\w+)$", "", word)
+            if re.search(r"[{}$|=,()\[\]'\"]", word) or word.startswith(("-", "~", "/", "./", "../")) \
+                    or (word.startswith(".") and word.split("/")[0] not in TOP_FOLDERS):  # `.dist-info/`, not `.ci/run`
+                continue
+            if re.search(r"[<>*]", word) and "/" not in word.rstrip("/"):
+                continue  # a naming rule (`<op>_cuda_torch.cpp`), not a file
+            if Path(word).suffix in EXTENSIONS or (word.endswith("/") and "/" in word[:-1]) \
+                    or word.split("/")[0] in TOP_FOLDERS and "/" in word:
+                refs.append(("code", word))
     return refs
 
 
@@ -75,12 +88,16 @@ INSTALLED = ("include/", "lib/", "share/")
 
 
 def _exists(name: str, doc: Path) -> bool:
-    if name.startswith(INSTALLED):
+    if name.startswith(INSTALLED) or ".dist-info/" in name or name in MADE:
         return True
     name = name.rstrip("/")
     if not name:
         return True
     candidates = [ROOT / name, doc.parent / name] + [ROOT / b / name for b in BASES]
+    if re.search(r"[<>*]", name):
+        # A path with a placeholder (`cpp/ops/<op>/<op>_decl.cpp`) or a glob: some file matches it.
+        pattern = re.sub(r"<[^<>/]+>", "*", name)
+        return any(glob.glob(str(base / pattern)) for base in [ROOT, doc.parent] + [ROOT / b for b in BASES])
     if any(c.exists() for c in candidates):
         return True
     return "/" not in name and (name in BASENAMES or name in NOT_OURS)
@@ -104,8 +121,14 @@ def test_the_reader_finds_references(tmp_path):
     doc = tmp_path / "x.md"
     doc.write_text("See [the kernel](../cpp/ops/nothing.cpp), `cuda/common/adapter_checks.h`, `ort_attr.h`,\n"
                    "`cpp/ops/group_norm/group_norm_decl.cpp:12`, `<op>_decl.cpp` and `x = 1`.\n"
-                   "```\nnot/in/a/fence.h\n```\n")
-    assert _references(doc.read_text()) == [("link", "../cpp/ops/nothing.cpp"), ("code", "cuda/common/adapter_checks.h"),
-                                            ("code", "ort_attr.h"), ("code", "cpp/ops/group_norm/group_norm_decl.cpp")]
+                   "```\nnot/in/a/fence.h\n```\n"
+                   "Run `scripts/no_such.py examples/rms_norm`, `.ci/run`; see `cpp/ops/<op>/<op>_decl.cpp`,\n"
+                   "`cuda/ops/<op>/<op>_nothing.cu` and `examples/no_such_example`.\n")
+    assert _references(doc.read_text()) == [
+        ("link", "../cpp/ops/nothing.cpp"), ("code", "cuda/common/adapter_checks.h"), ("code", "ort_attr.h"),
+        ("code", "cpp/ops/group_norm/group_norm_decl.cpp"), ("code", "scripts/no_such.py"),
+        ("code", "examples/rms_norm"), ("code", ".ci/run"), ("code", "cpp/ops/<op>/<op>_decl.cpp"),
+        ("code", "cuda/ops/<op>/<op>_nothing.cu"), ("code", "examples/no_such_example")]
     missing = [name for kind, name in _references(doc.read_text()) if not _exists(name, ROOT / "docs" / "x.md")]
-    assert missing == ["../cpp/ops/nothing.cpp", "cuda/common/adapter_checks.h", "ort_attr.h"]
+    assert missing == ["../cpp/ops/nothing.cpp", "cuda/common/adapter_checks.h", "ort_attr.h", "scripts/no_such.py",
+                       "cuda/ops/<op>/<op>_nothing.cu", "examples/no_such_example"]

@@ -1,9 +1,11 @@
 """examples/rms_norm (RMSNorm made from the `opbridge new-op` scaffold: forward, backward,
 float32/float64) builds with pip as a user builds it, and its own tests pass (check_op: opcheck,
-gradcheck, gradgradcheck, both exporters, ONNX Runtime against torch)."""
+gradcheck, gradgradcheck, both exporters, ONNX Runtime against torch). It stays what the scaffold
+makes today wherever RMSNorm needs nothing else, and registers its autograd as the scaffold does."""
 
 from __future__ import annotations
 
+import ast
 import re
 
 import pytest
@@ -12,6 +14,37 @@ import opbridge
 from cmake_helpers import REPO
 from scaffold_helpers import pip_install, run_project_tests, run_python
 
+EXAMPLE = REPO / "examples" / "rms_norm"
+# What RMSNorm changes in the scaffold of `opbridge new-op rms_norm --namespace myops`.
+WRITTEN = ("ops/rms_norm/", "python/myops/ops/rms_norm.py", "tests/")
+
+
+def test_rms_norm_example_is_the_scaffold_of_today(tmp_path):
+    from opbridge._newop import new_op
+
+    scaffold = new_op("rms_norm", dir=tmp_path / "myops", namespace="myops").dir
+    generated = sorted(str(f.relative_to(scaffold)) for f in scaffold.rglob("*") if f.is_file())
+    kept = [f for f in generated if not f.startswith(WRITTEN)]
+    assert kept and all((EXAMPLE / f).is_file() for f in generated)
+    differ = [f for f in kept if (EXAMPLE / f).read_bytes() != (scaffold / f).read_bytes()]
+    assert not differ, f"examples/rms_norm differs from what new-op makes today in {differ}"
+
+
+def _register_autograd_keywords(source: str) -> list[str]:
+    calls = [n for n in ast.walk(ast.parse(source))
+             if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "register_autograd"]
+    assert len(calls) == 1
+    return sorted(k.arg for k in calls[0].keywords)
+
+
+def test_rms_norm_example_registers_autograd_as_the_scaffold_does():
+    template = (REPO / "python" / "opbridge" / "_templates" / "new_op" / "project" / "op.py.tmpl").read_text()
+    template = template.replace("@ns@", "myops").replace("@op@", "rms_norm")
+    example = (EXAMPLE / "python" / "myops" / "ops" / "rms_norm.py").read_text()
+    assert _register_autograd_keywords(example) == _register_autograd_keywords(template)
+    assert 'backward_op="myops::rms_norm_backward"' in example
+
+
 pytest.importorskip("torch", reason="the example's tests use torch")
 
 
@@ -19,10 +52,10 @@ pytest.importorskip("torch", reason="the example's tests use torch")
 def test_rms_norm_example(tmp_path):
     if not opbridge.build_info().get("torch_version"):
         pytest.skip("opbridge was built without torch: the example's torch extension cannot be built")
-    project = REPO / "examples" / "rms_norm"
+    project = EXAMPLE
     pip_install(project, tmp_path / "site", tmp_path / "build")
     out = run_project_tests(project, tmp_path / "site")
-    assert re.search(r"\b4 passed\b", out), out
+    assert re.search(r"\b5 passed\b", out), out
 
 
 def test_shapes_example(tmp_path):

@@ -191,6 +191,20 @@ print(y.grad_fn.name())
     assert "OpbridgeBackward[myproj::scaled_mul]" in out.stdout, out.stdout + out.stderr
 
 
+def test_generated_readme_example_runs(built, tmp_path):
+    # The README's Python block, as a user copies it: torch op, export, ONNX Runtime.
+    project, site = built
+    (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
+    # ... and ORT's result is the op's (the block's own names; y = x * weight, alpha 1).
+    check = ("import numpy as np\n"
+             "np.testing.assert_allclose(y.numpy(), x.numpy() * weight.numpy(), rtol=1e-6)\n"
+             "np.testing.assert_allclose(y_ort, y.numpy(), rtol=1e-6, atol=1e-7)\n"
+             "print('same result')\n")
+    (tmp_path / "example.py").write_text(block + check)
+    out = run_python([tmp_path / "example.py"], site, tmp_path)
+    assert "same result" in out.stdout, out.stdout + out.stderr
+
+
 def test_opbridge_check_discovers_the_library(built, tmp_path):
     project, site = built
     model = tmp_path / "m.onnx"

@@ -199,10 +199,19 @@ def test_unknown_rank_input_is_not_taken_for_a_scalar(rng):
     np.testing.assert_allclose(z, group_norm_ref(x, 2).reshape(8, 3), rtol=1e-5, atol=1e-5)
 
 
-def test_invalid_node_loads_and_fails_at_run_with_the_kernel_message(rng):
-    sess = _session(_chained_model(["N", 4, 3], num_groups=3))
-    with pytest.raises(Exception, match="num_groups must divide the number of channels C = x.shape\\[1\\] = 4"):
+def test_invalid_node_fails_with_the_kernel_message(rng):
+    # Plain ORT loads it (its shape inference cannot refuse a model) and fails at run;
+    # opbridge.InferenceSession refuses it at load, with the same message.
+    import onnxruntime as ort
+
+    message = "num_groups must divide the number of channels C = x.shape\\[1\\] = 4"
+    model = _chained_model(["N", 4, 3], num_groups=3)
+    sess = ort.InferenceSession(model.SerializeToString(), opbridge.session_options(),
+                                providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match=message):
         sess.run(None, {"X": rng.standard_normal((2, 4, 3)).astype(np.float32)})
+    with pytest.raises(ValueError, match="(?s)static shapes already fail.*" + message):
+        _session(model)
 
 
 @pytest.mark.parametrize("inputs", [["X", "", ""], ["X", "", "bias"], ["X", "scale", ""]])

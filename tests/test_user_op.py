@@ -117,7 +117,7 @@ def test_ort_library_exports_only_the_entry_points(userops):
     nm = shutil.which("nm")
     if nm is None:
         pytest.skip("nm (binutils) is not installed")
-    out = subprocess.run([nm, "-D", "--defined-only", userops.ort_library_path()], capture_output=True, text=True,
+    out = subprocess.run([nm, "-D", "--defined-only", userops.get_library_path()], capture_output=True, text=True,
                          check=True).stdout
     # RegisterCustomOps for ORT; the declarations and their checks for Python (opbridge/_decl.py).
     assert sorted(line.split()[-1] for line in out.splitlines() if line.strip()) == [

@@ -1,5 +1,8 @@
 """GPU benchmarks of the CUDA kernels (asv). Skipped (NotImplementedError in setup) where torch
-has no CUDA device, or where this build lacks an op or argument a case needs.
+has no CUDA device, or where this build lacks an op or argument a case needs. On a machine with no
+NVIDIA device at all each benchmark has one parameter combination, skipped at once without
+importing torch: asv starts a process per benchmark and combination, and importing torch in each of
+them only to learn that there is no GPU took about an hour for this module on 2 cores.
 
 Goals they measure (not asserted anywhere):
   GroupNorm: >= 80% of a device-to-device copy's bandwidth on shapes of >= 256 MB
@@ -17,10 +20,36 @@ once and prints a table (what scripts/cuda_check.sh runs on a GPU machine).
 
 from __future__ import annotations
 
+import glob
+import importlib.util
 import math
+import os
+
+
+def _no_gpu_reason() -> str | None:
+    """Why no CUDA device can be used here, found without importing torch; None where one may be
+    (torch.cuda.is_available() then decides, in setup)."""
+    if importlib.util.find_spec("torch") is None:
+        return "torch is not installed"
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return "no CUDA device (CUDA_VISIBLE_DEVICES hides them all)"
+    if not glob.glob("/dev/nvidia[0-9]*") and not os.path.exists("/dev/dxg"):
+        return "no CUDA device (no /dev/nvidia<N>)"
+    return None
+
+
+NO_GPU = _no_gpu_reason()
+
+
+def _params(*lists: list) -> tuple:
+    """A benchmark's parameter lists; where there is no GPU only their first combination, so that
+    asv starts one process per benchmark, whose setup skips it."""
+    return tuple(lists) if NO_GPU is None else tuple([values[0]] for values in lists)
 
 
 def _cuda_torch():
+    if NO_GPU is not None:
+        raise NotImplementedError(NO_GPU)
     try:
         import torch
     except ImportError as e:  # pragma: no cover
@@ -68,7 +97,7 @@ GN_SHAPES = {
 
 
 class GroupNormCuda:
-    params = (["float32", "float16", "bfloat16"], list(GN_SHAPES), ["contiguous", "channels_last"])
+    params = _params(["float32", "float16", "bfloat16"], list(GN_SHAPES), ["contiguous", "channels_last"])
     param_names = ["dtype", "shape", "layout"]
     timeout = 300
 
@@ -119,8 +148,8 @@ class GroupNormSiluCuda:
     """GroupNorm + SiLU fused (activation="silu") against F.silu(F.group_norm(x)), the pair
     diffusion UNets and VAEs run, channels_last as torch's convolutions hand it over."""
 
-    params = (["float32", "float16"], ["2x512x64x64/G32", "2x320x64x64/G32", "16x512x128x128/G32"],
-              ["contiguous", "channels_last"])
+    params = _params(["float32", "float16"], ["2x512x64x64/G32", "2x320x64x64/G32", "16x512x128x128/G32"],
+                     ["contiguous", "channels_last"])
     param_names = ["dtype", "shape", "layout"]
     timeout = 300
 
@@ -161,7 +190,7 @@ INV_CASES = {  # name: (batch, n)
 
 
 class InverseCuda:
-    params = (["float32", "float64"], list(INV_CASES), ["raise", "nan"])
+    params = _params(["float32", "float64"], list(INV_CASES), ["raise", "nan"])
     param_names = ["dtype", "case", "on_singular"]
     timeout = 300
 
@@ -249,7 +278,7 @@ def _msda_locations(torch, shape, n, lq, m, levels, p, pattern):
 
 
 class MsDeformAttnCuda:
-    params = (["float32", "float16"], list(MSDA_SHAPES), ["model", "uniform"])
+    params = _params(["float32", "float16"], list(MSDA_SHAPES), ["model", "uniform"])
     param_names = ["dtype", "shape", "locations"]
     timeout = 300
 

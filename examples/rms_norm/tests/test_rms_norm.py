@@ -40,6 +40,16 @@ def test_matches_torch_rms_norm():
     torch.testing.assert_close(myops.rms_norm(x, w), expected, rtol=1e-12, atol=1e-12)
 
 
+def test_gradient_graph_is_built_in_cpp():
+    # register_autograd(..., backward_op=...): where opbridge's fast path is loaded (the torch
+    # release opbridge was built with), the autograd node is made in C++ and calls rms_norm_backward.
+    if not hasattr(torch.ops.opbridge, "_no_grad_fast_path"):
+        pytest.skip("opbridge's fast-path library is not loaded in this torch release")
+    x = torch.randn(3, 8, dtype=torch.float64, requires_grad=True)
+    y = myops.rms_norm(x, torch.randn(8, dtype=torch.float64))
+    assert y.grad_fn.name() == "OpbridgeBackward[myops::rms_norm]"
+
+
 def test_bad_input_is_a_clear_error():
     with pytest.raises(ValueError, match=r"weight must have C = x.shape\[-1\] = 4"):
         myops.rms_norm(torch.randn(2, 4), torch.randn(3))

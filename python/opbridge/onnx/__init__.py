@@ -27,6 +27,7 @@ import onnx
 from .._decl import on_register as _decl_on_register
 from . import _dynamic
 from . import _external_data
+from ._build import Builder
 from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig, Lowering, default_opset
 from ._custom import CustomOp, declare_op
 from ._declared import register_shape_inference, register_symbolic, register_translation
@@ -34,6 +35,7 @@ from ._registry import new_export, op_names, rule_sets, standard_lowering
 from ._script import infer_shapes, register_schemas
 
 __all__ = [
+    "Builder",
     "CustomOp",
     "DOMAIN",
     "DOMAIN_VERSION",

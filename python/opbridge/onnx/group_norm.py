@@ -24,7 +24,7 @@ from ._registry import standard_lowering
 
 @standard_lowering("opbridge::group_norm")
 def standard(b: Any, x: Any, num_groups: int, weight: Any, bias: Any, eps: float, activation: str) -> Any:
-    """The standard-ONNX lowering, for either exporter (``b`` is an opbridge.onnx._build.Builder;
+    """The standard-ONNX lowering, for either exporter (``b`` is an opbridge.onnx.Builder;
     every argument as the call has it, defaults applied from the declaration); activation "silu"
     appends x * Sigmoid(x)."""
     y = _standard(b, x, int(num_groups), weight, bias, float(eps))

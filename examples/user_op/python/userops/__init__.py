@@ -22,7 +22,7 @@ DOMAIN = "com.example.userops"  # CMakeLists.txt's DOMAIN
 _HERE = Path(__file__).resolve().parent
 
 
-def ort_library_path() -> str:
+def get_library_path() -> str:
     """The ORT custom-op library with userops' ops (domain com.example.userops)."""
     return str(_HERE / "libuserops_ort.so")
 
@@ -36,7 +36,7 @@ def library() -> Any:
     """userops' library, registered with opbridge (exports, `opbridge check`, opbridge.testing)."""
     from opbridge._decl import register_library
 
-    return register_library(ort_library_path(), namespace=NAMESPACE, torch_path=torch_library_path())
+    return register_library(get_library_path(), namespace=NAMESPACE, torch_path=torch_library_path())
 
 
 def session_options(so: Any = None) -> Any:
@@ -54,7 +54,13 @@ if sys.modules.get("torch") is not None and torch_library_path() is not None:
 
 
 def __getattr__(name: str) -> Any:
+    # The ops' Python functions (userops.<op>), from the torch side.
     if name.startswith("_"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     ops = importlib.import_module(".ops", __name__)
-    return ops if name == "ops" else getattr(ops, name)
+    if name == "ops":
+        return ops
+    try:
+        return getattr(ops, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

@@ -35,4 +35,8 @@ def _differentiable(x, weight, eps=1e-5):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-register_autograd("myops::rms_norm", _backward, setup_context=_setup_context, double_backward=_differentiable)
+# backward_op: the same first-order gradients as _backward (those of x and weight, arguments 0
+# and 1), computed by calling rms_norm_backward(grad, x, weight, eps) from a graph built in C++,
+# with no Python in the forward or the backward; _backward serves the rest (create_graph=True).
+register_autograd("myops::rms_norm", _backward, setup_context=_setup_context, double_backward=_differentiable,
+                  backward_op="myops::rms_norm_backward", backward_op_grads=(0, 1))

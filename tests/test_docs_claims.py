@@ -1,0 +1,271 @@
+"""Figures and messages the docs quote, against what the code gives today: each test reads the
+quoted text out of the doc page and compares it with the real thing, so the page and the code
+cannot drift apart silently (docs/README.md, "Code blocks")."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from docs_blocks import REPO, blocks
+
+README = REPO / "README.md"
+DOC = REPO / "docs"
+
+
+def _text(path) -> str:
+    return " ".join(path.read_text().split())  # prose wraps anywhere: compare with spaces collapsed
+
+
+def _output_blocks(path) -> list[str]:
+    return [b.text for b in blocks(path) if b.kind == "output"]
+
+
+# ---- examples/rms_norm: the count of hand-written lines ------------------------------------------
+
+def test_hand_written_lines_of_rms_norm_example():
+    """docs/cpp.md and README.md quote scripts/count_hand_lines.py's count for examples/rms_norm,
+    in total and per part (declaration, kernels, adapters, Python gradient formula)."""
+    import shutil
+
+    if not (shutil.which("ruff") and shutil.which("clang-format")):
+        pytest.skip("needs ruff and clang-format (requirements/test.txt): the count is of formatted code")
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "count_hand_lines.py"), str(REPO / "examples" / "rms_norm"),
+                        "rms_norm", "--namespace", "myops"], capture_output=True, text=True, check=True)
+    per_file = {k: int(v) for k, v in re.findall(r"^(\S+): (\d+)$", r.stdout, flags=re.M)}
+    total = int(re.search(r"^total: (\d+) hand-written lines", r.stdout, flags=re.M).group(1))
+    assert sum(per_file.values()) == total, r.stdout
+    parts = {
+        "declaration": per_file.get("ops/rms_norm/rms_norm_decl.cpp", 0),
+        "kernels": per_file.get("ops/rms_norm/rms_norm.h", 0) + per_file.get("ops/rms_norm/rms_norm_cpu.cpp", 0),
+        "adapters": per_file.get("ops/rms_norm/rms_norm_ort.cpp", 0) + per_file.get("ops/rms_norm/rms_norm_torch.cpp", 0),
+        "python": per_file.get("python/myops/ops/rms_norm.py", 0),
+    }
+    assert sum(parts.values()) == total, r.stdout  # every counted file is in one of the parts
+    cpp = _text(DOC / "cpp.md")
+    m = re.search(r"\*\*(\d+) lines written by hand\*\* \(non-blank, non-comment, tests excluded: the declaration "
+                  r"and its checks (\d+), the kernels (\d+), the adapters (\d+), the Python gradient formula (\d+)\)", cpp)
+    assert m, "docs/cpp.md no longer quotes the count in the form this test reads"
+    quoted = dict(zip(["total", "declaration", "kernels", "adapters", "python"], map(int, m.groups())))
+    assert quoted == {"total": total, **parts}, f"docs/cpp.md quotes {quoted}, the script counts:\n{r.stdout}"
+    m = re.search(r"`examples/rms_norm/` \((\d+) hand-written lines over the scaffold\)", _text(README))
+    assert m and int(m.group(1)) == total, "README.md's count of examples/rms_norm's hand-written lines"
+
+
+# ---- messages ------------------------------------------------------------------------------------
+
+def test_torch_version_error_message():
+    """docs/install.md quotes the error for a torch older than 2.11, for torch 2.10.0+cpu."""
+    from opbridge import _library
+
+    quoted = [t for t in _output_blocks(DOC / "install.md") if "torch ops need" in t]
+    assert len(quoted) == 1
+    with pytest.raises(_library.TorchVersionError) as info:
+        _library.check_torch_version("2.10.0+cpu")
+    assert str(info.value) == " ".join(quoted[0].split())
+    package = "\n".join(f.read_text() for f in (REPO / "python" / "opbridge").rglob("*.py"))
+    assert 'f"opbridge: torch ops not registered. {' in package  # the warning install.md quotes
+    assert "opbridge: torch ops not registered." in _text(DOC / "install.md")
+
+
+def test_export_load_without_the_ops_message(tmp_path):
+    """docs/install.md quotes what torch says when a saved program uses opbridge's ops and nothing
+    registered them: the torch release it names, the exception and the warning before it."""
+    torch = pytest.importorskip("torch")
+    text = _text(DOC / "install.md")
+    m = re.search(r'Without it, torch \((\d+\.\d+)\) raises "(RuntimeError): ([^"]+)" after a warning that '
+                  r'names the op: "([^"]+)"', text)
+    assert m, "docs/install.md no longer quotes the message in the form this test reads"
+    release, exc_type, exc_text, warning = m.groups()
+    if not torch.__version__.startswith(release + "."):
+        pytest.skip(f"the docs quote torch {release}'s messages; this is torch {torch.__version__}")
+    import opbridge.nn
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), opbridge.nn.GroupNorm(4, 8)).eval()
+    torch.export.save(torch.export.export(model, (torch.randn(1, 3, 16, 16),)), tmp_path / "m.pt2")
+    load = "import torch\ntry:\n    torch.export.load('m.pt2')\nexcept Exception as e:\n    print(type(e).__name__ + ': ' + str(e))\n"
+    r = subprocess.run([sys.executable, "-c", load], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.stdout.startswith(f"{exc_type}: {exc_text}"), r.stdout + r.stderr
+    assert warning in " ".join(r.stderr.split()), r.stderr[-3000:]
+
+
+def _msda_inputs(torch, n_levels_in_locations=4):
+    shapes = torch.tensor([[64, 64], [32, 32], [16, 16], [8, 8]])
+    starts = torch.tensor([0, 4096, 5120, 5376])
+    value = torch.randn(2, 5440, 8, 32)
+    loc = torch.rand(2, 300, 8, n_levels_in_locations, 4, 2)
+    weights = torch.rand(2, 300, 8, 4, 4)
+    return value, shapes, starts, loc, weights
+
+
+def test_ms_deform_attn_messages():
+    """docs/ms_deform_attn.md quotes one torch and one ONNX Runtime message, word for word."""
+    torch = pytest.importorskip("torch")
+    from onnx import TensorProto, helper
+
+    import opbridge
+    import opbridge.ops
+
+    quoted = [t for t in _output_blocks(DOC / "ms_deform_attn.md") if "must" in t]
+    assert len(quoted) == 1
+    torch_line, ort_line = quoted[0].strip().splitlines()
+    value, shapes, starts, loc, weights = _msda_inputs(torch, n_levels_in_locations=3)
+    with pytest.raises(ValueError) as info:
+        opbridge.ops.ms_deform_attn(value, shapes, starts, loc, weights)
+    assert str(info.value) == torch_line
+
+    names = [("value", TensorProto.FLOAT), ("spatial_shapes", TensorProto.INT64), ("level_start_index", TensorProto.INT64),
+             ("sampling_locations", TensorProto.FLOAT), ("attention_weights", TensorProto.FLOAT)]
+    inputs = [helper.make_tensor_value_info(n, t, None) for n, t in names]
+    node = helper.make_node("MultiScaleDeformableAttention", [n for n, _ in names], ["Y"], domain="ai.opbridge",
+                            name="attn")
+    graph = helper.make_graph([node], "msda", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.opbridge", 2)],
+                              ir_version=9)
+    sess = opbridge.InferenceSession(model.SerializeToString())
+    value, shapes, starts, loc, weights = _msda_inputs(torch)
+    feeds = {"value": value.numpy(), "spatial_shapes": shapes.numpy(),
+             "level_start_index": np.array([0, 4096, 5121, 5376], dtype=np.int64),
+             "sampling_locations": loc.numpy(), "attention_weights": weights.numpy()}
+    with pytest.raises(Exception) as info:
+        sess.run(None, feeds)
+    assert ort_line in str(info.value)
+
+
+def _group_norm_model(attrs: dict, version: int):
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", "C", "H", "W"])
+    node = helper.make_node("GroupNorm", ["X"], ["Y"], domain="ai.opbridge", name="gn1", **attrs)
+    graph = helper.make_graph([node], "gn", [x], [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.opbridge", version)],
+                             ir_version=9).SerializeToString()
+
+
+def test_group_norm_messages():
+    """README.md's example of an ORT error status, and docs/group_norm.md's error for an unknown
+    activation in torch and in ORT (at session creation)."""
+    import opbridge
+
+    readme = _text(README)
+    m = re.search(r"such as `(ai\.opbridge::GroupNorm \(node 'gn1'\): [^`]+)`", readme)
+    assert m
+    sess = opbridge.InferenceSession(_group_norm_model({"num_groups": 4}, 1))
+    with pytest.raises(Exception) as info:
+        sess.run(None, {"X": np.random.default_rng().standard_normal((2, 6, 4, 4)).astype(np.float32)})
+    assert m.group(1) in str(info.value)
+
+    page = _text(DOC / "group_norm.md")
+    m = re.search(r"An unknown value is the same error everywhere: `([^`]+)` \(torch and its fake kernel: "
+                  r"`ValueError: (opbridge::group_norm): \.\.\.`; ORT, at session creation: "
+                  r"`(ai\.opbridge::GroupNorm \(node 'gn1'\)): \.\.\.`\)", page)
+    assert m, "docs/group_norm.md no longer quotes the messages in the form this test reads"
+    message, torch_label, ort_label = m.groups()
+    with pytest.raises(Exception) as info:
+        opbridge.InferenceSession(_group_norm_model({"num_groups": 2, "activation": "relu"}, 2))
+    assert f"{ort_label}: {message}" in str(info.value)
+    torch = pytest.importorskip("torch")
+    import opbridge.ops
+
+    with pytest.raises(ValueError) as info:
+        opbridge.ops.group_norm(torch.randn(2, 4, 3), 2, activation="relu")
+    assert str(info.value) == f"{torch_label}: {message}"
+
+
+def test_check_op_report_format():
+    """docs/cpp.md's example report has the lines check_op writes: its header, a forward failure
+    with float32's tolerances and numbers as check_op formats them, a gradcheck check."""
+    torch = pytest.importorskip("torch")
+    import opbridge.ops  # noqa: F401
+    import opbridge.testing
+
+    (quoted,) = [t for t in _output_blocks(DOC / "cpp.md") if t.startswith("check_op(")]
+    header, forward, grad = quoted.rstrip("\n").splitlines()
+
+    def wrong_reference(x, num_groups, weight=None, bias=None, eps=1e-5, activation="none"):
+        x = np.asarray(x, dtype=np.float64)
+        g = x.reshape(x.shape[0], num_groups, -1)
+        y = (g - g.mean(-1, keepdims=True)) / np.sqrt(g.var(-1, keepdims=True) + eps)
+        return y.reshape(x.shape) * 1.001  # off by 0.1%: fails float32's tolerance
+
+    report = str(opbridge.testing.check_op("opbridge::group_norm", wrong_reference, [(torch.randn(2, 4, 3), 2)],
+                                           export=False, cuda=False, raise_on_failure=False))
+    lines = report.splitlines()
+    head = r"check_op\([\w:]+\): \d+ failed, \d+ passed, \d+ skipped"
+    assert re.fullmatch(head, lines[0]) and re.fullmatch(head, header), (lines[0], header)
+    num = r"(-?[0-9.e+-]+)"
+    fail = (r"  FAIL  forward float32, sample 0: \d+ of \d+ elements differ; worst at index \((?:\d+, )*\d+\): "
+            rf"got {num}, expected {num} \(\|diff\| {num} > atol {num} \+ rtol {num} \* \|expected\|\)")
+    real = [re.fullmatch(fail, line) for line in lines]
+    real = [m for m in real if m]
+    assert real, report
+    doc = re.fullmatch(fail, forward)
+    assert doc, forward
+    assert doc.groups()[3:] == real[0].groups()[3:], "float32's tolerances"
+    for v in doc.groups()[:2]:
+        assert f"{float(v):.8g}" == v, f"{v}: check_op writes values with 8 significant digits"
+    assert f"{float(doc.group(3)):.3g}" == doc.group(3)
+    assert grad.startswith("  FAIL  gradcheck, sample 0: ") and "  ok    gradcheck, sample 0" in lines, report
+
+
+def test_cuda_check_stages_exist():
+    """docs/cuda.md lists scripts/cuda_check.sh's stages: each is one the script has."""
+    script = (REPO / "scripts" / "cuda_check.sh").read_text()
+    (block,) = [b for b in blocks(DOC / "cuda.md") if "scripts/cuda_check.sh" in b.text]
+    named = set()
+    for line in block.text.splitlines():
+        words = line.split("#")[0].split()
+        if words[:1] == ["scripts/cuda_check.sh"]:
+            named |= {w for w in words[1:] if not w.isdigit()}
+    assert named >= {"prepare", "build", "test", "memcheck", "bench"}
+    missing = sorted(w for w in named if f"stage_{w}()" not in script)
+    assert not missing, f"docs/cuda.md names stages scripts/cuda_check.sh lacks: {missing}"
+
+
+# ---- CUDA: the launchers' signatures and GroupNorm's CUDA paragraph -----------------------------
+
+def _launcher_params(name: str) -> list[tuple[str, str]]:
+    """(type, name) of each parameter of `cudaError_t name(...)` as a cuda/ops/*/*.cuh declares it."""
+    for header in sorted((REPO / "cuda" / "ops").glob("*/*.cuh")):
+        m = re.search(rf"cudaError_t\s+{name}\s*\(([^)]*)\)\s*;", header.read_text())
+        if m:
+            params = [" ".join(p.split()) for p in m.group(1).split(",")]
+            return [(p.rsplit(" ", 1)[0], p.rsplit(" ", 1)[1]) for p in params]
+    raise AssertionError(f"no declaration of {name} in cuda/ops/*/*.cuh")
+
+
+def test_cuda_launcher_signatures():
+    """docs/cuda.md writes each launcher's parameters in order, by name or by type
+    (`GroupNormDims`, `Activation`); `bytes` is `workspace_bytes`."""
+    page = _text(DOC / "cuda.md")
+    quoted = re.findall(r"`(launch_\w+)<T>\(([^)`]*)\)`", page)
+    assert {n for n, _ in quoted} >= {"launch_group_norm", "launch_inverse"}
+    for name, args in quoted:
+        params = _launcher_params(name)
+        words = [a.strip() for a in args.split(",")]
+        assert len(words) == len(params), f"docs/cuda.md: {name} has {len(params)} parameters: {params}"
+        for w, (ptype, pname) in zip(words, params):
+            assert w in (pname, pname.removeprefix("workspace_")) or re.search(rf"\b{w}\b", ptype), \
+                f"docs/cuda.md: {name}: `{w}` where the declaration has `{ptype} {pname}`"
+
+
+def test_group_norm_cuda_paragraph():
+    """docs/group_norm.md's CUDA paragraph: the launcher takes the types it names, the torch CUDA
+    adapter picks the layout by the CPU op's rule and passes the activation, the ORT CUDA adapter
+    reads the `activation` attribute. (What they compute: tests/test_cuda_host.py, tests/test_cuda.py.)"""
+    page = _text(DOC / "group_norm.md")
+    m = re.search(r"CUDA: the launcher takes `(\w+)` and `(\w+)` as the CPU kernel does", page)
+    assert m, "docs/group_norm.md no longer states the launcher's arguments in the form this test reads"
+    types = {t for t, _ in _launcher_params("launch_group_norm")}
+    assert f"const {m.group(1)}&" in types and m.group(2) in types, types
+    cpu = (REPO / "cpp" / "include" / "opbridge" / "group_norm.h").read_text()
+    assert all(re.search(rf"\b{t}\b", cpu) for t in m.groups()), "the CPU kernel's header declares both"
+    torch_cuda = (REPO / "cuda" / "ops" / "group_norm" / "group_norm_torch.cpp").read_text()
+    assert "uses_channels_last(x)" in torch_cuda and 'attr_string("activation")' in torch_cuda
+    ort_cuda = (REPO / "cuda" / "ops" / "group_norm" / "group_norm_ort.cpp").read_text()
+    assert 'attr_string("activation")' in ort_cuda
