@@ -71,9 +71,13 @@ def _register_baseline(path: str) -> None:
                                   ("ms_deform_attn", msda_backward, msda_setup, ("ms_deform_attn_backward", [0, 3, 4]))):
         qual = f"opbridge_base::{name}"
         torch.library.register_autograd(qual, bwd, setup_context=setup)
-        ns._no_grad_fast_path(qual)
-        if cpp is not None:
-            ns._cpp_autograd(qual, f"opbridge_base::{cpp[0]}", cpp[1])
+        # A baseline on the stable ABI has its fast path in opbridge's fast-path library, which
+        # serves any op by name.
+        fp = ns if hasattr(ns, "_no_grad_fast_path") else torch.ops.opbridge
+        if hasattr(fp, "_no_grad_fast_path"):
+            fp._no_grad_fast_path(qual)
+            if cpp is not None:
+                fp._cpp_autograd(qual, f"opbridge_base::{cpp[0]}", cpp[1])
 
 
 def _cases(rng):

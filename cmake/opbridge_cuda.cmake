@@ -2,8 +2,9 @@
 # (ON: required, OFF: never). Defines
 #   OPBRIDGE_CUDA_ENABLED   whether the CUDA kernels are built
 #   OPBRIDGE_CUDA_VERSION   nvcc's version ("" when disabled)
-#   opbridge_cuda_kernels   (when enabled) static library of the framework-free launchers;
-#                           opbridge_add_op() adds cuda/ops/<op>/<op>_kernel.cu to it
+#   opbridge_cuda_kernels   (when enabled) object library of the framework-free launchers and
+#                           the ops' CUDA compute functions; opbridge_add_op() adds
+#                           cuda/ops/<op>/<op>_kernel.cu to it
 #   opbridge_link_cuda(<target>)  (when enabled) links the kernels and the static CUDA runtime
 #                           into an adapter library
 set(OPBRIDGE_CUDA_ENABLED OFF)
@@ -50,7 +51,10 @@ message(STATUS "opbridge: CUDA kernels enabled (nvcc ${CMAKE_CUDA_COMPILER_VERSI
                "architectures ${OPBRIDGE_CUDA_ARCHITECTURES})")
 
 # device.cpp is host code: compiled by the C++ compiler, not by nvcc for every architecture.
-add_library(opbridge_cuda_kernels STATIC ${PROJECT_SOURCE_DIR}/cuda/common/device.cpp)
+# Objects, linked into the ORT library and the torch extension: each gets every CUDA compute
+# function's registration (OPBRIDGE_KERNEL).
+add_library(opbridge_cuda_kernels OBJECT ${PROJECT_SOURCE_DIR}/cuda/common/device.cpp)
+target_compile_definitions(opbridge_cuda_kernels PRIVATE OPBRIDGE_LIBRARY_NAME="opbridge")
 target_include_directories(opbridge_cuda_kernels
   PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/cpp/include>
   PRIVATE ${PROJECT_SOURCE_DIR}/cuda)

@@ -6,36 +6,45 @@
 #                   [DIR <dir>] [CUDA_DIR <dir>] [NO_TORCH])
 #
 # The op's files are found by name in DIR (default: <ops dir>/<op>, see below):
-#   <op>_decl.cpp                 its declaration (opbridge/op_decl.h)        -> <lib>_kernels  required
-#   <op>_cpu.cpp                  framework-free CPU kernel                   -> <lib>_kernels
-#   <op>_cpu_avx2.cpp, <op>_cpu_avx512.cpp  hot loops built for that instruction set (x86-64;
-#                                 the kernel picks one at run time with opbridge::cpu_isa())
-#   <op>_ort.cpp                  ORT op (OPBRIDGE_ORT_OP)                    -> <lib>_ort      required
-#   <op>_torch.cpp                torch schema + CPU impl (define_op), on the
-#                                 LibTorch stable ABI                         -> <lib>_torch
-#   <op>_py.cpp                   numpy binding                               -> the library's PY_MODULE
+#   <op>_decl.cpp                 its declarations (opbridge/op_decl.h) and the function from a
+#                                 checked call to its kernel's arguments     -> <lib>_kernels  required
+#   <op>_cpu.cpp                  framework-free CPU kernel and its compute functions
+#                                 (OPBRIDGE_KERNEL, opbridge/kernel.h)       -> <lib>_kernels
+#   <op>_cpu_isa.cpp              hot loops, compiled once per instruction set (x86-64: avx2,
+#                                 avx512): opbridge_add_op generates <op>_cpu_<isa>.cpp files that
+#                                 define OPBRIDGE_ISA_<ISA> (OPBRIDGE_ISA_FN names the functions,
+#                                 opbridge/cpu_isa.h) and include it; the kernel picks one at run
+#                                 time with opbridge::cpu_isa()
+#   <op>_cpu_avx2.cpp, <op>_cpu_avx512.cpp  the same written by hand (one file per instruction set)
 # and, only where the project has enabled CUDA (enable_language(CUDA)), in CUDA_DIR (default DIR):
-#   <op>_kernel.cu                CUDA launcher                 -> <lib>_cuda_kernels if it exists, else <lib>_kernels
-#   <op>_cuda_ort.cpp             ORT CUDA op                   -> <lib>_ort
-#   <op>_cuda_torch.cpp           torch CUDA impl               -> <lib>_torch
-#   (in a CUDA_DIR of its own, as opbridge's cuda/ops/<op>/, also named <op>_ort.cpp, <op>_torch.cpp)
-# Every file registers itself (OPBRIDGE_ORT_OP, TORCH_LIBRARY_FRAGMENT), so adding an op is one
-# opbridge_add_op line: no list of ops is kept anywhere else.
+#   <op>_kernel.cu                CUDA launcher and its compute functions
+#                                 (OPBRIDGE_KERNEL)   -> <lib>_cuda_kernels if it exists, else <lib>_kernels
+# One generic adapter per framework serves every registered compute function: the library's torch
+# ops (schema from the declaration, one boxed kernel), its ORT ops (CPU and CUDA execution
+# providers, shape inference) and opbridge._core's access to them are derived; nothing of the op
+# is written per framework. Adding an op is one opbridge_add_op line: no list of ops is kept
+# anywhere else. (Adapters written by hand, as earlier `opbridge new-op` projects have them, are
+# still built: <op>_ort.cpp / <op>_cuda_ort.cpp (OPBRIDGE_ORT_OP) -> <lib>_ort, <op>_torch.cpp /
+# <op>_cuda_torch.cpp -> <lib>_torch, <op>_py.cpp -> the library's PY_MODULE.)
 #
 # LIBRARY (default: <op>) names the targets, so that several ops share one library:
-#   <lib>_kernels  static, position-independent; links opbridge::kernels (<opbridge/op_decl.h>, ...)
+#   <lib>_kernels  object library (position-independent), compiled once and linked into both
+#                  libraries below, with OPBRIDGE_LIBRARY_NAME="<lib>"; links opbridge::kernels
+#                  (<opbridge/op_decl.h>, <opbridge/kernel.h>, ...)
 #   <lib>_ort      lib<lib>_ort.so, the ORT custom-op library: its RegisterCustomOps (generated)
 #                  registers every op of the library in DOMAIN; a version script exports only the
 #                  entry points, so it shares a process with libopbridge_ort.so
-#   <lib>_torch    lib<lib>_torch.so, for torch.ops.load_library(), built when an op has a
-#                  <op>_torch.cpp and neither the library nor the op says NO_TORCH: on the
+#   <lib>_torch    lib<lib>_torch.so, for torch.ops.load_library(), built unless the library or
+#                  the op says NO_TORCH (or the torch of the project's Python is not found): on the
 #                  LibTorch stable ABI, so it loads into every torch from opbridge_TORCH_TARGET
 #                  on, whichever torch (>= that) it was built with (opbridge_find_torch())
 # The first op of a library makes its targets (opbridge_add_op_library, DOMAIN required) unless
 # they exist already: opbridge's superbuild makes its own and declares them with
-# opbridge_add_op_library(). Later ops of the library may omit DOMAIN and NAMESPACE.
-# NAMESPACE (default: <lib>) is the torch namespace of the library's ops, the compile definition
-# OPBRIDGE_TORCH_NAMESPACE of <lib>_torch (torch_common.h: OPBRIDGE_TORCH_LIBRARY_FRAGMENT).
+# opbridge_add_op_library() (its op sources go to opbridge_ops, the target named by the
+# OPBRIDGE_KERNELS_TARGET property of opbridge_ort). Later ops of the library may omit DOMAIN and
+# NAMESPACE. NAMESPACE (default: <lib>) is the torch namespace of the library's ops (and the
+# compile definition OPBRIDGE_TORCH_NAMESPACE of <lib>_torch, for hand-written adapters:
+# torch_common.h's OPBRIDGE_TORCH_LIBRARY_FRAGMENT).
 include_guard(GLOBAL)
 
 # Run-time instruction-set dispatch (x86-64 with GCC or Clang): the *_cpu_<isa>.cpp files are
@@ -121,10 +130,13 @@ function(_opbridge_make_library lib domain)
     endif()
   endforeach()
   if(NOT TARGET ${lib}_kernels)
-    add_library(${lib}_kernels STATIC)
+    # Objects, linked into every library of the op (not an archive, whose members with nothing but
+    # a registration would be left out).
+    add_library(${lib}_kernels OBJECT)
     target_link_libraries(${lib}_kernels PUBLIC opbridge::kernels)
     set_target_properties(${lib}_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON
       CXX_VISIBILITY_PRESET hidden CUDA_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+    target_compile_definitions(${lib}_kernels PRIVATE OPBRIDGE_LIBRARY_NAME="${lib}")
     if(OPBRIDGE_X86_DISPATCH)
       target_compile_definitions(${lib}_kernels PRIVATE OPBRIDGE_X86_DISPATCH=1)
     endif()
@@ -132,11 +144,12 @@ function(_opbridge_make_library lib domain)
   add_library(${lib}_ort SHARED)
   set(entry "${CMAKE_CURRENT_BINARY_DIR}/${lib}_ort_entry.cpp")
   file(CONFIGURE OUTPUT "${entry}" @ONLY CONTENT [=[
-// Generated by opbridge_add_op_library(): entry points of lib@lib@_ort.so, ops in domain @domain@.
+// Generated by opbridge_add_op_library(): entry points of lib@lib@_ort.so, the ops of library
+// @lib@ in domain @domain@.
 #include <opbridge/ort/ort_op.h>
 #include <opbridge/ort/register_custom_ops.h>
 
-OPBRIDGE_ORT_LIBRARY_ENTRY("@domain@")
+OPBRIDGE_ORT_LIBRARY("@domain@", "@lib@")
 ]=])
   target_sources(${lib}_ort PRIVATE "${entry}")
   target_link_libraries(${lib}_ort PRIVATE ${lib}_kernels opbridge::ort_adapter)
@@ -149,17 +162,42 @@ OPBRIDGE_ORT_LIBRARY_ENTRY("@domain@")
     LINK_DEPENDS "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/ort_exports.map")
 endfunction()
 
-function(_opbridge_make_torch lib op)
+# Makes <lib>_torch; sets <result> to whether it could (it cannot without torch: an opbridge built
+# without it, or no torch in the project's Python, unless `required`).
+function(_opbridge_make_torch lib op required result)
+  set(${result} OFF PARENT_SCOPE)
   if(NOT TARGET opbridge::torch_adapter)
-    message(FATAL_ERROR "opbridge_add_op(${op}): this opbridge was built without torch, so it cannot "
-                        "build ${lib}_torch; pass NO_TORCH to build only the ORT library")
+    if(required)
+      message(FATAL_ERROR "opbridge_add_op(${op}): this opbridge was built without torch, so it cannot "
+                          "build ${lib}_torch; pass NO_TORCH to build only the ORT library")
+    endif()
+    message(STATUS "opbridge_add_op(${op}): this opbridge was built without torch: ORT library only")
+    return()
   endif()
-  opbridge_find_torch()
+  if(required)
+    opbridge_find_torch()
+  else()
+    opbridge_find_torch(why)
+    if(NOT TARGET opbridge::torch)
+      message(STATUS "opbridge_add_op(${op}): no torch (${why}): ORT library only")
+      return()
+    endif()
+  endif()
   add_library(${lib}_torch SHARED)
-  target_link_libraries(${lib}_torch PRIVATE ${lib}_kernels opbridge::torch_adapter)
   get_target_property(ns ${lib}_ort OPBRIDGE_NAMESPACE)
+  set(entry "${CMAKE_CURRENT_BINARY_DIR}/${lib}_torch_entry.cpp")
+  file(CONFIGURE OUTPUT "${entry}" @ONLY CONTENT [=[
+// Generated by opbridge_add_op(): the torch ops of library @lib@ (torch namespace @ns@): their
+// schemas from the declarations and the generic kernel for every registered compute function.
+#include <opbridge/torch/torch_common.h>
+
+OPBRIDGE_TORCH_LIBRARY("@ns@", "@lib@");
+]=])
+  target_sources(${lib}_torch PRIVATE "${entry}")
+  target_link_libraries(${lib}_torch PRIVATE ${lib}_kernels opbridge::torch_adapter)
   target_compile_definitions(${lib}_torch PRIVATE OPBRIDGE_TORCH_NAMESPACE=${ns})
   set_target_properties(${lib}_torch PROPERTIES CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+  set(${result} ON PARENT_SCOPE)
 endfunction()
 
 # Links the static CUDA runtime into a users' library once (like opbridge's own: the ORT library
@@ -226,12 +264,10 @@ function(opbridge_add_op op)
     set(cuda_dir "${dir}")
   endif()
 
-  foreach(f ${op}_decl.cpp ${op}_ort.cpp)
-    if(NOT EXISTS "${dir}/${f}")
-      message(FATAL_ERROR "opbridge_add_op(${op}): ${dir}/${f} does not exist (every op has a declaration "
-                          "and an ORT op; see docs/cpp.md, \"Writing your own op\")")
-    endif()
-  endforeach()
+  if(NOT EXISTS "${dir}/${op}_decl.cpp")
+    message(FATAL_ERROR "opbridge_add_op(${op}): ${dir}/${op}_decl.cpp does not exist (every op has a "
+                        "declaration; see docs/cpp.md, \"Writing your own op\")")
+  endif()
 
   get_property(langs GLOBAL PROPERTY ENABLED_LANGUAGES)
   set(with_cuda OFF)
@@ -244,37 +280,64 @@ function(opbridge_add_op op)
                         " (nor, with CUDA enabled, ${cu})")
   endif()
 
-  # ---- kernels and the declaration ----
-  target_sources(${lib}_kernels PRIVATE "${dir}/${op}_decl.cpp")
+  # ---- kernels, their compute functions and the declaration ----
+  # The target the library's op sources go to: <lib>_kernels, or the one the library names.
+  get_target_property(kernels ${lib}_ort OPBRIDGE_KERNELS_TARGET)
+  if(NOT kernels)
+    set(kernels ${lib}_kernels)
+  endif()
+  target_sources(${kernels} PRIVATE "${dir}/${op}_decl.cpp")
   if(EXISTS "${dir}/${op}_cpu.cpp")
-    target_sources(${lib}_kernels PRIVATE "${dir}/${op}_cpu.cpp")
+    target_sources(${kernels} PRIVATE "${dir}/${op}_cpu.cpp")
   endif()
   if(OPBRIDGE_X86_DISPATCH)
     foreach(isa avx2 avx512)
+      string(TOUPPER "${isa}" ISA)
       set(src "${dir}/${op}_cpu_${isa}.cpp")
+      if(EXISTS "${dir}/${op}_cpu_isa.cpp")
+        # One source for every instruction set: a file per set that includes it.
+        set(src "${CMAKE_CURRENT_BINARY_DIR}/opbridge_isa/${lib}/${op}_cpu_${isa}.cpp")
+        set(isa_source "${dir}/${op}_cpu_isa.cpp")
+        file(CONFIGURE OUTPUT "${src}" @ONLY CONTENT [=[
+// Generated by opbridge_add_op(): @op@_cpu_isa.cpp for the @isa@ instruction set, compiled with
+// its flags (called only where opbridge::cpu_isa() allows @isa@).
+#define OPBRIDGE_ISA_@ISA@ 1
+#include "@isa_source@"
+]=])
+      endif()
       if(EXISTS "${src}")
-        target_sources(${lib}_kernels PRIVATE "${src}")
-        set_source_files_properties("${src}" TARGET_DIRECTORY ${lib}_kernels
+        target_sources(${kernels} PRIVATE "${src}")
+        set_source_files_properties("${src}" TARGET_DIRECTORY ${kernels}
                                     PROPERTIES COMPILE_OPTIONS "${OPBRIDGE_ISA_FLAGS_${isa}}")
       endif()
     endforeach()
   endif()
 
-  # ---- ORT ----
-  target_sources(${lib}_ort PRIVATE "${dir}/${op}_ort.cpp")
-
-  # ---- torch ----
-  get_target_property(lib_no_torch ${lib}_ort OPBRIDGE_NO_TORCH)
-  set(want_torch OFF)
-  if(EXISTS "${dir}/${op}_torch.cpp" AND NOT arg_NO_TORCH AND NOT lib_no_torch)
-    set(want_torch ON)
-    if(NOT TARGET ${lib}_torch)
-      _opbridge_make_torch(${lib} ${op})
-    endif()
-    target_sources(${lib}_torch PRIVATE "${dir}/${op}_torch.cpp")
+  # ---- ORT: derived (hand-written adapters of earlier projects are built too) ----
+  if(EXISTS "${dir}/${op}_ort.cpp")
+    target_sources(${lib}_ort PRIVATE "${dir}/${op}_ort.cpp")
   endif()
 
-  # ---- numpy binding ----
+  # ---- torch: derived, in the library's torch library ----
+  get_target_property(lib_no_torch ${lib}_ort OPBRIDGE_NO_TORCH)
+  set(want_torch OFF)
+  if(NOT arg_NO_TORCH AND NOT lib_no_torch)
+    set(want_torch ON)
+    if(NOT TARGET ${lib}_torch)
+      # Required where the op has a torch adapter of its own; otherwise a project without torch
+      # builds the ORT library alone.
+      set(required OFF)
+      if(EXISTS "${dir}/${op}_torch.cpp")
+        set(required ON)
+      endif()
+      _opbridge_make_torch(${lib} ${op} ${required} want_torch)
+    endif()
+    if(want_torch AND EXISTS "${dir}/${op}_torch.cpp")
+      target_sources(${lib}_torch PRIVATE "${dir}/${op}_torch.cpp")
+    endif()
+  endif()
+
+  # ---- numpy binding of earlier projects (opbridge._core reaches every op through its ORT library) ----
   get_target_property(py_module ${lib}_ort OPBRIDGE_PY_MODULE)
   if(py_module AND EXISTS "${dir}/${op}_py.cpp")
     if(TARGET "${py_module}")
@@ -290,7 +353,7 @@ function(opbridge_add_op op)
     endif()
     return()
   endif()
-  # Adapter names: <op>_cuda_ort.cpp next to the CPU files; <op>_ort.cpp in a CUDA folder of its own.
+  # Hand-written adapters: <op>_cuda_ort.cpp next to the CPU files; <op>_ort.cpp in a CUDA folder of its own.
   set(cuda_ort "${cuda_dir}/${op}_cuda_ort.cpp")
   set(cuda_torch "${cuda_dir}/${op}_cuda_torch.cpp")
   if(NOT cuda_dir STREQUAL dir)
@@ -301,7 +364,7 @@ function(opbridge_add_op op)
       set(cuda_torch "${cuda_dir}/${op}_torch.cpp")
     endif()
   endif()
-  set(cuda_kernels ${lib}_kernels)
+  set(cuda_kernels ${kernels})
   if(TARGET ${lib}_cuda_kernels)
     set(cuda_kernels ${lib}_cuda_kernels)  # opbridge's own: own architectures, default-stream check
   else()
@@ -324,9 +387,8 @@ function(opbridge_add_op op)
     target_sources(${lib}_ort PRIVATE "${cuda_ort}")
   endif()
   if(want_torch AND EXISTS "${cuda_torch}")
-    # The stable ABI needs no CUDA torch to build the CUDA adapter: the stream comes from the C
-    # shim at run time (torch_common.h: current_cuda_stream), so one library serves CPU and CUDA
-    # torch alike.
+    # The stable ABI needs no CUDA torch to build a CUDA adapter: the stream comes from the C shim
+    # at run time (torch_common.h: current_cuda_stream), so one library serves CPU and CUDA torch.
     target_sources(${lib}_torch PRIVATE "${cuda_torch}")
   endif()
 endfunction()

@@ -253,6 +253,59 @@ def test_kernels_without_any_framework(consumer, tmp_path, rng):
     np.testing.assert_allclose(np.load(tmp_path / "0.npy"), expected, rtol=1e-4, atol=1e-5)
 
 
+# (shape, groups, channels_last): [N, C, S] groups; [N, S, C] samples that are one task each
+# (N >= 8), and samples cut into tiles (3 MiB of float32, beyond the cache budget), where the
+# range holding a sample's first tile writes its statistics; an empty x.
+STATS_CASES = [
+    ((3, 8, 5, 7), 4, False),
+    ((9, 16, 6, 5), 8, True),
+    ((2, 96, 64, 128), 32, True),
+    ((3, 4, 0), 2, False),
+]
+
+
+@pytest.mark.parametrize("isa", ["baseline", "avx2", "avx512"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16], ids=["float32", "float64", "float16"])
+@pytest.mark.parametrize("shape,groups,channels_last", STATS_CASES, ids=[f"{s}-G{g}-cl{int(c)}" for s, g, c in STATS_CASES])
+def test_statistics_outputs(consumer, tmp_path, rng, isa, dtype, shape, groups, channels_last):
+    # The kernel's optional per-group outputs (the C++ API's mean / rstd, which neither torch nor ORT
+    # asks for): each group's mean and 1 / sqrt(var + eps), in the accumulation type, against
+    # float64 statistics of the same input; y as without them. Each instruction-set variant
+    # (OPBRIDGE_CPU_ISA caps the program's level: where this CPU lacks a variant, its best one runs).
+    x = (rng.standard_normal(shape) * 2.0 + 1.5).astype(dtype)
+    c = shape[1]
+    w, b = rng.standard_normal(c).astype(dtype), rng.standard_normal(c).astype(dtype)
+    eps = float(rng.uniform(1e-6, 1e-3))
+    xin = np.ascontiguousarray(np.moveaxis(x, 1, -1)) if channels_last else x
+    for name, a in (("x", xin), ("w", w), ("b", b)):
+        np.save(tmp_path / f"{name}.npy", a)
+    env = dict(os.environ, OPBRIDGE_CPU_ISA=isa)
+    args = [tmp_path / "x.npy", tmp_path / "w.npy", tmp_path / "b.npy", groups, repr(eps)]
+    outs = []
+    for stats in (True, False):
+        for i in range(3):
+            np.save(tmp_path / f"{i}.npy", np.full((1,), np.nan))
+        extra = [tmp_path / "1.npy", tmp_path / "2.npy"] + (["channels_last"] if channels_last else []) if stats else []
+        if not stats and channels_last:
+            continue  # without statistics the program has no layout argument
+        p = subprocess.run([str(consumer / "group_norm_direct"), *map(str, args), str(tmp_path / "0.npy"),
+                            *map(str, extra)], capture_output=True, text=True, timeout=120, env=env)
+        assert p.returncode == 0, p.stderr
+        outs.append([np.load(tmp_path / f"{i}.npy") for i in range(3 if stats else 1)])
+    y, mean, rstd = outs[0]
+    if not channels_last:
+        np.testing.assert_array_equal(y, outs[1][0])
+    acc = np.float64 if dtype == np.float64 else np.float32
+    assert mean.dtype == acc and rstd.dtype == acc and mean.shape == rstd.shape == (shape[0], groups)
+    g = x.astype(np.float64).reshape(shape[0], groups, -1)
+    if g.shape[2] == 0:
+        assert (mean == 0).all() and (rstd == 0).all()
+        return
+    tol = 1e-12 if dtype == np.float64 else 2e-6
+    np.testing.assert_allclose(mean, g.mean(axis=2), rtol=0, atol=tol * 4)
+    np.testing.assert_allclose(rstd, 1.0 / np.sqrt(g.var(axis=2) + eps), rtol=tol * 4, atol=0)
+
+
 # (shape, groups): contiguous channels of 63 elements (the short-channel sums) with C not a
 # multiple of any vector width; a channels-last sample of two tiles, so that ranges split samples.
 BACKWARD_DIRECT_CASES = [((3, 40, 9, 7), 4), ((2, 64, 40, 40), 8)]

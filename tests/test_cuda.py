@@ -192,33 +192,20 @@ def _torch_cuda_headers():
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("op", ["group_norm", "inverse", "ms_deform_attn"])
-def test_torch_cuda_adapter_compiles(op):
-    """Where torch has no CUDA the torch CUDA adapters are not built; still check that they
-    compile against this torch's headers and the CUDA toolkit's (syntax and templates)."""
-    src = ROOT / "cuda" / "ops" / op / f"{op}_torch.cpp"
-    cxx = shutil.which("c++") or shutil.which("g++")
-    nvcc = _nvcc()
-    found = _torch_cuda_headers()
-    if cxx is None or nvcc is None or found is None:
-        pytest.skip("needs a C++ compiler, the CUDA toolkit and torch's c10/cuda headers")
-    if not (ROOT / "cpp" / "include" / "opbridge" / f"{op}.h").exists():
-        pytest.skip(f"the {op} op is not part of this source tree")
-    torch, inc = found
-    # nvcc may be a wrapper script: ask it where the toolkit's headers are.
-    dry = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-                         capture_output=True, text=True)
-    m = re.search(r'INCLUDES="-I([^"]+)"', dry.stdout + dry.stderr)
-    assert m, f"could not find the CUDA include folder from {nvcc} --dryrun"
-    cuda_inc = Path(m.group(1).strip())
-    cmd = [cxx, "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
-           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-           # A CPU wheel lacks the generated c10/cuda/impl/cuda_cmake_macros.h.
-           "-DC10_CUDA_NO_CMAKE_CONFIGURE_FILE"]
-    cmd += [f"-isystem{p}" for p in inc]
-    cmd += [f"-I{cuda_inc}", f"-I{ROOT / 'cpp' / 'include'}", f"-I{ROOT / 'cpp' / 'torch'}", str(src)]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-4000:]
+@pytest.mark.parametrize("op", ["group_norm", "inverse", "ms_deform_attn", "ms_deform_attn_backward"])
+def test_torch_ops_have_their_cuda_kernels(op):
+    """The ops' CUDA compute functions (cuda/ops/<op>/<op>_kernel.cu, OPBRIDGE_KERNEL) are served by
+    the generic torch kernel: registered for torch's CUDA dispatch key in every build with CUDA,
+    whether or not this torch has CUDA (the stable ABI asks torch for the stream at run time)."""
+    import torch
+
+    import opbridge.ops  # noqa: F401
+    from opbridge import _core
+
+    if not _core.build_info["cuda"]:
+        pytest.skip("this build has no CUDA kernels")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"opbridge::{op}", "CUDA")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"opbridge::{op}", "CPU")
 
 
 # ---- device tests -------------------------------------------------------------------------

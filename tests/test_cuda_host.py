@@ -219,6 +219,10 @@ def test_group_norm_nhwc_kernel_decomposition(host_programs, tmp_path, rng, dtyp
 # memcheck would on a GPU.
 
 KERNEL_FILES = [ROOT / "cuda" / "ops" / op / f"{op}_kernel.cu" for op in ("inverse", "group_norm", "ms_deform_attn")]
+# What the kernel files' compute functions use: the declarations (and the kernels' arguments from
+# a checked call) and the framework-free op machinery.
+DECL_FILES = [ROOT / "cpp" / "ops" / op / f"{op}_decl.cpp" for op in ("inverse", "group_norm", "ms_deform_attn")]
+COMMON_FILES = [ROOT / "cpp" / "common" / name for name in ("op_decl.cpp", "kernel.cpp")]
 # The emulated device: few SMs, so that launches use small grids and the grid-stride loops wrap.
 SIM_SMS = 1
 
@@ -230,6 +234,7 @@ def simt_ops(tmp_path_factory):
     out = tmp_path_factory.mktemp("simt_ops")
     flags = _flags(sim=True)
     sources = [(src, ["-x", "c++"]) for src in KERNEL_FILES]
+    sources += [(src, []) for src in DECL_FILES + COMMON_FILES]
     sources += [(ROOT / "cuda" / "common" / "device.cpp", []), (SIM / "simt.cpp", []), (HOST / "simt_ops.cpp", [])]
     objects, pending = [], []
     for i, (src, lang) in enumerate(sources):
@@ -604,6 +609,118 @@ def test_ms_deform_attn_kernels_emulated(simt_ops, tmp_path, rng, dtype, case):
             w_ = w_.reshape(-1)
             np.testing.assert_allclose(g_, w_, rtol=0, atol=tol * max(1.0, float(np.abs(w_).max())),
                                        err_msg=f"{name}, own_workspace={own_workspace}")
+
+
+# -- The CUDA compute functions: what the generic torch and ORT kernels run ----------------------
+#
+# The same calls through each op's registered CUDA compute function (opbridge/kernel.h) instead
+# of the launcher: a KernelCall of the call the declaration checked, scratch memory from the
+# adapter (exactly the bytes asked for), the status the adapters translate. This is the CUDA glue
+# torch and ORT share, run here without a GPU.
+
+STATUS_LINALG = 5  # opbridge::StatusCode::kLinAlgError
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+@pytest.mark.parametrize("case", ["fused-small", "cluster-2", "split-sm80", "nhwc-cg8", "nhwc-cg3"])
+def test_group_norm_compute_function_emulated(simt_ops, tmp_path, rng, dtype, case):
+    """GroupNorm's compute function: its parameters from the checked call (groups, eps, activation,
+    the layout the adapter hands over), the workspace from the adapter, each layout's kernels."""
+    n, c, s, g, channels_last, cc = dict(GN_PATH_CASES)[case]
+    x, w, b = _gn_inputs(rng, dtype, n, c, s, channels_last)
+    eps = 3e-4
+    header = np.array([n, c, s, g, int(channels_last), 1, 1, 1, 0], dtype=np.int64)
+    payload = header.tobytes() + np.array([eps]).tobytes() + x.tobytes() + w.tobytes() + b.tobytes()
+    raw, _ = _simt(simt_ops, tmp_path, "group_norm_compute", dtype, payload, cc=cc)
+    status = int(np.frombuffer(raw[:8], dtype=np.int64)[0])
+    assert status == 0
+    y = np.frombuffer(raw[8:], dtype=np.float64).reshape(x.shape)
+    want = cuda_ref.group_norm_any(x, g, w, b, eps, "silu", channels_last=channels_last)
+    np.testing.assert_allclose(y, want, rtol=0, atol=GN_TOL[dtype] * max(1.0, float(np.abs(want).max())))
+
+
+def test_group_norm_compute_function_refuses_what_the_declaration_refuses(simt_ops, tmp_path, rng):
+    # 3 groups of 8 channels: the declaration's check, before any launch (status kInvalidArgument).
+    x, w, b = _gn_inputs(rng, "float", 2, 8, 5, False)
+    header = np.array([2, 8, 5, 3, 0, 0, 1, 1, 0], dtype=np.int64)
+    payload = header.tobytes() + np.array([1e-5]).tobytes() + x.tobytes() + w.tobytes() + b.tobytes()
+    raw, err = _simt(simt_ops, tmp_path, "group_norm_compute", "float", payload)
+    assert int(np.frombuffer(raw[:8], dtype=np.int64)[0]) == 1
+    assert "num_groups must divide the number of channels C = x.shape[1] = 8, got num_groups = 3" in err
+    assert "launches=0" in err
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+@pytest.mark.parametrize("n", [2, 5, 40, 65])
+def test_inverse_compute_function_emulated(simt_ops, tmp_path, rng, dtype, n):
+    """Inverse's compute function: the report word and the workspace in one scratch block, the
+    report read back after the launch for on_singular='raise' (a singular matrix: the CPU kernel's
+    error, kLinAlgError), nothing read back for 'nan'."""
+    batch = 4
+    a = _singular_batch(rng, dtype, n, batch) if n > 2 else _round_to(dtype, rng.standard_normal((4, 2, 2)) + 3 * np.eye(2))
+    if n == 2:
+        a[1, 1] = a[1, 0]
+    ok = [0, 3]
+    expect = np.linalg.inv(a[ok])
+    tol = {"float": 1e-4, "double": 1e-11}[dtype] * max(1.0, float(np.abs(expect).max()))
+    for nan_on_singular in (False, True):
+        header = np.array([batch, n, int(nan_on_singular), 0], dtype=np.int64)
+        raw, err = _simt(simt_ops, tmp_path, "inverse_compute", dtype, header.tobytes() + a.tobytes())
+        status = int(np.frombuffer(raw[:8], dtype=np.int64)[0])
+        y = np.frombuffer(raw[16:], dtype=np.float64).reshape(a.shape)
+        if nan_on_singular:
+            assert status == 0
+            assert np.isnan(y[1]).all()
+            np.testing.assert_allclose(y[ok], expect, rtol=0, atol=tol)
+        else:
+            assert status == STATUS_LINALG
+            assert f"matrix 1 of the batch is singular (U[{n - 1},{n - 1}] == 0)" in err
+    # Invertible matrices: no error.
+    good = _round_to(dtype, rng.standard_normal((3, n, n)) + np.eye(n) * (2.0 * np.sqrt(n)))
+    header = np.array([3, n, 0, 0], dtype=np.int64)
+    raw, _ = _simt(simt_ops, tmp_path, "inverse_compute", dtype, header.tobytes() + good.tobytes())
+    assert int(np.frombuffer(raw[:8], dtype=np.int64)[0]) == 0
+    want = np.linalg.inv(good)
+    np.testing.assert_allclose(np.frombuffer(raw[16:], dtype=np.float64).reshape(good.shape), want, rtol=0,
+                               atol={"float": 1e-4, "double": 1e-11}[dtype] * max(1.0, float(np.abs(want).max())))
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(("dtype", "case"), [("double", 1), ("float", 2), ("half", 4)])
+def test_ms_deform_attn_compute_functions_emulated(simt_ops, tmp_path, rng, dtype, case):
+    """MultiScaleDeformableAttention's forward and backward compute functions: the level tables on
+    the host (host_memory inputs, read by the declaration's checks), the backward's workspace
+    from the adapter, against float64 autograd."""
+    n, m, d, lq, p, levels = MSDA_CASES[case]
+    value, shapes, starts, loc, attn, grad = _msda_inputs(rng, n, m, d, lq, p, levels, nonfinite=True)
+    value, loc, attn, grad = (_round_to(dtype, a) for a in (value, loc, attn, grad))
+    want = cuda_ref.ms_deform_attn_with_grads(value, shapes, starts, loc, attn, grad)
+    header = np.array([n, value.shape[1], m, d, lq, len(levels), p], dtype=np.int64)
+    tol = {"double": 1e-11, "float": 2e-5, "half": 4e-3}[dtype]
+    payload = b"".join(a.tobytes() for a in (header, shapes, starts, np.array([1], dtype=np.int64), value, loc, attn,
+                                              grad))
+    raw, _ = _simt(simt_ops, tmp_path, "ms_deform_attn_compute", dtype, payload)
+    assert (np.frombuffer(raw[:16], dtype=np.int64) == 0).all()
+    parts = np.split(np.frombuffer(raw[16:], dtype=np.float64), np.cumsum([x.size for x in want])[:-1])
+    for name, g_, w_ in zip(("output", "grad_value", "grad_sampling_locations", "grad_attention_weights"), parts, want):
+        w_ = w_.reshape(-1)
+        np.testing.assert_allclose(g_, w_, rtol=0, atol=tol * max(1.0, float(np.abs(w_).max())), err_msg=name)
+
+
+def test_ms_deform_attn_compute_function_checks_the_level_tables(simt_ops, tmp_path, rng):
+    # A start index that is not the sum of the levels before it: refused by the declaration (the
+    # tables are host memory there), the CPU's message, no launch.
+    n, m, d, lq, p, levels = MSDA_CASES[1]
+    value, shapes, starts, loc, attn, grad = _msda_inputs(rng, n, m, d, lq, p, levels, nonfinite=False)
+    starts = starts.copy()
+    starts[1] += 1
+    header = np.array([n, value.shape[1], m, d, lq, len(levels), p], dtype=np.int64)
+    payload = b"".join(a.tobytes() for a in (header, shapes, starts, np.array([1], dtype=np.int64), value, loc, attn,
+                                              grad))
+    raw, err = _simt(simt_ops, tmp_path, "ms_deform_attn_compute", "float", payload)
+    assert (np.frombuffer(raw[:16], dtype=np.int64) == 1).all()
+    assert f"level_start_index[1] must be {starts[1] - 1} (the sum of H * W of the levels before it)" in err
+    assert "launches=0" in err
 
 
 # -- Every kernel ran --------------------------------------------------------------------------

@@ -119,9 +119,10 @@ def test_ort_library_exports_only_the_entry_points(userops):
         pytest.skip("nm (binutils) is not installed")
     out = subprocess.run([nm, "-D", "--defined-only", userops.get_library_path()], capture_output=True, text=True,
                          check=True).stdout
-    # RegisterCustomOps for ORT; the declarations and their checks for Python (opbridge/_decl.py).
+    # RegisterCustomOps for ORT; the declarations, their checks and the CPU compute functions on
+    # arrays for Python (opbridge/_decl.py).
     assert sorted(line.split()[-1] for line in out.splitlines() if line.strip()) == [
-        "OpbridgeCheckCall", "OpbridgeDescribeOps", "RegisterCustomOps"]
+        "OpbridgeCheckCall", "OpbridgeDescribeOps", "OpbridgeRunHost", "RegisterCustomOps"]
 
 
 class Model(torch.nn.Module):

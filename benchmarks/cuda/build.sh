@@ -12,8 +12,12 @@ BUILD="${BUILD:-$ROOT/build/kernel_bench}"
 NVCC="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
 mkdir -p "$BUILD"
 FLAGS=(-O3 -std=c++17 -arch="$ARCH" --expt-relaxed-constexpr -I"$ROOT/cuda" -I"$ROOT/cpp/include")
+# The kernel files hold the ops' CUDA compute functions too, which need the declarations and the
+# framework-free op machinery (cpp/common).
 SOURCES=(cuda/ops/group_norm/group_norm_kernel.cu cuda/ops/inverse/inverse_kernel.cu
-         cuda/ops/ms_deform_attn/ms_deform_attn_kernel.cu cuda/common/device.cpp benchmarks/cuda/kernel_bench.cu)
+         cuda/ops/ms_deform_attn/ms_deform_attn_kernel.cu cuda/common/device.cpp benchmarks/cuda/kernel_bench.cu
+         cpp/ops/group_norm/group_norm_decl.cpp cpp/ops/inverse/inverse_decl.cpp
+         cpp/ops/ms_deform_attn/ms_deform_attn_decl.cpp cpp/common/op_decl.cpp cpp/common/kernel.cpp)
 objects=()
 pids=()
 for src in "${SOURCES[@]}"; do

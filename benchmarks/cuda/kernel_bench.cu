@@ -143,9 +143,12 @@ void bench_gn(cudaStream_t stream, const GnShape& sh, std::mt19937_64& rng) {
     Device<unsigned char> ws(ws_bytes);
     for (int act = 0; act < 2; ++act) {
       const auto a = static_cast<opbridge::Activation>(act);
+      opbridge::GroupNormParams p;
+      p.d = d;
+      p.eps = 1e-5;
+      p.act = a;
       const double us = median_us(stream, [&] {
-        return opbridge::cuda::launch_group_norm<T>(stream, x.p, w.p, b.p, y.p, d, 1e-5, a, ws_bytes ? ws.p : nullptr,
-                                                    ws_bytes);
+        return opbridge::cuda::launch_group_norm<T>(stream, x.p, w.p, b.p, y.p, p, ws_bytes ? ws.p : nullptr, ws_bytes);
       });
       std::printf("gn %-22s %s %-13s %-4s %9.1f us %7.0f GB/s  copy %8.1f us  fraction %.2f\n", sh.label,
                   name<T>(), cl ? "channels_last" : "contiguous", act ? "silu" : "none", us, bytes / us * 1e-3, copy_us,

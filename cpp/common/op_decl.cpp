@@ -255,6 +255,25 @@ OpDecl& OpDecl::check(ValidateFn fn) {
   validate_ = fn;
   return *this;
 }
+OpDecl& OpDecl::args_of(const OpDecl& forward) {
+  if (!forward.error().empty()) build_errors_.push_back("args_of(" + forward.name() + "): " + forward.error());
+  for (const ArgDecl& a : forward.args()) {
+    ArgDecl copy = a;
+    copy.input_index = copy.attr_index = -1;
+    copy.gradient = false;
+    add(std::move(copy));
+  }
+  for (const TypeVarDecl& t : forward.type_vars()) {
+    if (type_var(t.name) == nullptr) types(t.name, t.types);
+  }
+  return *this;
+}
+OpDecl& OpDecl::gradient_of(const OpDecl& forward, std::vector<std::string> wrt) {
+  derived_.finished = false;
+  gradient_of_ = &forward;
+  gradient_wrt_ = std::move(wrt);
+  return *this;
+}
 
 // ---------------------------------------------------------------- OpDecl reading
 
@@ -295,6 +314,11 @@ const std::vector<const ArgDecl*>& OpDecl::inputs() const {
 const std::vector<const ArgDecl*>& OpDecl::attrs() const {
   finish();
   return derived_.attrs;
+}
+
+const std::vector<const ArgDecl*>& OpDecl::check_order() const {
+  finish();
+  return derived_.check_order;
 }
 
 namespace {
@@ -539,6 +563,42 @@ void OpDecl::finish() const {
     }
   }
   if (outputs_.empty()) errors.push_back("an op needs at least one output");
+  // A backward op: which inputs are gradients, and that its outputs match what it differentiates.
+  if (gradient_of_ != nullptr) {
+    const std::string where = "gradient_of(" + gradient_of_->name() + "): ";
+    size_t grads = 0;
+    for (ArgDecl& a : self->args_) {
+      bool forward_arg = false;
+      for (const ArgDecl& f : gradient_of_->args()) forward_arg = forward_arg || f.name == a.name;
+      a.gradient = a.is_input && !forward_arg;
+      if (!a.is_input && !forward_arg) errors.push_back(where + "attribute " + a.name + " is not one of the forward's");
+      grads += a.gradient ? 1 : 0;
+    }
+    for (const ArgDecl& f : gradient_of_->args()) {
+      bool found = false;
+      for (const ArgDecl& a : args_) found = found || a.name == f.name;
+      if (!found) errors.push_back(where + "the forward's argument " + f.name + " is missing (args_of() adds them all)");
+    }
+    if (grads != gradient_of_->outputs().size()) {
+      errors.push_back(where + "needs one gradient input per forward output (" +
+                       std::to_string(gradient_of_->outputs().size()) + "), has " + std::to_string(grads));
+    }
+    if (gradient_wrt_.size() != outputs_.size()) {
+      errors.push_back(where + std::to_string(gradient_wrt_.size()) + " inputs to differentiate, " +
+                       std::to_string(outputs_.size()) + " outputs");
+    }
+    for (const std::string& w : gradient_wrt_) {
+      if (gradient_of_->input_index(w) < 0) errors.push_back(where + w + " is not an input of the forward");
+    }
+  }
+  auto& order = derived_.check_order;
+  order.clear();
+  for (const ArgDecl* a : inputs_) {
+    if (!a->gradient) order.push_back(a);
+  }
+  for (const ArgDecl* a : inputs_) {
+    if (a->gradient) order.push_back(a);
+  }
   for (OutputDecl& o : self->outputs_) {
     const std::string where = "output " + o.name + ": ";
     if (type_var(o.type_var) == nullptr) errors.push_back(where + "type variable '" + o.type_var + "' has no types() declaration");
@@ -669,7 +729,7 @@ Status check_call(const OpCall& call) {
   for (const TypeVarDecl& tv : d.type_vars()) {
     const TensorArg* first = nullptr;
     const ArgDecl* first_decl = nullptr;
-    for (const ArgDecl* a : d.inputs()) {
+    for (const ArgDecl* a : d.check_order()) {
       if (a->type_var != tv.name) continue;
       const TensorArg& t = call.input(static_cast<size_t>(a->input_index));
       if (!t.present || t.type == ElemType::kUndefined) continue;
@@ -919,7 +979,15 @@ std::string describe_ops_json(const std::vector<const OpDecl*>& ops, const std::
     const OpDecl& d = *ops[k];
     j << (k ? "," : "") << "{\"name\":" << json_string(d.name()) << ",\"onnx_type\":" << json_string(d.onnx_type())
       << ",\"since\":" << d.since_version() << ",\"doc\":" << json_string(d.description())
-      << ",\"error\":" << json_string(d.error()) << ",\"args\":[";
+      << ",\"error\":" << json_string(d.error()) << ",\"gradient_of\":";
+    if (d.gradient_of() != nullptr) {
+      j << "{\"op\":" << json_string(d.gradient_of()->name()) << ",\"wrt\":[";
+      for (size_t w = 0; w < d.gradient_wrt().size(); ++w) j << (w ? "," : "") << json_string(d.gradient_wrt()[w]);
+      j << "]}";
+    } else {
+      j << "null";
+    }
+    j << ",\"args\":[";
     for (size_t i = 0; i < d.args().size(); ++i) {
       const ArgDecl& a = d.args()[i];
       j << (i ? "," : "") << "{\"name\":" << json_string(a.name) << ",\"onnx_name\":" << json_string(a.onnx_name)
@@ -928,7 +996,8 @@ std::string describe_ops_json(const std::vector<const OpDecl*>& ops, const std::
         j << ",\"kind\":\"input\",\"type_var\":" << json_string(a.type_var)
           << ",\"optional\":" << (a.optional ? "true" : "false") << ",\"rank\":" << a.rank
           << ",\"min_rank\":" << a.min_rank << ",\"shape\":" << json_string(a.shape_doc)
-          << ",\"host_memory\":" << (a.host_memory ? "true" : "false");
+          << ",\"host_memory\":" << (a.host_memory ? "true" : "false")
+          << ",\"gradient\":" << (a.gradient ? "true" : "false");
       } else {
         j << ",\"kind\":\"attr\",\"type\":\"" << attr_type_key(a.attr_type) << "\""
           << ",\"required\":" << (a.required ? "true" : "false");

@@ -1,5 +1,5 @@
 // opbridge: 8 float lanes in an AVX2 register, for kernels compiled with the AVX2 flags
-// (cmake/opbridge_ops.cmake: <op>_cpu_avx2.cpp). Interface and linkage as simd_avx512.h.
+// (cmake/opbridge_ops.cmake: <op>_cpu_isa.cpp, common/simd_isa.h). Interface and linkage as simd_avx512.h.
 #pragma once
 
 #if !defined(__AVX2__) || !defined(__F16C__) || !defined(__FMA__)

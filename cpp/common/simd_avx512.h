@@ -1,5 +1,5 @@
 // opbridge: 16 float lanes in an AVX-512 register, for kernels compiled with the AVX-512 flags
-// (cmake/opbridge_ops.cmake: <op>_cpu_avx512.cpp).
+// (cmake/opbridge_ops.cmake: <op>_cpu_isa.cpp, common/simd_isa.h).
 //
 // Interface shared with simd_generic.h and simd_avx2.h, which kernels are templated on:
 //   W                        lanes per vector; V the vector type

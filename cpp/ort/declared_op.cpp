@@ -1,7 +1,10 @@
-// opbridge ORT adapter layer: declared ops (OPBRIDGE_ORT_OP). Everything ORT needs of an op —
-// element types, optional and host-memory inputs, typed attributes with defaults, shape
-// inference — comes from its declaration (opbridge/op_decl.h); the op supplies only compute.
+// opbridge ORT adapter layer: declared ops. Everything ORT needs of an op — element types,
+// optional and host-memory inputs, typed attributes with defaults, shape inference — comes from
+// its declaration (opbridge/op_decl.h); the op supplies only its compute functions: registered
+// ones (opbridge/kernel.h), which the generic kernel below serves on the CPU and CUDA execution
+// providers, or an OrtOpContext function (OPBRIDGE_ORT_OP).
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -118,6 +121,52 @@ struct DeclaredKernel {
   std::vector<AttrValue> attrs;  // declaration order, defaults applied
 };
 
+// Scratch memory of one call of a registered compute function: from the execution provider's
+// allocator (device memory on CUDA), in the memory of input `like_input`.
+class OrtScratch final : public KernelHost {
+ public:
+  OrtScratch(const KernelIO& io, size_t like_input) : io_(io), like_(like_input) {}
+  void* scratch(size_t bytes) override {
+    blocks_.push_back(io_.scratch(bytes, like_));
+    return blocks_.back().get();
+  }
+
+ private:
+  const KernelIO& io_;
+  size_t like_;
+  std::vector<Scratch> blocks_;
+};
+
+// The generic kernel of a registered compute function: the checked call, the inputs as ORT has
+// them (contiguous), the outputs allocated from the declaration's rules, ORT's thread pool or
+// compute stream.
+void run_kernel(const OpSpec& spec, const KernelIO& io, const OpCall& call, const std::vector<Input>& inputs,
+                const std::string& label) {
+  const OpDecl& d = *spec.decl;
+  const bool cuda = spec.provider != nullptr;
+  std::vector<const void*> in(inputs.size(), nullptr);
+  size_t like = 0;
+  bool have_like = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].present) continue;
+    in[i] = inputs[i].data;
+    if (!have_like && !d.inputs()[i]->host_memory) {
+      like = i;
+      have_like = true;
+    }
+  }
+  std::vector<void*> out(d.outputs().size(), nullptr);
+  for (size_t o = 0; o < out.size(); ++o) out[o] = io.output(o, output_shape(call, o));
+  const ParallelFor pf = cuda ? ParallelFor() : io.parallel();
+  OrtScratch scratch(io, like);
+  KernelCall::Services s;
+  s.parallel = &pf;
+  s.stream = cuda ? io.gpu_stream() : nullptr;
+  s.host = &scratch;
+  const KernelCall k(call, cuda ? Device::kCuda : Device::kCpu, in.data(), out.data(), s);
+  check(spec.kernel(k), label);
+}
+
 // The value of an attribute the node does not set: the declared default, with float defaults
 // rounded to float32. An ONNX float attribute is 32-bit, so a model that writes epsilon=1e-5
 // runs with float32(1e-5); leaving it out must give the same result, not the double 1e-5 that
@@ -174,6 +223,10 @@ void compute_declared(void* kernel, OrtKernelContext* raw) {
   }
   for (size_t i = 0; i < k->attrs.size(); ++i) call.attr(i) = k->attrs[i];
   check(check_call(call), k->label);
+  if (k->spec->kernel != nullptr) {
+    run_kernel(*k->spec, io, call, inputs, k->label);
+    return;
+  }
   const OrtOpContext ctx{io, call, k->label, inputs};
   k->spec->declared_compute(ctx);
 }
@@ -285,6 +338,25 @@ std::vector<OpSpec> declared_op_specs(const OpDecl& decl, const char* provider, 
   return specs;
 }
 
+std::vector<OpSpec> kernel_op_specs(const OpKernel& kernel) {
+  std::vector<OpSpec> specs =
+      declared_op_specs(kernel.decl(), kernel.device == Device::kCuda ? "CUDAExecutionProvider" : nullptr, nullptr);
+  for (OpSpec& s : specs) s.kernel = kernel.compute;
+  return specs;
+}
+
+const std::vector<OpSpec>& library_specs(const char* library) {
+  static const std::vector<OpSpec>* specs = [library] {
+    auto* all = new std::vector<OpSpec>(op_registry());  // never freed: ORT holds the specs' ops
+    for (const OpKernel& k : registered_kernels()) {
+      if (!in_library(k, library)) continue;
+      for (OpSpec& s : kernel_op_specs(k)) all->push_back(std::move(s));
+    }
+    return all;
+  }();
+  return *specs;
+}
+
 // ---------------------------------------------------------------- InferIO additions
 
 namespace {
@@ -366,10 +438,10 @@ std::vector<std::string> InferIO::input_symbols(size_t index) const {
 // ---------------------------------------------------------------- C entry points for Python
 
 namespace {
-// Declared ops of op_registry(), once each (several specs share a declaration).
-std::vector<const OpDecl*> declared_ops() {
+// Declared ops of the library, once each (several specs share a declaration).
+std::vector<const OpDecl*> declared_ops(const char* library) {
   std::vector<const OpDecl*> ops;
-  for (const OpSpec& s : op_registry()) {
+  for (const OpSpec& s : library_specs(library)) {
     if (s.decl == nullptr) continue;
     bool seen = false;
     for (const OpDecl* d : ops) seen = seen || d == s.decl || d->name() == s.decl->name();
@@ -379,66 +451,143 @@ std::vector<const OpDecl*> declared_ops() {
 }
 }  // namespace
 
-int declared_domain_version() {
+int declared_domain_version(const char* library) {
   int v = 1;
-  for (const OpDecl* d : declared_ops()) v = std::max(v, d->latest_version());
+  for (const OpDecl* d : declared_ops(library)) v = std::max(v, d->latest_version());
   return v;
 }
 
-const char* describe_ops(const char* domain_name) noexcept {
+const char* describe_ops(const char* domain_name, const char* library) noexcept {
   try {
-    static const std::string json = describe_ops_json(declared_ops(), domain_name, declared_domain_version());
+    static const std::string json =
+        describe_ops_json(declared_ops(library), domain_name, declared_domain_version(library));
     return json.c_str();
   } catch (...) {
     return "{\"error\":\"opbridge: could not describe the ops\"}";
   }
 }
 
-int32_t check_call_c(const char* name, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
-                     int64_t n_attrs, char* message, int64_t size) noexcept {
-  const auto reply = [&](StatusCode code, const std::string& text) {
-    if (message != nullptr && size > 0) {
-      const size_t len = std::min<size_t>(text.size(), static_cast<size_t>(size - 1));
-      std::memcpy(message, text.data(), len);
-      message[len] = '\0';
-    }
-    return static_cast<int32_t>(code);
-  };
+namespace {
+
+// Writes a status to the C entry points' message buffer; returns its code.
+int32_t reply(char* message, int64_t size, StatusCode code, const std::string& text) {
+  if (message != nullptr && size > 0) {
+    const size_t len = std::min<size_t>(text.size(), static_cast<size_t>(size - 1));
+    std::memcpy(message, text.data(), len);
+    message[len] = '\0';
+  }
+  return static_cast<int32_t>(code);
+}
+
+const OpDecl* find_declared(const char* name, const char* library) {
+  for (const OpDecl* d : declared_ops(library)) {
+    if (d->name() == name) return d;
+  }
+  return nullptr;
+}
+
+// The call the C entry points describe, in `call` (of its op's declaration); an error status when
+// the counts do not match the declaration's.
+Status fill_call(OpCall& call, const char* entry, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
+                 int64_t n_attrs) {
+  if (n_inputs != static_cast<int64_t>(call.input_count()) || n_attrs != static_cast<int64_t>(call.attr_count())) {
+    return Status::InvalidArgument(std::string(entry) + ": op " + call.decl().name() + " has " +
+                                   std::to_string(call.input_count()) + " inputs and " +
+                                   std::to_string(call.attr_count()) + " attributes");
+  }
+  for (int64_t i = 0; i < n_inputs; ++i) {
+    TensorArg& t = call.input(static_cast<size_t>(i));
+    t.present = inputs[i].present != 0;
+    t.type = static_cast<ElemType>(inputs[i].type);
+    t.rank_known = inputs[i].rank >= 0;
+    if (t.rank_known) t.shape.assign(inputs[i].dims, inputs[i].dims + inputs[i].rank);
+    t.data = inputs[i].data;
+  }
+  for (int64_t i = 0; i < n_attrs; ++i) {
+    if (attrs[i].present == 0) continue;
+    AttrValue& v = call.attr(static_cast<size_t>(i));
+    v.i = attrs[i].i;
+    v.f = attrs[i].f;
+    v.s = attrs[i].s != nullptr ? attrs[i].s : "";
+    if (attrs[i].ints != nullptr) v.ints.assign(attrs[i].ints, attrs[i].ints + attrs[i].n);
+    if (attrs[i].floats != nullptr) v.floats.assign(attrs[i].floats, attrs[i].floats + attrs[i].n);
+  }
+  return Status::Ok();
+}
+
+// Scratch memory of a host run: plain heap blocks, freed when the run returns.
+class HeapScratch final : public KernelHost {
+ public:
+  void* scratch(size_t bytes) override {
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (p == nullptr) throw std::bad_alloc();
+    blocks_.emplace_back(p, &std::free);
+    return p;
+  }
+
+ private:
+  std::vector<std::unique_ptr<void, void (*)(void*)>> blocks_;
+};
+
+}  // namespace
+
+int32_t run_host_c(const char* name, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
+                   int64_t n_attrs, int32_t isa, int32_t channels_last, HostAlloc alloc, void* alloc_ctx,
+                   char* message, int64_t size, const char* library) noexcept {
   try {
-    const OpDecl* decl = nullptr;
-    for (const OpDecl* d : declared_ops()) {
-      if (d->name() == name) decl = d;
+    const OpDecl* decl = find_declared(name, library);
+    if (decl == nullptr) return reply(message, size, StatusCode::kInvalidArgument, std::string("unknown op ") + name);
+    ComputeFn compute = nullptr;
+    for (const OpKernel& k : registered_kernels()) {
+      if (in_library(k, library) && k.device == Device::kCpu && &k.decl() == decl) compute = k.compute;
     }
-    if (decl == nullptr) return reply(StatusCode::kInvalidArgument, std::string("unknown op ") + name);
+    if (compute == nullptr) {
+      return reply(message, size, StatusCode::kNotImplemented, "op " + decl->name() + " has no CPU kernel");
+    }
     OpCall call(*decl);
-    if (n_inputs != static_cast<int64_t>(call.input_count()) || n_attrs != static_cast<int64_t>(call.attr_count())) {
-      return reply(StatusCode::kInvalidArgument, "OpbridgeCheckCall: op " + decl->name() + " has " +
-                                                     std::to_string(call.input_count()) + " inputs and " +
-                                                     std::to_string(call.attr_count()) + " attributes");
+    Status st = fill_call(call, "OpbridgeRunHost", inputs, n_inputs, attrs, n_attrs);
+    if (st.ok()) st = check_call(call);
+    if (!st.ok()) return reply(message, size, st.code(), st.message());
+    std::vector<const void*> in(call.input_count(), nullptr);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = call.input(i).present ? inputs[i].data : nullptr;
+    std::vector<void*> out(decl->outputs().size(), nullptr);
+    for (size_t o = 0; o < out.size(); ++o) {
+      const std::vector<int64_t> shape = output_shape(call, o);
+      out[o] = alloc(alloc_ctx, static_cast<int64_t>(o), static_cast<int32_t>(output_type(call, o)),
+                     static_cast<int64_t>(shape.size()), shape.data());
+      if (out[o] == nullptr) return reply(message, size, StatusCode::kRuntimeError, "could not allocate output " +
+                                                                                    decl->outputs()[o].name);
     }
-    for (int64_t i = 0; i < n_inputs; ++i) {
-      TensorArg& t = call.input(static_cast<size_t>(i));
-      t.present = inputs[i].present != 0;
-      t.type = static_cast<ElemType>(inputs[i].type);
-      t.rank_known = inputs[i].rank >= 0;
-      if (t.rank_known) t.shape.assign(inputs[i].dims, inputs[i].dims + inputs[i].rank);
-      t.data = inputs[i].data;
-    }
-    for (int64_t i = 0; i < n_attrs; ++i) {
-      if (attrs[i].present == 0) continue;
-      AttrValue& v = call.attr(static_cast<size_t>(i));
-      v.i = attrs[i].i;
-      v.f = attrs[i].f;
-      v.s = attrs[i].s != nullptr ? attrs[i].s : "";
-      if (attrs[i].ints != nullptr) v.ints.assign(attrs[i].ints, attrs[i].ints + attrs[i].n);
-      if (attrs[i].floats != nullptr) v.floats.assign(attrs[i].floats, attrs[i].floats + attrs[i].n);
-    }
-    const Status st = check_call(call);
-    return reply(st.code(), st.message());
+    HeapScratch scratch;
+    KernelCall::Services s;
+    s.isa = static_cast<CpuIsa>(isa);
+    s.channels_last = channels_last != 0;
+    s.host = &scratch;
+    st = compute(KernelCall(call, Device::kCpu, in.data(), out.data(), s));
+    return reply(message, size, st.code(), st.message());
+  } catch (const std::bad_alloc&) {
+    return reply(message, size, StatusCode::kRuntimeError, "out of memory");
   } catch (const std::exception& e) {
-    return reply(StatusCode::kRuntimeError, e.what());
+    return reply(message, size, StatusCode::kRuntimeError, e.what());
   } catch (...) {
-    return reply(StatusCode::kRuntimeError, "opbridge: unknown error");
+    return reply(message, size, StatusCode::kRuntimeError, "opbridge: unknown error");
+  }
+}
+
+int32_t check_call_c(const char* name, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
+                     int64_t n_attrs, char* message, int64_t size, const char* library) noexcept {
+  try {
+    const OpDecl* decl = find_declared(name, library);
+    if (decl == nullptr) return reply(message, size, StatusCode::kInvalidArgument, std::string("unknown op ") + name);
+    OpCall call(*decl);
+    const Status filled = fill_call(call, "OpbridgeCheckCall", inputs, n_inputs, attrs, n_attrs);
+    if (!filled.ok()) return reply(message, size, filled.code(), filled.message());
+    const Status st = check_call(call);
+    return reply(message, size, st.code(), st.message());
+  } catch (const std::exception& e) {
+    return reply(message, size, StatusCode::kRuntimeError, e.what());
+  } catch (...) {
+    return reply(message, size, StatusCode::kRuntimeError, "opbridge: unknown error");
   }
 }
 

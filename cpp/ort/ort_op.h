@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "opbridge/dtype.h"
+#include "opbridge/kernel.h"
 #include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
@@ -40,14 +41,17 @@ void set_api(const OrtApi* api, uint32_t version);
 const char* domain();
 
 // The body of a library's RegisterCustomOps: negotiates the C API version (min of the
-// runtime's and these headers', at least kMinOrtApiVersion) and adds every op of op_registry()
-// to `options` in the custom-op domain `domain`. Returns nullptr on success, else an error
-// status (ORT releases it); never throws. A library uses one domain for all its calls.
+// runtime's and these headers', at least kMinOrtApiVersion) and adds every op of the library
+// (library_specs) to `options` in the custom-op domain `domain`. Returns nullptr on success,
+// else an error status (ORT releases it); never throws. A library uses one domain for all its
+// calls.
 //   options:  the session options to register with (nullptr: nothing is done)
 //   api_base: what ORT passed to RegisterCustomOps (nullptr: nothing is done)
 //   domain:   the ONNX domain of the library's nodes, e.g. kDomain; non-empty
-OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* api_base,
-                               const char* domain) noexcept;
+//   library:  the library whose compute functions (opbridge/kernel.h) it serves (nullptr: all
+//             of this binary's)
+OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* api_base, const char* domain,
+                               const char* library = nullptr) noexcept;
 
 // An error on its way to ORT. Thrown inside adapters, turned into an OrtStatus by guard().
 class Error : public std::exception {
@@ -233,6 +237,9 @@ struct OpSpec {
   // Declared ops (OPBRIDGE_ORT_OP): the declaration and the provider's compute function.
   const OpDecl* decl = nullptr;
   void (*declared_compute)(const struct OrtOpContext& ctx) = nullptr;
+  // Or, for a registered compute function (opbridge/kernel.h), the function itself: the generic
+  // kernel hands it a KernelCall.
+  ComputeFn kernel = nullptr;
   // Opset range of the domain this kernel serves. 0: for a declared op, from its first version
   // to the library's newest (the highest version any of its declared ops has), so a library
   // refuses a model newer than itself; for other ops, every version.
@@ -292,9 +299,15 @@ using OrtComputeFn = void (*)(const OrtOpContext& ctx);
 // (nullptr: CPU). Inputs declared host_memory() are CPU inputs on other providers.
 std::vector<OpSpec> declared_op_specs(const OpDecl& decl, const char* provider, OrtComputeFn compute);
 
+// The OpSpecs of the registered compute function `kernel` (its provider from its device).
+std::vector<OpSpec> kernel_op_specs(const OpKernel& kernel);
+
 // Every op file adds its specs here during static initialization; RegisterCustomOps reads it.
 // Adding an op never edits a shared list.
 std::vector<OpSpec>& op_registry();
+// What a library registers: op_registry() and the specs of the compute functions registered for
+// `library` (nullptr: any), made on first use (one library per binary: later calls get the same).
+const std::vector<OpSpec>& library_specs(const char* library);
 struct OpRegistrar {
   explicit OpRegistrar(std::vector<OpSpec> (*make)()) {
     for (auto& s : make()) op_registry().push_back(std::move(s));
@@ -339,28 +352,51 @@ struct CheckAttr {  // one attribute, in declaration order
   const double* floats;
 };
 // The highest version among the library's declared ops (1 when it has none).
-int declared_domain_version();
+int declared_domain_version(const char* library = nullptr);
 // The JSON description of the library's declared ops (static storage; never freed).
-const char* describe_ops(const char* domain) noexcept;
+const char* describe_ops(const char* domain, const char* library = nullptr) noexcept;
 // Checks one call of op `name` like the kernels do. Returns the StatusCode (0: ok) and writes the
 // message (NUL-terminated, truncated to size) to `message`.
 int32_t check_call_c(const char* name, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
-                     int64_t n_attrs, char* message, int64_t size) noexcept;
+                     int64_t n_attrs, char* message, int64_t size, const char* library = nullptr) noexcept;
+// Runs op `name`'s CPU compute function on host memory (opbridge._core): checks the call, asks
+// `alloc` for each output (its index, ONNX element type and shape; the memory must stay valid
+// until this returns), runs the kernel serially. isa: an opbridge::CpuIsa; channels_last: see
+// KernelCall::channels_last (shapes are the logical ones). Returns the StatusCode (0: ok) and the
+// message, as check_call_c; never throws.
+using HostAlloc = void* (*)(void* ctx, int64_t output, int32_t type, int64_t rank, const int64_t* dims);
+int32_t run_host_c(const char* name, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
+                   int64_t n_attrs, int32_t isa, int32_t channels_last, HostAlloc alloc, void* alloc_ctx,
+                   char* message, int64_t size, const char* library = nullptr) noexcept;
 }  // namespace opbridge::ort
 
-// OPBRIDGE_ORT_LIBRARY_ENTRY(domain): defines the library's exported entry point
+// OPBRIDGE_ORT_LIBRARY(domain, library): defines the library's exported entry points:
 // RegisterCustomOps (what SessionOptions.register_custom_ops_library / RegisterCustomOpsLibrary
-// look up), registering all of its ops in `domain` (a const char*). Exactly one per library.
-#define OPBRIDGE_ORT_LIBRARY_ENTRY(domain)                                                        \
-  extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps( \
-      OrtSessionOptions* options, const OrtApiBase* api_base) {                                   \
-    return ::opbridge::ort::register_custom_ops(options, api_base, (domain));                     \
-  }                                                                                               \
-  extern "C" __attribute__((visibility("default"))) const char* OpbridgeDescribeOps() {           \
-    return ::opbridge::ort::describe_ops(domain);                                                 \
-  }                                                                                               \
-  extern "C" __attribute__((visibility("default"))) int32_t OpbridgeCheckCall(                    \
-      const char* name, const ::opbridge::ort::CheckTensor* inputs, int64_t n_inputs,             \
-      const ::opbridge::ort::CheckAttr* attrs, int64_t n_attrs, char* message, int64_t size) {    \
-    return ::opbridge::ort::check_call_c(name, inputs, n_inputs, attrs, n_attrs, message, size);  \
+// look up), registering all of its ops in `domain` (a const char*), and the ones Python reads
+// with ctypes (OpbridgeDescribeOps, OpbridgeCheckCall, OpbridgeRunHost). `library`: the library
+// whose compute functions it serves (opbridge_add_op's LIBRARY; nullptr: all of this binary's).
+// Exactly one per library.
+#define OPBRIDGE_ORT_LIBRARY(domain, library)                                                      \
+  extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(  \
+      OrtSessionOptions* options, const OrtApiBase* api_base) {                                    \
+    return ::opbridge::ort::register_custom_ops(options, api_base, (domain), (library));           \
+  }                                                                                                \
+  extern "C" __attribute__((visibility("default"))) const char* OpbridgeDescribeOps() {            \
+    return ::opbridge::ort::describe_ops((domain), (library));                                     \
+  }                                                                                                \
+  extern "C" __attribute__((visibility("default"))) int32_t OpbridgeCheckCall(                     \
+      const char* name, const ::opbridge::ort::CheckTensor* inputs, int64_t n_inputs,              \
+      const ::opbridge::ort::CheckAttr* attrs, int64_t n_attrs, char* message, int64_t size) {     \
+    return ::opbridge::ort::check_call_c(name, inputs, n_inputs, attrs, n_attrs, message, size,    \
+                                         (library));                                               \
+  }                                                                                                \
+  extern "C" __attribute__((visibility("default"))) int32_t OpbridgeRunHost(                       \
+      const char* name, const ::opbridge::ort::CheckTensor* inputs, int64_t n_inputs,              \
+      const ::opbridge::ort::CheckAttr* attrs, int64_t n_attrs, int32_t isa, int32_t channels_last, \
+      ::opbridge::ort::HostAlloc alloc, void* alloc_ctx, char* message, int64_t size) {            \
+    return ::opbridge::ort::run_host_c(name, inputs, n_inputs, attrs, n_attrs, isa, channels_last, \
+                                       alloc, alloc_ctx, message, size, (library));                \
   }
+// The same, serving every compute function of the binary (libraries generated before
+// OPBRIDGE_ORT_LIBRARY existed).
+#define OPBRIDGE_ORT_LIBRARY_ENTRY(domain) OPBRIDGE_ORT_LIBRARY(domain, nullptr)

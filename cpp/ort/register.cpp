@@ -4,7 +4,7 @@
 // (Python) or RegisterCustomOpsLibrary / RegisterCustomOpsUsingFunction (C/C++); the library's
 // entry point (OPBRIDGE_ORT_LIBRARY_ENTRY, entry.cpp for opbridge's own) forwards here with its
 // domain. We negotiate the C API version (min of the runtime's and the headers'), wrap every
-// OpSpec of op_registry() into an OrtCustomOp whose `version` is capped to it, and add them all
+// OpSpec of the library (library_specs) into an OrtCustomOp whose `version` is capped to it, and add them all
 // in one domain ("ai.opbridge" for opbridge's library).
 //
 // Registering again on options that already have the ops is a no-op: ORT refuses (1.31: "Domain
@@ -215,7 +215,8 @@ std::string& registered_domain() {
 
 const char* domain() { return registered_domain().c_str(); }
 
-OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* base, const char* domain_name) noexcept {
+OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* base, const char* domain_name,
+                               const char* library) noexcept {
   // Without api_base there is no way to report anything.
   if (base == nullptr) return nullptr;
   const uint32_t runtime = runtime_api_version(base);
@@ -258,8 +259,8 @@ OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* bas
       // and never compares a model's import of the domain with a kernel's end version, so this
       // does not by itself refuse a model of a newer version: opbridge.InferenceSession and
       // `opbridge check` do (opbridge/onnx/_declared.py, attribute_problems).
-      const int newest = declared_domain_version();
-      for (const OpSpec& spec : op_registry()) {
+      const int newest = declared_domain_version(library);
+      for (const OpSpec& spec : library_specs(library)) {
         if (spec.decl != nullptr && !spec.decl->error().empty()) {
           fail(ORT_INVALID_ARGUMENT, "opbridge: misdeclared op in domain '" + std::string(domain_name) +
                                          "': " + spec.decl->error());

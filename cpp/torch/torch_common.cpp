@@ -27,6 +27,7 @@ void check_status(const Status& status, std::string_view qualname) {
     case StatusCode::kInvalidArgument: throw_error(kValueErrorTag, qualname, status.message());
     case StatusCode::kTypeError: throw_error(kTypeErrorTag, qualname, status.message());
     case StatusCode::kNotImplemented: throw_error(kNotImplementedTag, qualname, status.message());
+    case StatusCode::kLinAlgError: throw_error(kLinAlgErrorTag, qualname, status.message());
     default: throw_error(nullptr, qualname, status.message());
   }
 }
@@ -98,6 +99,24 @@ ElemType elem_type(ScalarType t) {
     case ScalarType::ComplexFloat: return ElemType::kComplex64;
     case ScalarType::ComplexDouble: return ElemType::kComplex128;
     default: return ElemType::kUndefined;
+  }
+}
+
+ScalarType scalar_type(ElemType t) {
+  switch (t) {
+    case ElemType::kFloat32: return ScalarType::Float;
+    case ElemType::kFloat64: return ScalarType::Double;
+    case ElemType::kFloat16: return ScalarType::Half;
+    case ElemType::kBFloat16: return ScalarType::BFloat16;
+    case ElemType::kUint8: return ScalarType::Byte;
+    case ElemType::kInt8: return ScalarType::Char;
+    case ElemType::kInt16: return ScalarType::Short;
+    case ElemType::kInt32: return ScalarType::Int;
+    case ElemType::kInt64: return ScalarType::Long;
+    case ElemType::kBool: return ScalarType::Bool;
+    case ElemType::kComplex64: return ScalarType::ComplexFloat;
+    case ElemType::kComplex128: return ScalarType::ComplexDouble;
+    default: throw std::runtime_error(std::string("opbridge: no torch dtype for element type ") + elem_type_name(t));
   }
 }
 
@@ -210,8 +229,12 @@ bool uses_channels_last(const Tensor& x) {
 }
 
 Tensor empty_in_layout(const Tensor& x, bool channels_last) {
+  return empty_in_layout(x, channels_last, torch_adapter::dtype(x));
+}
+
+Tensor empty_in_layout(const Tensor& x, bool channels_last, ScalarType dtype) {
   const auto sz = sizes(x);
-  if (!channels_last) return torch_adapter::empty(sz, torch_adapter::dtype(x), x);
+  if (!channels_last) return torch_adapter::empty(sz, dtype, x);
   // The strides of a contiguous [N, *spatial, C] buffer, in x's dimension order.
   const auto order = channels_last_order(x.dim());
   std::vector<int64_t> st(sz.size());
@@ -220,7 +243,7 @@ Tensor empty_in_layout(const Tensor& x, bool channels_last) {
     st[order[k]] = s;
     s *= sz[order[k]] > 1 ? sz[order[k]] : 1;
   }
-  return empty_strided(sz, st, torch_adapter::dtype(x), x);
+  return empty_strided(sz, st, dtype, x);
 }
 
 Tensor in_layout(const Tensor& t, bool channels_last) {
@@ -401,7 +424,7 @@ TorchCall::TorchCall(const OpDecl& decl, std::string_view qualname, StableIValue
   }
   const Tensor* first = nullptr;
   const ArgDecl* first_decl = nullptr;
-  for (const ArgDecl* a : decl.inputs()) {
+  for (const ArgDecl* a : decl.check_order()) {
     const size_t i = static_cast<size_t>(a->input_index);
     if (!inputs_[i].has_value()) continue;
     const Tensor& t = *inputs_[i];
@@ -426,6 +449,7 @@ TorchCall::TorchCall(const OpDecl& decl, std::string_view qualname, StableIValue
                       device_string(t));
     }
   }
+  anchor_ = first;
   check_status(opbridge::check_call(call_), qualname_);
   outputs_.resize(decl.outputs().size());
 }

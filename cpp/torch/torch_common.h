@@ -4,9 +4,12 @@
 // boxed function (StableIValue stack) registered with STABLE_TORCH_LIBRARY_IMPL, tensors are
 // torch::stable::Tensor, every torch call goes through the C shim.
 //
-// A declared op (opbridge/op_decl.h) needs no hand-written unboxing: OPBRIDGE_DECLARED_KERNEL
-// makes the boxed kernel, which reads the arguments the declaration lists, runs its checks, calls
-// the op's run function with a TorchCall, and returns the outputs that function set.
+// A declared op needs no torch code of its own: one generic boxed kernel (LibraryOps, below)
+// serves every compute function a library registered (opbridge/kernel.h): it reads the arguments
+// the declaration lists, runs its checks, brings the inputs into the layout the compute function
+// takes, allocates the outputs the declaration's rules give, queues CUDA work on torch's current
+// stream, and translates the status. (An op may still write its own run function over a TorchCall
+// with OPBRIDGE_DECLARED_KERNEL, as projects made by earlier `opbridge new-op` do.)
 //
 // Errors: the stable ABI raises every C++ exception in Python as RuntimeError. opbridge tags the
 // message with the exception type it stands for ("ValueError: opbridge::group_norm: x must ...",
@@ -25,6 +28,7 @@
 #include <vector>
 
 #include "opbridge/dtype.h"
+#include "opbridge/kernel.h"
 #include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
@@ -60,8 +64,9 @@ inline void check_type(bool cond, std::string_view qualname, const std::string& 
 // t's dtype, as t.scalar_type() but with one shim call for the floating and int64 types (the
 // stable ABI's conversion asks the shim for each candidate in turn).
 ScalarType dtype(const Tensor& t);
-// The ONNX element type of a torch dtype (kUndefined for others).
+// The ONNX element type of a torch dtype (kUndefined for others), and back.
 ElemType elem_type(ScalarType t);
+ScalarType scalar_type(ElemType t);
 // "float32", "int64", ... (torch's Python names).
 const char* dtype_name(ScalarType t);
 // "[2, 3, 4]".
@@ -94,8 +99,9 @@ std::vector<int64_t> channels_last_order(int64_t rank);
 // single sample (N = 1) only with a batch stride of at least its size, as torch decides.
 bool uses_channels_last(const Tensor& x);
 // A new tensor of x's sizes, channels-last (strides of a contiguous [N, *spatial, C] buffer) or
-// contiguous.
+// contiguous, of x's dtype or `dtype`.
 Tensor empty_in_layout(const Tensor& x, bool channels_last);
+Tensor empty_in_layout(const Tensor& x, bool channels_last, ScalarType dtype);
 // t in the given layout (a copy only where t's memory differs).
 Tensor in_layout(const Tensor& t, bool channels_last);
 
@@ -168,6 +174,9 @@ class TorchCall {
   const Tensor& in(std::string_view name) const;
   // A host_memory input: contiguous on the CPU (copied once from a device tensor).
   const Tensor& host(std::string_view name) const;
+  // The input whose device the call runs on: the first present input that is not host_memory,
+  // forward arguments before gradients (nullptr when every input is host_memory).
+  const Tensor* anchor() const { return anchor_; }
   void set_output(size_t i, Tensor t);
   // Throws the tagged error for a non-ok status (e.g. the kernel's), as check_status does.
   void check(const Status& status) const { check_status(status, qualname_); }
@@ -182,7 +191,33 @@ class TorchCall {
   std::vector<std::optional<Tensor>> inputs_;  // per declared input (empty: absent)
   std::vector<std::optional<Tensor>> host_;    // per declared input (set for host_memory ones)
   std::vector<std::optional<Tensor>> outputs_;
+  const Tensor* anchor_ = nullptr;
 };
+
+// ---- the generic kernel ----------------------------------------------------------------------
+// The torch ops of one library: for every compute function registered for `library` (nullptr:
+// any) in this binary, the op's schema from its declaration in torch namespace `ns`, and the
+// generic boxed kernel for the CPU or CUDA dispatch key. Define exactly one per torch library,
+// at namespace scope (OPBRIDGE_TORCH_LIBRARY); it registers during static initialization, and
+// also the compute functions whose own registration runs after it.
+class LibraryOps {
+ public:
+  LibraryOps(const char* ns, const char* library);
+  ~LibraryOps();
+  LibraryOps(const LibraryOps&) = delete;
+  LibraryOps& operator=(const LibraryOps&) = delete;
+
+  // Ops of one library with a generic kernel (their boxed kernels are slots of a fixed table,
+  // since torch's boxed kernels carry no context).
+  static constexpr size_t kMaxOps = 64;
+
+ private:
+  static void add(const OpKernel& kernel, void* self);
+  struct State;
+  State* state_;
+};
+#define OPBRIDGE_TORCH_LIBRARY(ns, library) \
+  static ::opbridge::torch_adapter::LibraryOps opbridge_torch_library_ops_((ns), (library))
 
 // The boxed kernel of a declared op: TorchCall from the stack, run(call), outputs to the stack.
 template <const OpDecl& (*Decl)(), void (*Run)(TorchCall&), const char* (*Namespace)()>

@@ -19,9 +19,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "common/device.h"
+#include "opbridge/status.h"
 
 // Shared memory is declared through these macros, so that the host emulation of the runtime
 // (tests/cuda_host/sim/simt.h, which defines its own forms) can give every block and declaration
@@ -82,6 +84,14 @@ cudaError_t launch(void (*kernel)(Params...), const LaunchShape& shape, Stream s
     cfg.numAttrs = 1;
   }
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// The Status a compute function returns for a CUDA call that failed (`what` says which):
+// "CUDA launch failed: cudaErrorInvalidValue (invalid argument)".
+inline Status cuda_status(cudaError_t err, const char* what = "CUDA launch") {
+  if (err == cudaSuccess) return Status::Ok();
+  return Status::RuntimeError(std::string(what) + " failed: " + cudaGetErrorName(err) + " (" +
+                              cudaGetErrorString(err) + ")");
 }
 
 // Largest grid.x of any launch (the CUDA limit is 2^31 - 1; launchers use grid-stride loops and

@@ -81,6 +81,8 @@ class InputDecl:
     shape: str
     host_memory: bool
     index: int  # position among the inputs
+    # Of a backward op: an input that is the gradient of a forward output (not a forward argument).
+    gradient: bool = False
 
 
 @dataclass(frozen=True)
@@ -202,10 +204,18 @@ class OpDecl:
     types: dict  # type variable -> [ONNX element type numbers]
     outputs: list
     library: "OpLibrary" = field(repr=False)
+    # Of a backward op: (the forward op's name, the forward inputs whose gradients it returns).
+    gradient_of: tuple | None = None
 
     @property
     def inputs(self) -> list[InputDecl]:
         return [a for a in self.args if isinstance(a, InputDecl)]
+
+    @property
+    def check_order(self) -> list[InputDecl]:
+        """The inputs in the order the checks compare them (dtypes, devices): forward arguments
+        before gradients."""
+        return sorted(self.inputs, key=lambda i: i.gradient)
 
     @property
     def attrs(self) -> list[AttrDecl]:
@@ -280,6 +290,37 @@ class OpDecl:
     def type_strings(self) -> dict[str, list[str]]:
         return {k: [ONNX_TYPE_STRINGS[t] for t in v] for k, v in self.types.items()}
 
+    def run(self, *args: Any, isa: str = "auto", channels_last: bool = False, **kwargs: Any) -> Any:
+        """Runs the op's CPU kernel on arrays (numpy, ml_dtypes.bfloat16 numpy arrays, or anything
+        with ``__dlpack__``) through its library (opbridge._core): the arguments of the torch op,
+        by position or name, checked by the declaration (the same messages as torch and ORT,
+        prefixed with the op's name); returns numpy arrays (one, or a tuple for several outputs).
+
+        isa: the kernels' instruction-set variant ('auto': _core's level, see
+            ``_core.set_cpu_isa``; 'baseline', 'avx2', 'avx512').
+        channels_last: for ops whose output keeps its input's memory format: that input, the
+            inputs of its rank and those outputs are (N, *spatial, C) arrays (NHWC)."""
+        from . import _core
+
+        bound = self.signature().bind(*args, **kwargs)
+        bound.apply_defaults()
+        like = next((o.like for o in self.outputs if o.keeps_memory_format and o.like >= 0), -1)
+        if channels_last and like < 0:
+            raise ValueError(f"{self.name}: channels_last=True: its outputs do not keep an input's memory format")
+        like_value = bound.arguments[self.inputs[like].name] if like >= 0 else None
+        like_rank = getattr(like_value, "ndim", -1)
+        inputs = []
+        for i in self.inputs:
+            value = bound.arguments[i.name]
+            inputs.append((i.name, value, bool(channels_last and getattr(value, "ndim", -2) == like_rank)))
+        attrs = []
+        for a in self.attrs:
+            value = bound.arguments[a.name]
+            attrs.append((a.type, None if value is None else a.normalize(value)))
+        outs = _core.run(self.library.run_entry(), self.name, inputs, attrs,
+                         [o.keeps_memory_format for o in self.outputs], isa, bool(channels_last))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
 
 class _Tensor(ctypes.Structure):
     _fields_ = [("present", ctypes.c_int32), ("type", ctypes.c_int32), ("rank", ctypes.c_int64),
@@ -330,7 +371,8 @@ class OpLibrary:
             for a in o["args"]:
                 if a["kind"] == "input":
                     args.append(InputDecl(a["name"], a["onnx_name"], a["doc"], a["since"], a["type_var"],
-                                          a["optional"], a["rank"], a["min_rank"], a["shape"], a["host_memory"], n_in))
+                                          a["optional"], a["rank"], a["min_rank"], a["shape"], a["host_memory"], n_in,
+                                          bool(a.get("gradient", False))))
                     n_in += 1
                 else:
                     args.append(AttrDecl(a["name"], a["onnx_name"], a["doc"], a["since"], a["type"], a["required"],
@@ -338,11 +380,25 @@ class OpLibrary:
                     n_attr += 1
             outputs = [OutputDecl(x["name"], x["type_var"], x["rule"], x["doc"], x["keeps_memory_format"], x["like"],
                                   _exprs(x)) for x in o["outputs"]]
+            grad = o.get("gradient_of")
             self.ops[o["name"]] = OpDecl(o["name"], o["onnx_type"], o["since"], o["doc"], args,
-                                         {k: list(v) for k, v in o["types"].items()}, outputs, self)
+                                         {k: list(v) for k, v in o["types"].items()}, outputs, self,
+                                         (grad["op"], tuple(grad["wrt"])) if grad else None)
 
     def __repr__(self) -> str:
         return f"OpLibrary({self.path!r}, domain={self.domain!r}, ops={sorted(self.ops)})"
+
+    def run_entry(self) -> int:
+        """The address of the library's OpbridgeRunHost (what opbridge._core runs its ops through)."""
+        try:
+            return ctypes.cast(self._lib.OpbridgeRunHost, ctypes.c_void_p).value
+        except AttributeError:
+            raise NotImplementedError(f"{self.path} has no OpbridgeRunHost entry point: it was built with an "
+                                      "earlier opbridge; rebuild it to run its ops on arrays") from None
+
+    def backward_of(self, name: str) -> OpDecl | None:
+        """The declared backward op of op ``name`` (the op whose gradient_of names it), if any."""
+        return next((op for op in self.ops.values() if op.gradient_of and op.gradient_of[0] == name), None)
 
     def by_onnx_type(self, onnx_type: str) -> OpDecl | None:
         return next((op for op in self.ops.values() if op.onnx_type == onnx_type), None)
@@ -581,6 +637,21 @@ def discover() -> list[OpLibrary]:
     for s in skipped:
         warnings.warn(f"opbridge: skipped the op library of {s}", RuntimeWarning, stacklevel=2)
     return found
+
+
+def _core_function(name: str) -> Any:
+    """``opbridge._core.<name>``: the op ``name`` of opbridge's library on arrays (OpDecl.run)."""
+    op = opbridge_library().ops.get(str(name)) if not str(name).startswith("__") else None
+    if op is None:
+        raise AttributeError(f"module 'opbridge._core' has no attribute {name!r}")
+
+    def run(*args: Any, isa: str = "auto", channels_last: bool = False, **kwargs: Any) -> Any:
+        return op.run(*args, isa=isa, channels_last=channels_last, **kwargs)
+
+    run.__name__ = op.name
+    run.__qualname__ = op.name
+    run.__doc__ = f"{op.doc}\n\nopbridge's CPU kernel on arrays: see OpDecl.run (isa, channels_last)."
+    return run
 
 
 def find_op(domain: str, onnx_type: str) -> OpDecl | None:

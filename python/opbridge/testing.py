@@ -225,6 +225,7 @@ def check_op(
     lowerings: Sequence[str] | None = None,
     export_samples: int = 1,
     cuda: bool = True,
+    core: bool = True,
     raise_on_failure: bool = True,
 ) -> CheckReport:
     """Checks a declared op (ours or yours) end to end; raises OpCheckError with the report when
@@ -241,7 +242,8 @@ def check_op(
     dtypes: the floating dtypes to run (default: those the declaration allows).
     tolerances: (rtol, atol) per dtype, overriding :func:`default_tolerances`; used against the
         reference and between ONNX Runtime and torch.
-    opcheck / gradcheck / export / cuda: turn a group of checks off.
+    opcheck / gradcheck / export / cuda / core: turn a group of checks off (core: the op's CPU
+        kernel on arrays, through its library as opbridge._core runs it: OpDecl.run).
     exporters: "dynamo" and/or "torchscript".
     lowerings: default "custom", plus "standard" where the op has a standard lowering.
     export_samples: how many samples (the first ones) to export per dtype, exporter and lowering.
@@ -268,6 +270,8 @@ def check_op(
         _check_forward(report, overload, reference, samples, dtypes, tol, "cuda")
     elif cuda:
         report.add("forward on CUDA", "skip", "no CUDA device (torch.cuda.is_available() is False)")
+    if core:
+        _check_core(report, decl, reference, samples, dtypes, tol)
     if opcheck:
         _check_opcheck(report, decl, overload, samples, dtypes)
     if gradcheck:
@@ -304,6 +308,39 @@ def _check_forward(report: CheckReport, overload: Any, reference: Callable, samp
             bad = [f"output {i} has dtype {o.dtype}, expected {dt}" for i, o in enumerate(_as_tuple(got))
                    if isinstance(o, torch.Tensor) and o.is_floating_point() and o.dtype != dt]
             problem = "; ".join(bad) or _compare_all(got, expected, *tol[dt])
+            report.add(name, "FAIL" if problem else "ok", problem)
+
+
+def _check_core(report: CheckReport, decl: Any, reference: Callable, samples: list, dtypes: list,
+                tol: Mapping) -> None:
+    """The op's CPU kernel on arrays through its library (OpDecl.run, what opbridge._core.<op>
+    runs): no torch in the call, the declaration's checks and output rules applied by the library."""
+    try:
+        decl.library.run_entry()
+    except NotImplementedError as e:
+        report.add("arrays (opbridge._core)", "skip", _error(e, 1))
+        return
+    for k, sample in enumerate(samples):
+        try:
+            expected = reference(*_cast(sample, torch.float64))
+        except Exception:
+            continue  # reported by the forward check
+        for dt in dtypes:
+            name = f"arrays (opbridge._core) {_DTYPE_NAMES[dt]}, sample {k}"
+            try:
+                # Tensors go in through DLPack (bfloat16 included); results are numpy arrays.
+                got = decl.run(*_cast(sample, dt))
+            except Exception as e:
+                if isinstance(e, RuntimeError) and "has no CPU kernel" in str(e):
+                    # An op whose adapters are written by hand (as earlier `opbridge new-op`
+                    # projects have them) registers no compute function to run on arrays.
+                    report.add("arrays (opbridge._core)", "skip", _error(e, 1))
+                    return
+                report.add(name, "FAIL", _error(e))
+                continue
+            got = tuple(np.asarray(o).astype(np.float64) if np.asarray(o).dtype.kind in "fV" or
+                        str(np.asarray(o).dtype) == "bfloat16" else np.asarray(o) for o in _as_tuple(got))
+            problem = _compare_all(got, expected, *tol[dt])
             report.add(name, "FAIL" if problem else "ok", problem)
 
 

@@ -1,10 +1,13 @@
 // Runs opbridge's CUDA launchers on the CPU: the kernel files themselves (cuda/ops/*/*_kernel.cu,
 // compiled with the host compiler against the runtime emulation in tests/cuda_host/sim/), called
-// the way the torch and ORT adapters call them, for tests/test_cuda_host.py. Built with
-// AddressSanitizer and UndefinedBehaviorSanitizer under OPBRIDGE_CUDA_HOST_SANITIZE=1.
+// directly, or through the ops' CUDA compute functions as the generic torch and ORT kernels call
+// them (OP_compute: a KernelCall of the checked call, opbridge/kernel.h), for
+// tests/test_cuda_host.py. Built with AddressSanitizer and UndefinedBehaviorSanitizer under
+// OPBRIDGE_CUDA_HOST_SANITIZE=1.
 //
 //   simt_ops OP TYPE SMS CC IN OUT
-//     OP    inverse | group_norm | ms_deform_attn
+//     OP    inverse | group_norm | ms_deform_attn, or the same with _compute (same IN; OUT starts
+//           with the compute functions' status codes instead of the launchers' errors)
 //     TYPE  float | double | half | bfloat16 (inverse: float | double)
 //     SMS   the emulated device's SM count (small counts make the grid-stride loops wrap)
 //     CC    its compute capability as major * 10 + minor (>= 90: thread-block clusters)
@@ -33,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -41,6 +45,8 @@
 #include "ops/inverse/inverse.cuh"
 #include "ops/ms_deform_attn/ms_deform_attn.cuh"
 #include "opbridge/dtype.h"
+#include "opbridge/inverse.h"
+#include "opbridge/kernel.h"
 
 namespace {
 
@@ -123,14 +129,70 @@ cudaStream_t the_stream() {
   return reinterpret_cast<cudaStream_t>(&s);
 }
 
+// ---- the CUDA compute functions, as the generic adapters call them -----------------------------
+
+// Scratch "device" memory: exactly the bytes asked for (so that an overrun is an ASan error).
+class Scratch final : public opbridge::KernelHost {
+ public:
+  void* scratch(size_t bytes) override {
+    blocks_.push_back(std::make_unique<Buffer<unsigned char>>(bytes));
+    return blocks_.back()->p;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Buffer<unsigned char>>> blocks_;
+};
+
+// Checks the call with its declaration, then runs the op's registered CUDA compute function on
+// the emulated stream; returns the status code (its message on stderr).
+int64_t run_compute(const opbridge::OpCall& call, const std::vector<const void*>& in, const std::vector<void*>& out,
+                    bool channels_last) {
+  opbridge::ComputeFn fn = nullptr;
+  for (const opbridge::OpKernel& k : opbridge::registered_kernels()) {
+    if (&k.decl() == &call.decl() && k.device == opbridge::Device::kCuda) fn = k.compute;
+  }
+  if (fn == nullptr) die("no CUDA compute function registered for the op");
+  opbridge::Status st = opbridge::check_call(call);
+  if (st.ok()) {
+    Scratch scratch;
+    opbridge::KernelCall::Services s;
+    s.stream = the_stream();
+    s.channels_last = channels_last;
+    s.host = &scratch;
+    st = fn(opbridge::KernelCall(call, opbridge::Device::kCuda, in.data(), out.data(), s));
+  }
+  if (!st.ok()) std::fprintf(stderr, "status %d: %s\n", static_cast<int>(st.code()), st.message().c_str());
+  return static_cast<int64_t>(st.code());
+}
+
 template <class T>
-int run_inverse(Io& io) {
+opbridge::TensorArg tensor(std::vector<int64_t> shape, const void* host_data = nullptr) {
+  opbridge::TensorArg t;
+  t.present = true;
+  t.type = opbridge::elem_type_of<T>();
+  t.shape = std::move(shape);
+  t.data = host_data;
+  return t;
+}
+
+template <class T>
+int run_inverse(Io& io, bool compute) {
   const std::vector<int64_t> h = io.ints(4);
   const int64_t batch = h[0], n = h[1];
   const bool nan_on_singular = h[2] != 0, in_place = h[3] != 0;
   const size_t count = static_cast<size_t>(batch * n * n);
   Buffer<T> a(count), out(in_place ? 0 : count);
   io.read(a);
+  if (compute) {
+    if (in_place) die("inverse_compute: the adapters never run in place");
+    opbridge::OpCall call(opbridge::inverse_decl());
+    call.in("x") = tensor<T>({batch, n, n});
+    call.set_string("on_singular", nan_on_singular ? "nan" : "raise");
+    io.put(run_compute(call, {a.p}, {out.p}, false));
+    io.put(0);
+    io.write(out);
+    return 0;
+  }
   Buffer<uint64_t> info(1);
   const size_t ws_bytes = opbridge::cuda::inverse_workspace_bytes<T>(batch, n);
   Buffer<unsigned char> ws(ws_bytes);
@@ -144,7 +206,7 @@ int run_inverse(Io& io) {
 }
 
 template <class T>
-int run_group_norm(Io& io) {
+int run_group_norm(Io& io, bool compute) {
   const std::vector<int64_t> h = io.ints(9);
   opbridge::GroupNormDims d;
   d.N = h[0];
@@ -161,10 +223,27 @@ int run_group_norm(Io& io) {
   io.read(x);
   io.read(w);
   io.read(b);
+  if (compute) {
+    // x's logical shape (N, C, S); channels_last: its memory is (N, S, C).
+    opbridge::OpCall call(opbridge::group_norm_decl());
+    call.in("x") = tensor<T>({d.N, d.C, d.S});
+    if (has_w) call.in("weight") = tensor<T>({d.C});
+    if (has_b) call.in("bias") = tensor<T>({d.C});
+    call.set_int("num_groups", d.G);
+    call.set_float("eps", eps);
+    call.set_string("activation", opbridge::activation_name(act));
+    io.put(run_compute(call, {x.p, has_w ? w.p : nullptr, has_b ? b.p : nullptr}, {y.p}, d.channels_last));
+    io.write(y);
+    return 0;
+  }
   const size_t ws_bytes = opbridge::cuda::group_norm_workspace_bytes<T>(d);
   Buffer<unsigned char> ws(ws_bytes);
+  opbridge::GroupNormParams p;
+  p.d = d;
+  p.eps = eps;
+  p.act = act;
   const cudaError_t e = opbridge::cuda::launch_group_norm<T>(the_stream(), x.p, has_w ? w.p : nullptr,
-                                                             has_b ? b.p : nullptr, y.p, d, eps, act,
+                                                             has_b ? b.p : nullptr, y.p, p,
                                                              ws_bytes > 0 ? ws.p : nullptr, ws_bytes);
   io.put(e);
   io.write(y);
@@ -172,7 +251,7 @@ int run_group_norm(Io& io) {
 }
 
 template <class T>
-int run_ms_deform_attn(Io& io) {
+int run_ms_deform_attn(Io& io, bool compute) {
   const std::vector<int64_t> h = io.ints(7);
   opbridge::MsDeformAttnDims d;
   d.N = h[0];
@@ -193,6 +272,29 @@ int run_ms_deform_attn(Io& io) {
   io.read(loc);
   io.read(attn);
   io.read(grad_out);
+  if (compute) {
+    // The forward's and the backward's compute functions (the backward's workspace from the
+    // adapter's scratch, own_workspace or not).
+    opbridge::OpCall fwd(opbridge::ms_deform_attn_decl());
+    fwd.in("value") = tensor<T>({d.N, d.S, d.M, d.D});
+    fwd.in("spatial_shapes") = tensor<int64_t>({d.L, 2}, shapes.data());
+    fwd.in("level_start_index") = tensor<int64_t>({d.L}, starts.data());
+    fwd.in("sampling_locations") = tensor<T>({d.N, d.Lq, d.M, d.L, d.P, 2});
+    fwd.in("attention_weights") = tensor<T>({d.N, d.Lq, d.M, d.L, d.P});
+    opbridge::OpCall bwd(opbridge::ms_deform_attn_backward_decl());
+    for (const char* name : {"value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"}) {
+      bwd.in(name) = fwd.in(name);
+    }
+    bwd.in("grad_output") = tensor<T>({d.N, d.Lq, d.M * d.D});
+    io.put(run_compute(fwd, {value.p, shapes.data(), starts.data(), loc.p, attn.p}, {out.p}, false));
+    io.put(run_compute(bwd, {grad_out.p, value.p, shapes.data(), starts.data(), loc.p, attn.p}, {gv.p, gloc.p, gattn.p},
+                       false));
+    io.write(out);
+    io.write(gv);
+    io.write(gloc);
+    io.write(gattn);
+    return 0;
+  }
   const cudaError_t ef = opbridge::cuda::launch_ms_deform_attn<T>(the_stream(), value.p, shapes.data(), starts.data(),
                                                                   loc.p, attn.p, out.p, d);
   cudaError_t eb;
@@ -215,18 +317,20 @@ int run_ms_deform_attn(Io& io) {
   return 0;
 }
 
-template <template <class> class Run>
-int dispatch(const std::string& type, Io& io, bool half_types) {
-  if (type == "float") return Run<float>::go(io);
-  if (type == "double") return Run<double>::go(io);
-  if (half_types && type == "half") return Run<Half>::go(io);
-  if (half_types && type == "bfloat16") return Run<BFloat16>::go(io);
+template <template <class> class Run, bool kHalfTypes>
+int dispatch(const std::string& type, Io& io, bool compute) {
+  if (type == "float") return Run<float>::go(io, compute);
+  if (type == "double") return Run<double>::go(io, compute);
+  if constexpr (kHalfTypes) {
+    if (type == "half") return Run<Half>::go(io, compute);
+    if (type == "bfloat16") return Run<BFloat16>::go(io, compute);
+  }
   die("unknown TYPE");
 }
 
-template <class T> struct Inverse { static int go(Io& io) { return run_inverse<T>(io); } };
-template <class T> struct GroupNorm { static int go(Io& io) { return run_group_norm<T>(io); } };
-template <class T> struct MsDeformAttn { static int go(Io& io) { return run_ms_deform_attn<T>(io); } };
+template <class T> struct Inverse { static int go(Io& io, bool c) { return run_inverse<T>(io, c); } };
+template <class T> struct GroupNorm { static int go(Io& io, bool c) { return run_group_norm<T>(io, c); } };
+template <class T> struct MsDeformAttn { static int go(Io& io, bool c) { return run_ms_deform_attn<T>(io, c); } };
 
 void on_alarm(int) {
   const char msg[] = "simt_ops: no result within the time limit (a barrier that not every thread reaches?)\n";
@@ -238,7 +342,11 @@ void on_alarm(int) {
 
 int main(int argc, char** argv) {
   if (argc != 7) die("usage: simt_ops OP TYPE SMS CC IN OUT");
-  const std::string op = argv[1], type = argv[2];
+  std::string op = argv[1];
+  const std::string type = argv[2];
+  const std::string suffix = "_compute";
+  const bool compute = op.size() > suffix.size() && op.compare(op.size() - suffix.size(), suffix.size(), suffix) == 0;
+  if (compute) op.resize(op.size() - suffix.size());
   simt::config().sm_count = std::atoi(argv[3]);
   simt::config().cc_major = std::atoi(argv[4]) / 10;
   simt::config().cc_minor = std::atoi(argv[4]) % 10;
@@ -248,11 +356,11 @@ int main(int argc, char** argv) {
   if (io.in == nullptr || io.out == nullptr) die("cannot open IN or OUT");
   int rc;
   if (op == "inverse") {
-    rc = dispatch<Inverse>(type, io, false);
+    rc = dispatch<Inverse, false>(type, io, compute);
   } else if (op == "group_norm") {
-    rc = dispatch<GroupNorm>(type, io, true);
+    rc = dispatch<GroupNorm, true>(type, io, compute);
   } else if (op == "ms_deform_attn") {
-    rc = dispatch<MsDeformAttn>(type, io, true);
+    rc = dispatch<MsDeformAttn, true>(type, io, compute);
   } else {
     die("unknown OP");
   }

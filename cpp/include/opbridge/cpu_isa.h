@@ -44,3 +44,13 @@ CpuIsa cpu_isa_resolve(CpuIsa isa);
 CpuIsa set_cpu_isa(CpuIsa isa);
 
 }  // namespace opbridge
+
+// In an <op>_cpu_isa.cpp (one source of hot loops that opbridge_add_op compiles once per
+// instruction set, defining OPBRIDGE_ISA_AVX2 or OPBRIDGE_ISA_AVX512 with that set's flags):
+// OPBRIDGE_ISA_FN(forward) is forward_avx2 or forward_avx512, the name the kernel calls for that
+// variant.
+#if defined(OPBRIDGE_ISA_AVX512)
+#define OPBRIDGE_ISA_FN(name) name##_avx512
+#elif defined(OPBRIDGE_ISA_AVX2)
+#define OPBRIDGE_ISA_FN(name) name##_avx2
+#endif

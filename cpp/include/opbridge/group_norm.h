@@ -38,6 +38,7 @@
 
 #include "opbridge/cpu_isa.h"
 #include "opbridge/dtype.h"
+#include "opbridge/kernel.h"
 #include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
@@ -47,8 +48,12 @@ namespace opbridge {
 // The ONNX op type in domain ai.opbridge: the contract between exporter and ORT library.
 inline constexpr const char* kGroupNormOpType = "GroupNorm";
 
-// The op's declaration (opbridge/op_decl.h): arguments, types, versions, output rule, checks.
+// The op's declaration (opbridge/op_decl.h): arguments, types, versions, output rule, checks;
+// and its backward's: group_norm_backward(grad, <group_norm's arguments>) -> (grad_x,
+// grad_weight, grad_bias), the gradients with respect to x, weight and bias (the latter two as
+// if weight were 1 where it is absent: the caller drops what it does not need).
 const OpDecl& group_norm_decl();
+const OpDecl& group_norm_backward_decl();
 
 // The activation applied after the affine: y = act(xhat * w + b).
 enum class Activation : int32_t { kNone = 0, kSilu = 1 };
@@ -98,15 +103,25 @@ inline GroupNormDims group_norm_dims(const std::vector<int64_t>& shape, int64_t 
   return group_norm_dims(shape.data(), shape.size(), num_groups, channels_last);
 }
 
+// The kernels' arguments besides the tensors.
+struct GroupNormParams {
+  GroupNormDims d;                     // sizes and layout
+  double eps = 1e-5;                   // added to the variance
+  Activation act = Activation::kNone;  // applied after the affine
+};
+
+// The GroupNormParams of a call of group_norm or group_norm_backward that passed the
+// declaration's checks, in the call's layout (KernelCall::channels_last()): what every compute
+// function hands its kernel (defined with the declaration, group_norm_decl.cpp).
+GroupNormParams group_norm_params(const KernelCall& k);
+
 // Forward on the CPU.
 //   x:      [N, C, S] or [N, S, C] input (see GroupNormDims; N, C or S may be 0: nothing is
 //           computed then)
 //   weight: [C] per-channel scale, or nullptr for 1
 //   bias:   [C] per-channel shift, or nullptr for 0
 //   y:      output in x's layout (may not alias x)
-//   d:      sizes and layout, from group_norm_dims()
-//   eps:    added to the variance
-//   act:    applied after the affine
+//   p:      sizes and layout (from group_norm_dims()), eps, activation
 //   mean, rstd: optional [N, G] outputs (nullptr to skip) with each group's mean and
 //               1/sqrt(var + eps), in the accumulation type of T (both 0 for empty groups)
 //   pf:     the caller's parallel-for
@@ -116,9 +131,19 @@ inline GroupNormDims group_norm_dims(const std::vector<int64_t>& shape, int64_t 
 // type itself otherwise). Arguments must already have passed the declaration's checks (check_call). The variants
 // differ in the last bits only (vector width, fused multiply-adds); float64 has one variant.
 template <class T>
+Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const GroupNormParams& p, acc_t<T>* mean,
+                      acc_t<T>* rstd, const ParallelFor& pf, CpuIsa isa = CpuIsa::kAuto);
+// The same with the parameters one by one (sizes, eps, activation).
+template <class T>
 Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const GroupNormDims& d, double eps,
                       Activation act, acc_t<T>* mean, acc_t<T>* rstd, const ParallelFor& pf,
-                      CpuIsa isa = CpuIsa::kAuto);
+                      CpuIsa isa = CpuIsa::kAuto) {
+  GroupNormParams p;
+  p.d = d;
+  p.eps = eps;
+  p.act = act;
+  return group_norm_cpu<T>(x, weight, bias, y, p, mean, rstd, pf, isa);
+}
 
 // Backward on the CPU: gradients of group_norm (with `act`) with respect to x, weight and bias.
 //   dy, x:   in the layout of `d`; weight, bias: [C] or nullptr (bias is needed by SiLU's
@@ -129,6 +154,15 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
 // gives zero dweight and dbias.
 template <class T>
 Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T* bias, T* dx, T* dweight, T* dbias,
-                               const GroupNormDims& d, double eps, Activation act, const ParallelFor& pf);
+                               const GroupNormParams& p, const ParallelFor& pf);
+template <class T>
+Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T* bias, T* dx, T* dweight, T* dbias,
+                               const GroupNormDims& d, double eps, Activation act, const ParallelFor& pf) {
+  GroupNormParams p;
+  p.d = d;
+  p.eps = eps;
+  p.act = act;
+  return group_norm_backward_cpu<T>(dy, x, weight, bias, dx, dweight, dbias, p, pf);
+}
 
 }  // namespace opbridge

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "opbridge/cpu_isa.h"
+#include "opbridge/kernel.h"
 #include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
@@ -33,6 +34,14 @@ struct InverseDims {
   int64_t batch = 0, n = 0;
 };
 InverseDims inverse_dims(const std::vector<int64_t>& shape);
+
+// The kernels' arguments besides the tensors, from a call that passed the declaration's checks
+// (inverse_params, with the declaration in inverse_decl.cpp).
+struct InverseParams {
+  InverseDims d;
+  bool nan_on_singular = false;  // on_singular == "nan"
+};
+InverseParams inverse_params(const KernelCall& k);
 
 // Inverse on the CPU.
 //   a:     [batch, n, n] input matrices, row-major

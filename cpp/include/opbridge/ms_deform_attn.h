@@ -47,6 +47,7 @@
 
 #include "opbridge/cpu_isa.h"
 #include "opbridge/dtype.h"
+#include "opbridge/kernel.h"
 #include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
 #include "opbridge/status.h"
@@ -67,36 +68,27 @@ struct MsDeformAttnDims {
   int64_t N = 0, S = 0, M = 0, D = 0, Lq = 0, L = 0, P = 0;
 };
 
-// One tensor argument as the check sees it.
-//   shape: `rank` dimensions; a dimension < 0 is unknown (symbolic, during shape inference)
-//   rank:  number of dimensions, or -1 when even the rank is unknown (nothing is checked then)
-//   dtype: the element type's name: "float32", "float64", "float16", "bfloat16", "int64", or
-//          any other name (e.g. "int32") for a type the op refuses; nullptr when unknown
-struct MsDeformAttnArg {
-  const int64_t* shape = nullptr;
-  int64_t rank = -1;
-  const char* dtype = nullptr;
-};
+// The checks of ms_deform_attn (and of its backward) are its declarations' (check_call on an
+// OpCall of ms_deform_attn_decl() or ms_deform_attn_backward_decl()): element types, ranks and the
+// shared dimensions, 1 <= L <= kMsDeformAttnMaxLevels, and where the level tables' contents are in
+// the call (TensorArg::data, host int64), ms_deform_attn_check_levels -- so that no sample of an
+// accepted call can read outside value. Every adapter (torch and its fake kernel, ORT and its
+// shape inference, opbridge._core) runs them, with the same messages: InvalidArgument for shapes
+// and values, TypeError for element types.
+const OpDecl& ms_deform_attn_backward_decl();
 
-// Validates the arguments of ms_deform_attn (and of its backward, with grad_output); the one
-// check every adapter (torch, ORT, ORT shape inference, opbridge._core) runs, with the same
-// messages. Returns InvalidArgument for shapes and values, TypeError for element types.
-//   value, spatial_shapes, level_start_index, sampling_locations, attention_weights:
-//       the arguments (see the file comment for the shapes)
-//   spatial_shapes_data, level_start_index_data: the int64 contents of those two tensors (host
-//       memory, L * 2 and L elements), or nullptr where unknown (shape inference; fake kernels):
-//       with them, H and W must be > 0, sum H * W must equal S without overflowing, and
-//       level_start_index[l] must be sum_{k<l} H_k * W_k -- so that no sample of a valid call
-//       can read outside value
-//   grad_output: the backward's grad_output (must be (N, Lq, M * D) of value's type), or nullptr
-//   dims: receives the sizes when every dimension is known (may be nullptr)
-// Unknown dimensions (< 0) and unknown types (nullptr) are not checked; a call with every shape,
-// type and both data pointers known checks everything the kernels rely on.
-Status ms_deform_attn_check(const MsDeformAttnArg& value, const MsDeformAttnArg& spatial_shapes,
-                            const MsDeformAttnArg& level_start_index, const MsDeformAttnArg& sampling_locations,
-                            const MsDeformAttnArg& attention_weights, const int64_t* spatial_shapes_data,
-                            const int64_t* level_start_index_data, const MsDeformAttnArg* grad_output,
-                            MsDeformAttnDims* dims);
+// The level checks that need the tables' contents: every H and W > 0, level_start_index[l] the sum
+// of H * W of the levels before l (not checked when level_start_index is nullptr), and the total
+// equal to S, all without overflow.
+//   spatial_shapes: [L, 2] host int64 (H, W) rows; level_start_index: [L] host int64 or nullptr
+Status ms_deform_attn_check_levels(const int64_t* spatial_shapes, const int64_t* level_start_index, int64_t L,
+                                   int64_t S);
+
+// The sizes of a call of ms_deform_attn or ms_deform_attn_backward that passed check_call, and
+// the same from a compute function's KernelCall: the kernels' arguments besides the tensors
+// (defined with the declarations, ms_deform_attn_decl.cpp).
+MsDeformAttnDims ms_deform_attn_dims(const OpCall& call);
+MsDeformAttnDims ms_deform_attn_params(const KernelCall& k);
 
 // Forward on the CPU.
 //   value:              [N, S, M, D]
@@ -105,12 +97,12 @@ Status ms_deform_attn_check(const MsDeformAttnArg& value, const MsDeformAttnArg&
 //   sampling_locations: [N, Lq, M, L, P, 2]
 //   attention_weights:  [N, Lq, M, L, P]
 //   output:             [N, Lq, M * D], fully written; may not overlap the inputs
-//   d:                  the sizes (from ms_deform_attn_check)
+//   d:                  the sizes (ms_deform_attn_dims)
 //   pf:                 the caller's parallel-for
 //   isa:                the instruction-set variant (kAuto: the process-wide level, see
 //                       cpu_isa.h); one this CPU or build lacks gives a NotImplemented status
-// Arguments must already have passed ms_deform_attn_check with both data pointers; the kernel
-// repeats only the cheap level checks (it never reads outside value). The variants differ in
+// Arguments must already have passed the declaration's checks with both tables' contents; the
+// kernel repeats only the cheap level checks (it never reads outside value). The variants differ in
 // the last bits only (fused multiply-adds); float64 is computed the same way by all.
 template <class T>
 Status ms_deform_attn_cpu(const T* value, const int64_t* spatial_shapes, const int64_t* level_start_index,

@@ -73,6 +73,8 @@ template <> constexpr ElemType elem_type_of<float>() { return ElemType::kFloat32
 template <> constexpr ElemType elem_type_of<double>() { return ElemType::kFloat64; }
 template <> constexpr ElemType elem_type_of<Half>() { return ElemType::kFloat16; }
 template <> constexpr ElemType elem_type_of<BFloat16>() { return ElemType::kBFloat16; }
+template <> constexpr ElemType elem_type_of<int64_t>() { return ElemType::kInt64; }
+template <> constexpr ElemType elem_type_of<int32_t>() { return ElemType::kInt32; }
 
 // Runs the kernel instantiation for element type `t` among Ts, in adapters (torch and ORT alike):
 //   return dispatch<float, double>(call.in("x").type, [&](auto tag) {
@@ -193,6 +195,9 @@ struct ArgDecl {
   std::vector<std::string> choices;  // allowed values of a string attribute (empty: any)
   int64_t input_index = -1;  // position among inputs / attributes
   int64_t attr_index = -1;
+  // Of a backward op (gradient_of()): an input that is the gradient of a forward output, not one
+  // of the forward's arguments.
+  bool gradient = false;
 };
 
 struct TypeVarDecl {
@@ -261,6 +266,15 @@ class OpDecl {
   // ctx.output(index), ORT's shape inference). Python's fake kernel and ONNX inference take
   // opbridge.ops.register_fake / opbridge.onnx.register_shape_inference.
   OpDecl& output_shape_fn(OutputShapeFn fn);
+  // Every argument of `forward`, in its order, with its types (a backward op takes them all, so
+  // an argument added to the forward reaches the backward without another edit).
+  OpDecl& args_of(const OpDecl& forward);
+  // This op is the backward of `forward`: its inputs other than forward's arguments are the
+  // gradients of forward's outputs (in order), its outputs the gradients of forward's inputs
+  // named in `wrt` (in order). Autograd is derived from it (opbridge.ops registers forward's
+  // backward from this op), and the checks take a forward argument, not a gradient, as the
+  // reference for dtypes and devices ("grad must have the dtype of x").
+  OpDecl& gradient_of(const OpDecl& forward, std::vector<std::string> wrt);
 
   // ---- reading ----
   const std::string& name() const { return name_; }
@@ -271,13 +285,22 @@ class OpDecl {
   const std::vector<ArgDecl>& args() const { return args_; }
   const std::vector<const ArgDecl*>& inputs() const;  // the tensor inputs, in order
   const std::vector<const ArgDecl*>& attrs() const;   // the attributes, in order
-  const std::vector<OutputDecl>& outputs() const { return outputs_; }
+  const std::vector<OutputDecl>& outputs() const {
+    finish();  // the output rules are read at the end of the declaration
+    return outputs_;
+  }
   const std::vector<TypeVarDecl>& type_vars() const { return type_vars_; }
   const TypeVarDecl* type_var(std::string_view name) const;
   int64_t input_index(std::string_view name) const;  // -1 when unknown
   int64_t attr_index(std::string_view name) const;
   ValidateFn validate_fn() const { return validate_; }
   OutputShapeFn output_shape_function() const { return output_shape_; }
+  // The forward op of a backward op (nullptr for others), and the inputs whose gradients it gives.
+  const OpDecl* gradient_of() const { return gradient_of_; }
+  const std::vector<std::string>& gradient_wrt() const { return gradient_wrt_; }
+  // The inputs in the order checks compare them: forward arguments before gradients (for most
+  // ops simply inputs()).
+  const std::vector<const ArgDecl*>& check_order() const;
 
   // Empty when the declaration is consistent, else what is wrong with it ("op group_norm:
   // attribute eps: ..."): a misdeclared op fails registration with this message.
@@ -295,10 +318,12 @@ class OpDecl {
   std::vector<OutputDecl> outputs_;
   ValidateFn validate_ = nullptr;
   OutputShapeFn output_shape_ = nullptr;
+  const OpDecl* gradient_of_ = nullptr;
+  std::vector<std::string> gradient_wrt_;
   std::vector<std::string> build_errors_;
   // Derived from the above by finish(); pointers into args_, so a copy starts afresh.
   struct Derived {
-    std::vector<const ArgDecl*> inputs, attrs;
+    std::vector<const ArgDecl*> inputs, attrs, check_order;
     std::string error;
     bool finished = false;
     Derived() = default;

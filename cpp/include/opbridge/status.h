@@ -12,7 +12,9 @@ enum class StatusCode {
   kInvalidArgument,  // bad shape, attribute or value supplied by the caller
   kTypeError,        // an argument of the wrong element type (torch: TypeError)
   kNotImplemented,   // a dtype or configuration this build does not support
-  kRuntimeError,     // a failure while computing (e.g. a singular matrix, a CUDA error)
+  kRuntimeError,     // a failure while computing (e.g. a CUDA error)
+  kLinAlgError,      // a matrix the computation needs to invert is singular (torch:
+                     // torch.linalg.LinAlgError; ORT and opbridge._core: a runtime error)
 };
 
 // Result of a kernel or a check. Kernels never throw; adapters translate a non-ok Status into
@@ -27,6 +29,7 @@ class Status {
   static Status TypeError(std::string m) { return {StatusCode::kTypeError, std::move(m)}; }
   static Status NotImplemented(std::string m) { return {StatusCode::kNotImplemented, std::move(m)}; }
   static Status RuntimeError(std::string m) { return {StatusCode::kRuntimeError, std::move(m)}; }
+  static Status LinAlgError(std::string m) { return {StatusCode::kLinAlgError, std::move(m)}; }
 
   bool ok() const { return code_ == StatusCode::kOk; }
   StatusCode code() const { return code_; }

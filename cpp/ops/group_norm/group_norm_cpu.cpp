@@ -1,4 +1,5 @@
-// GroupNorm CPU kernels: framework-free, shared by the torch op, the ORT op and opbridge._core.
+// GroupNorm CPU kernels: framework-free, and the op's CPU compute functions (opbridge/kernel.h),
+// which the torch op, the ORT op and opbridge._core share.
 #include <unistd.h>
 
 #include <algorithm>
@@ -486,8 +487,11 @@ void group_norm_backward_scalar(const T* dy, const T* x, const T* weight, const 
 }  // namespace
 
 template <class T>
-Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const GroupNormDims& d, double eps,
-                      Activation act, acc_t<T>* mean, acc_t<T>* rstd, const ParallelFor& pf, CpuIsa isa) {
+Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const GroupNormParams& p, acc_t<T>* mean,
+                      acc_t<T>* rstd, const ParallelFor& pf, CpuIsa isa) {
+  const GroupNormDims& d = p.d;
+  const double eps = p.eps;
+  const Activation act = p.act;
   if (!cpu_isa_supported(isa)) {
     return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
                                   " kernels are not available on this CPU or in this build");
@@ -510,7 +514,10 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
 
 template <class T>
 Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T* bias, T* dx, T* dweight, T* dbias,
-                               const GroupNormDims& d, double eps, Activation act, const ParallelFor& pf) {
+                               const GroupNormParams& p, const ParallelFor& pf) {
+  const GroupNormDims& d = p.d;
+  const double eps = p.eps;
+  const Activation act = p.act;
   using A = acc_t<T>;
   const int64_t N = d.N, C = d.C, G = d.G, S = d.S;
   if (N <= 0 || C <= 0 || S <= 0) {
@@ -557,15 +564,42 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T
   return Status::Ok();
 }
 
-#define OPBRIDGE_INSTANTIATE_GROUP_NORM(T)                                                                        \
-  template Status group_norm_cpu<T>(const T*, const T*, const T*, T*, const GroupNormDims&, double, Activation, \
-                                    acc_t<T>*, acc_t<T>*, const ParallelFor&, CpuIsa);                           \
-  template Status group_norm_backward_cpu<T>(const T*, const T*, const T*, const T*, T*, T*, T*,               \
-                                             const GroupNormDims&, double, Activation, const ParallelFor&);
+#define OPBRIDGE_INSTANTIATE_GROUP_NORM(T)                                                                   \
+  template Status group_norm_cpu<T>(const T*, const T*, const T*, T*, const GroupNormParams&, acc_t<T>*, \
+                                    acc_t<T>*, const ParallelFor&, CpuIsa);                              \
+  template Status group_norm_backward_cpu<T>(const T*, const T*, const T*, const T*, T*, T*, T*,          \
+                                             const GroupNormParams&, const ParallelFor&);
 
 OPBRIDGE_INSTANTIATE_GROUP_NORM(float)
 OPBRIDGE_INSTANTIATE_GROUP_NORM(double)
 OPBRIDGE_INSTANTIATE_GROUP_NORM(Half)
 OPBRIDGE_INSTANTIATE_GROUP_NORM(BFloat16)
+
+// ---- the compute functions (opbridge/kernel.h) ------------------------------------------------
+
+namespace {
+
+Status forward(const KernelCall& k) {
+  const GroupNormParams p = group_norm_params(k);
+  return dispatch<float, double, Half, BFloat16>(k.type("x"), [&](auto tag) {
+    using T = decltype(tag);
+    return group_norm_cpu<T>(k.in<T>("x"), k.in<T>("weight"), k.in<T>("bias"), k.out<T>(0), p, nullptr, nullptr,
+                             k.parallel(), k.isa());
+  });
+}
+
+Status backward(const KernelCall& k) {
+  const GroupNormParams p = group_norm_params(k);
+  return dispatch<float, double, Half, BFloat16>(k.type("x"), [&](auto tag) {
+    using T = decltype(tag);
+    return group_norm_backward_cpu<T>(k.in<T>("grad"), k.in<T>("x"), k.in<T>("weight"), k.in<T>("bias"),
+                                      k.out<T>(0), k.out<T>(1), k.out<T>(2), p, k.parallel());
+  });
+}
+
+}  // namespace
+
+OPBRIDGE_KERNEL(group_norm_decl, kCpu, forward);
+OPBRIDGE_KERNEL(group_norm_backward_decl, kCpu, backward);
 
 }  // namespace opbridge

@@ -1,6 +1,8 @@
 // The contract of GroupNorm, written once: torch (opbridge::group_norm), ONNX
 // (ai.opbridge::GroupNorm), ORT shape inference, the fake kernel, the OpSchema and the exporters
-// are all derived from this declaration and its validation.
+// are all derived from this declaration and its validation; so is its backward's. The kernels'
+// arguments come from a checked call through group_norm_params, the one place that reads the
+// call for them (the compute functions: group_norm_cpu.cpp, cuda/ops/group_norm/group_norm_kernel.cu).
 #include <cmath>
 #include <string>
 
@@ -40,7 +42,35 @@ Status validate(const OpCall& call) {
   return Status::Ok();
 }
 
+std::string shape_string(const TensorArg& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.rank(); ++i) s += (i ? ", " : "") + (t.shape[i] >= 0 ? std::to_string(t.shape[i]) : "?");
+  return s + "]";
+}
+
+// The backward's: the forward's checks on its arguments, then grad's shape (x's).
+Status validate_backward(const OpCall& call) {
+  OPBRIDGE_RETURN_IF_ERROR(validate(call));
+  const TensorArg& grad = call.in("grad");
+  const TensorArg& x = call.in("x");
+  if (!grad.rank_known || !x.rank_known) return Status::Ok();
+  bool same = grad.rank() == x.rank();
+  for (int64_t i = 0; same && i < x.rank(); ++i) same = !grad.known(i) || !x.known(i) || grad.dim(i) == x.dim(i);
+  if (!same) return Status::InvalidArgument("grad must have x's shape " + shape_string(x) + ", got " + shape_string(grad));
+  return Status::Ok();
+}
+
 }  // namespace
+
+GroupNormParams group_norm_params(const KernelCall& k) {
+  const OpCall& call = k.call();
+  const TensorArg& x = call.in("x");
+  GroupNormParams p;
+  p.d = group_norm_dims(x.shape, call.attr_int("num_groups"), k.channels_last());
+  p.eps = call.attr_float("eps");
+  p.act = activation_from_name(call.attr_string("activation"));
+  return p;
+}
 
 const OpDecl& group_norm_decl() {
   static const OpDecl decl =
@@ -58,6 +88,21 @@ const OpDecl& group_norm_decl() {
           .types("T", kFloatTypes)
           .output("Y", "T", "x", "shape and memory format of x").keeps_memory_format()
           .check(validate);
+  return decl;
+}
+
+const OpDecl& group_norm_backward_decl() {
+  static const OpDecl decl =
+      OpDecl("group_norm_backward", "GroupNormBackward", 1)
+          .doc("Gradients of GroupNorm with respect to x, weight and bias (the latter two as if weight were 1 where "
+               "it is absent), given the gradient of Y.")
+          .input("grad", "T", "gradient of Y").shape("(N, C, *), the shape of x")
+          .args_of(group_norm_decl())
+          .output("grad_x", "T", "x", "shape and memory format of x").keeps_memory_format()
+          .output("grad_weight", "T", "x[1]", "(C,)")
+          .output("grad_bias", "T", "x[1]", "(C,)")
+          .gradient_of(group_norm_decl(), {"x", "weight", "bias"})
+          .check(validate_backward);
   return decl;
 }
 

@@ -1,7 +1,7 @@
 // GroupNorm forward and backward for float, Half and BFloat16, once per instruction set
 // (internal header).
 // group_norm_cpu() picks one at run time (opbridge/cpu_isa.h); each is defined in its own TU
-// compiled with that instruction set's flags (group_norm_cpu_<isa>.cpp).
+// compiled with that instruction set's flags (group_norm_cpu_isa.cpp, once per set).
 #pragma once
 
 #include <cstdint>

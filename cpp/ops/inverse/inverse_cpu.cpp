@@ -249,7 +249,7 @@ Status inverse_cpu(const T* a, T* out, int64_t batch, int64_t n, const ParallelF
     }
   });
   if (first.step >= 0) {
-    return Status::RuntimeError("matrix " + std::to_string(first.index) + " of the batch is singular (U[" +
+    return Status::LinAlgError("matrix " + std::to_string(first.index) + " of the batch is singular (U[" +
                                 std::to_string(first.step) + "," + std::to_string(first.step) + "] == 0)");
   }
   return Status::Ok();
@@ -257,5 +257,21 @@ Status inverse_cpu(const T* a, T* out, int64_t batch, int64_t n, const ParallelF
 
 template Status inverse_cpu<float>(const float*, float*, int64_t, int64_t, const ParallelFor&, CpuIsa, bool);
 template Status inverse_cpu<double>(const double*, double*, int64_t, int64_t, const ParallelFor&, CpuIsa, bool);
+
+// ---- the compute function (opbridge/kernel.h) --------------------------------------------------
+
+namespace {
+
+Status compute(const KernelCall& k) {
+  const InverseParams p = inverse_params(k);
+  return dispatch<float, double>(k.type("x"), [&](auto tag) {
+    using T = decltype(tag);
+    return inverse_cpu<T>(k.in<T>("x"), k.out<T>(0), p.d.batch, p.d.n, k.parallel(), k.isa(), p.nan_on_singular);
+  });
+}
+
+}  // namespace
+
+OPBRIDGE_KERNEL(inverse_decl, kCpu, compute);
 
 }  // namespace opbridge

@@ -1,4 +1,5 @@
-// The contract of Inverse, written once (see group_norm_decl.cpp for what derives from it).
+// The contract of Inverse, written once (see group_norm_decl.cpp for what derives from it), and
+// the kernels' arguments from a checked call.
 #include <string>
 
 #include "opbridge/inverse.h"
@@ -27,6 +28,13 @@ InverseDims inverse_dims(const std::vector<int64_t>& shape) {
   d.batch = 1;
   for (size_t i = 0; i + 2 < shape.size(); ++i) d.batch *= shape[i];  // <= numel: no overflow
   return d;
+}
+
+InverseParams inverse_params(const KernelCall& k) {
+  InverseParams p;
+  p.d = inverse_dims(k.arg("x").shape);
+  p.nan_on_singular = k.call().attr_string("on_singular") == "nan";
+  return p;
 }
 
 const OpDecl& inverse_decl() {

@@ -1,7 +1,7 @@
 // MultiScaleDeformableAttention forward and backward, once per instruction set (internal
 // header). ms_deform_attn_cpu() / ms_deform_attn_backward_cpu() pick one at run time
 // (opbridge/cpu_isa.h); each is defined in its own TU compiled with that instruction set's flags
-// (ms_deform_attn_cpu_<isa>.cpp; the baseline in ms_deform_attn_cpu.cpp).
+// (ms_deform_attn_cpu_isa.cpp, once per set; the baseline in ms_deform_attn_cpu.cpp).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // MultiScaleDeformableAttention kernels, templated on a SIMD policy S (common/simd_*.h for the
 // float types, F64Lanes below for double). Internal header: included once per instruction set
-// (ms_deform_attn_cpu.cpp, ms_deform_attn_cpu_avx2.cpp, ms_deform_attn_cpu_avx512.cpp), so
+// (ms_deform_attn_cpu.cpp, and ms_deform_attn_cpu_isa.cpp once per instruction set), so
 // everything here has internal linkage (see common/simd_avx512.h for why).
 //
 // Forward, per unit (n, m, q): the taps of the query's L * P samples are built first (element

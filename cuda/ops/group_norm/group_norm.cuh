@@ -1,6 +1,7 @@
-// opbridge GroupNorm on CUDA: the framework-free launcher, called by the torch and ORT adapters
-// with their own stream. Plain C++ (needs the CUDA runtime API header, not nvcc), so the
-// adapters compile with the host compiler. Semantics and layout: see opbridge/group_norm.h.
+// opbridge GroupNorm on CUDA: the framework-free launcher, called by the op's CUDA compute
+// function (group_norm_kernel.cu) with the framework's stream (torch's current stream, ORT's
+// compute stream). Plain C++ (needs the CUDA runtime API header, not nvcc). Semantics and
+// layout: see opbridge/group_norm.h.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,9 +28,9 @@ size_t group_norm_workspace_bytes(const GroupNormDims& d);
 //   weight:     [C] device per-channel scale, or nullptr for 1
 //   bias:       [C] device per-channel shift, or nullptr for 0
 //   y:          device output in x's layout, not aliasing x
-//   d:          sizes (N, C, S: any may be 0; G divides C) and layout
-//   eps:        added to the variance
-//   act:        applied to the affine output (kSilu: y = v * sigmoid(v)), fused into the store
+//   p:          sizes (N, C, S: any may be 0; G divides C) and layout, eps (added to the
+//               variance), act (applied to the affine output, kSilu: y = v * sigmoid(v), fused
+//               into the store)
 //   workspace:  device memory of at least group_norm_workspace_bytes<T>(d) bytes, 16-byte
 //               aligned (nullptr when that is 0); must stay allocated until the queued work has
 //               run (stream-ordered frees of the caching allocators guarantee that)
@@ -37,7 +38,6 @@ size_t group_norm_workspace_bytes(const GroupNormDims& d);
 // types (in the type itself otherwise). Arguments must already have passed the declaration's checks.
 template <class T>
 cudaError_t launch_group_norm(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y,
-                              const GroupNormDims& d, double eps, Activation act, void* workspace,
-                              size_t workspace_bytes);
+                              const GroupNormParams& p, void* workspace, size_t workspace_bytes);
 
 }  // namespace opbridge::cuda

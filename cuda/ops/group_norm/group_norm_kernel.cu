@@ -721,8 +721,10 @@ size_t group_norm_workspace_bytes(const GroupNormDims& d) {
 
 template <class T>
 cudaError_t launch_group_norm(cudaStream_t stream, const T* x, const T* weight, const T* bias, T* y,
-                              const GroupNormDims& d, double eps, Activation act, void* workspace,
-                              size_t workspace_bytes) {
+                              const GroupNormParams& p, void* workspace, size_t workspace_bytes) {
+  const GroupNormDims& d = p.d;
+  const double eps = p.eps;
+  const Activation act = p.act;
   using D = typename DeviceType<T>::type;
   if (d.N < 0 || d.C < 0 || d.S < 0 || d.G <= 0 || d.C % d.G != 0) return cudaErrorInvalidValue;
   if (act != Activation::kNone && act != Activation::kSilu) return cudaErrorInvalidValue;
@@ -735,14 +737,14 @@ cudaError_t launch_group_norm(cudaStream_t stream, const T* x, const T* weight, 
   if (takes_nhwc_path(d)) {
     // Channels are divided in 32 bits in the apply kernel.
     if (d.C >= (int64_t{1} << 31)) return cudaErrorInvalidValue;
-    const NhwcPlan p = make_nhwc_plan(d.N, d.S, d.C, d.G);
+    const NhwcPlan plan = make_nhwc_plan(d.N, d.S, d.C, d.G);
     // 128-bit accesses need every group's channels in whole vectors, and x and y aligned (then
     // every vector is). Otherwise scalar accesses, still coalesced along the channels.
     constexpr int kVec = 16 / sizeof(D);
-    if (p.Cg % kVec == 0 && aligned16(x) && aligned16(y)) {
-      return launch_nhwc<D, kVec>(st, xd, wd, bd, yd, p, eps, act, workspace, workspace_bytes);
+    if (plan.Cg % kVec == 0 && aligned16(x) && aligned16(y)) {
+      return launch_nhwc<D, kVec>(st, xd, wd, bd, yd, plan, eps, act, workspace, workspace_bytes);
     }
-    return launch_nhwc<D, 1>(st, xd, wd, bd, yd, p, eps, act, workspace, workspace_bytes);
+    return launch_nhwc<D, 1>(st, xd, wd, bd, yd, plan, eps, act, workspace, workspace_bytes);
   }
   Sizes z{d.N, d.C, d.S, d.G, d.N * d.G, d.C / d.G, d.C / d.G * d.S};
   constexpr int kVec = 16 / sizeof(D);
@@ -753,14 +755,36 @@ cudaError_t launch_group_norm(cudaStream_t stream, const T* x, const T* weight, 
   return dispatch<D, 1>(st, xd, wd, bd, yd, z, eps, act, workspace, workspace_bytes);
 }
 
-#define OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(T)                                                        \
-  template size_t group_norm_workspace_bytes<T>(const GroupNormDims&);                              \
-  template cudaError_t launch_group_norm<T>(cudaStream_t, const T*, const T*, const T*, T*, const GroupNormDims&, \
-                                            double, Activation, void*, size_t);
+#define OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(T)                                                           \
+  template size_t group_norm_workspace_bytes<T>(const GroupNormDims&);                                 \
+  template cudaError_t launch_group_norm<T>(cudaStream_t, const T*, const T*, const T*, T*, const GroupNormParams&, \
+                                            void*, size_t);
 
 OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(float)
 OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(double)
 OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(Half)
 OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(BFloat16)
 
+// ---- the compute function (opbridge/kernel.h) --------------------------------------------------
+// GroupNorm on the framework's stream (torch's current one, ORT's compute stream), with scratch
+// memory from the framework's allocator. The backward has no CUDA kernel: on CUDA tensors torch
+// computes it with a composite of its own ops (opbridge/ops/group_norm.py).
+
+namespace {
+
+Status forward(const KernelCall& k) {
+  const GroupNormParams p = group_norm_params(k);
+  return dispatch<float, double, Half, BFloat16>(k.type("x"), [&](auto tag) {
+    using T = decltype(tag);
+    const size_t ws_bytes = group_norm_workspace_bytes<T>(p.d);
+    void* ws = k.scratch(ws_bytes);
+    return cuda_status(launch_group_norm<T>(static_cast<cudaStream_t>(k.stream()), k.in<T>("x"), k.in<T>("weight"),
+                                            k.in<T>("bias"), k.out<T>(0), p, ws, ws_bytes));
+  });
+}
+
+}  // namespace
+
 }  // namespace opbridge::cuda
+
+OPBRIDGE_KERNEL(opbridge::group_norm_decl, kCuda, opbridge::cuda::forward);

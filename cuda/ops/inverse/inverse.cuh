@@ -33,7 +33,7 @@ inline bool inverse_info_singular(uint64_t info, int64_t* index, int64_t* step) 
 // The error for a singular matrix: the CPU kernel's message (inverse_cpu), so that both devices
 // report the same thing.
 inline Status inverse_singular_status(int64_t index, int64_t step) {
-  return Status::RuntimeError("matrix " + std::to_string(index) + " of the batch is singular (U[" +
+  return Status::LinAlgError("matrix " + std::to_string(index) + " of the batch is singular (U[" +
                               std::to_string(step) + "," + std::to_string(step) + "] == 0)");
 }
 

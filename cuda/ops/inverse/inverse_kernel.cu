@@ -28,6 +28,7 @@
 
 #include "common/launch.cuh"
 #include "inverse.cuh"
+#include "opbridge/inverse.h"
 
 namespace opbridge::cuda {
 namespace {
@@ -453,4 +454,42 @@ template cudaError_t launch_inverse<float>(cudaStream_t, const float*, float*, i
 template cudaError_t launch_inverse<double>(cudaStream_t, const double*, double*, int64_t, int64_t, uint64_t*,
                                             void*, size_t, bool);
 
+// ---- the compute function (opbridge/kernel.h) --------------------------------------------------
+// on_singular="raise" (default): a singular matrix is an error, as on the CPU: the kernel's 8-byte
+// report is read back after the launch, which synchronizes the framework's stream once per call
+// (torch.linalg.inv synchronizes for its error check the same way). "nan": a singular matrix's
+// output is all NaN, nothing is read back and nothing synchronizes (the call can be captured in a
+// CUDA graph).
+
+namespace {
+
+Status compute(const KernelCall& k) {
+  const InverseParams p = inverse_params(k);
+  if (p.d.batch == 0) return Status::Ok();
+  const auto stream = static_cast<cudaStream_t>(k.stream());
+  return dispatch<float, double>(k.type("x"), [&](auto tag) -> Status {
+    using T = decltype(tag);
+    // One scratch block: the report, then the workspace (16 bytes keep the workspace aligned).
+    constexpr size_t kInfoBytes = 16;
+    const size_t ws_bytes = inverse_workspace_bytes<T>(p.d.batch, p.d.n);
+    auto* block = static_cast<unsigned char*>(k.scratch(kInfoBytes + ws_bytes));
+    auto* info = reinterpret_cast<uint64_t*>(block);
+    OPBRIDGE_RETURN_IF_ERROR(cuda_status(launch_inverse<T>(stream, k.in<T>("x"), k.out<T>(0), p.d.batch, p.d.n, info,
+                                                           ws_bytes > 0 ? block + kInfoBytes : nullptr, ws_bytes,
+                                                           p.nan_on_singular)));
+    if (p.nan_on_singular) return Status::Ok();
+    uint64_t report = kInverseInfoOk;
+    OPBRIDGE_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(&report, info, sizeof report, cudaMemcpyDeviceToHost, stream),
+                                         "reading the singular-matrix report"));
+    OPBRIDGE_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "synchronizing the stream"));
+    int64_t index = 0, step = 0;
+    if (inverse_info_singular(report, &index, &step)) return inverse_singular_status(index, step);
+    return Status::Ok();
+  });
+}
+
+}  // namespace
+
 }  // namespace opbridge::cuda
+
+OPBRIDGE_KERNEL(opbridge::inverse_decl, kCuda, opbridge::cuda::compute);

@@ -371,4 +371,43 @@ OPBRIDGE_INSTANTIATE_MS_DEFORM_ATTN_CUDA(double)
 OPBRIDGE_INSTANTIATE_MS_DEFORM_ATTN_CUDA(Half)
 OPBRIDGE_INSTANTIATE_MS_DEFORM_ATTN_CUDA(BFloat16)
 
+// ---- the compute functions (opbridge/kernel.h) -------------------------------------------------
+// spatial_shapes and level_start_index are host_memory() inputs: the frameworks hand them over on
+// the host (ORT keeps or copies them there; torch reads CPU tensors directly, copies CUDA ones
+// once), where the declaration's checks have read them and the launchers take them by value: no
+// device-to-host copy and no synchronization here.
+
+namespace {
+
+Status forward(const KernelCall& k) {
+  const MsDeformAttnDims d = ms_deform_attn_params(k);
+  if (d.N == 0 || d.Lq == 0 || d.M == 0 || d.D == 0) return Status::Ok();  // an empty output
+  return dispatch<float, double, Half, BFloat16>(k.type("value"), [&](auto tag) {
+    using T = decltype(tag);
+    return cuda_status(launch_ms_deform_attn<T>(static_cast<cudaStream_t>(k.stream()), k.in<T>("value"),
+                                                k.in<int64_t>("spatial_shapes"), k.in<int64_t>("level_start_index"),
+                                                k.in<T>("sampling_locations"), k.in<T>("attention_weights"),
+                                                k.out<T>(0), d));
+  });
+}
+
+Status backward(const KernelCall& k) {
+  const MsDeformAttnDims d = ms_deform_attn_params(k);
+  return dispatch<float, double, Half, BFloat16>(k.type("value"), [&](auto tag) {
+    using T = decltype(tag);
+    // The 16-bit types accumulate grad_value in a float workspace, from the framework's allocator.
+    const size_t ws_bytes = ms_deform_attn_backward_workspace_bytes<T>(d);
+    void* ws = k.scratch(ws_bytes);
+    return cuda_status(launch_ms_deform_attn_backward<T>(
+        static_cast<cudaStream_t>(k.stream()), k.in<T>("grad_output"), k.in<T>("value"),
+        k.in<int64_t>("spatial_shapes"), k.in<int64_t>("level_start_index"), k.in<T>("sampling_locations"),
+        k.in<T>("attention_weights"), k.out<T>(0), k.out<T>(1), k.out<T>(2), d, ws, ws_bytes));
+  });
+}
+
+}  // namespace
+
 }  // namespace opbridge::cuda
+
+OPBRIDGE_KERNEL(opbridge::ms_deform_attn_decl, kCuda, opbridge::cuda::forward);
+OPBRIDGE_KERNEL(opbridge::ms_deform_attn_backward_decl, kCuda, opbridge::cuda::backward);

@@ -59,6 +59,35 @@ def standard_lowering(op: str, *, min_opset: int = 1) -> Callable[[Callable], Ca
     return register
 
 
+def _call_standard(fn: Callable, op: OpDecl, builder: Any, values: list) -> Any:
+    """``fn(builder, *values)`` for a standard lowering that takes every argument of ``op``'s
+    declaration; one written before an argument was declared gets the arguments it takes, and a
+    call that gives a left-out argument anything but its default cannot be expressed by it (a
+    clear NotImplementedError instead of a silently different model)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return fn(builder, *values)
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return fn(builder, *values)
+    takes = {p.name for p in params}
+    if all(a.name in takes for a in op.args):
+        return fn(builder, *values)
+    kwargs = {}
+    for a, v in zip(op.args, values):
+        if a.name in takes:
+            kwargs[a.name] = v
+        elif hasattr(a, "optional") and v is not None:
+            raise NotImplementedError(f"{op.qualname}: its standard ONNX lowering does not take the input {a.name}; "
+                                      "export it with lowering 'custom'")
+        elif not hasattr(a, "optional") and not a.is_default(v):
+            raise NotImplementedError(f"{op.qualname}: its standard ONNX lowering does not take {a.name} (= {v!r}, "
+                                      f"the default is {a.default!r}); export it with lowering 'custom'")
+    return fn(builder, **kwargs)
+
+
 class DeclaredRules:
     """Export rules of one declared op."""
 
@@ -114,7 +143,7 @@ class DeclaredRules:
         def standard(*args: Any, **kwargs: Any) -> Any:
             bound = sig.bind(*args, **kwargs)
             bound.apply_defaults()
-            return fn(DynamoBuilder(opset), *bound.args)
+            return _call_standard(fn, self.op, DynamoBuilder(opset), [bound.arguments[a.name] for a in self.op.args])
 
         standard.__signature__ = sig  # type: ignore[attr-defined]
         return {self.overload(): standard}
@@ -147,7 +176,7 @@ class DeclaredRules:
                     values.append(None if sh._is_none(v) else sh._get_const(v, _TS_DESC[a.type], a.name))
                 else:
                     values.append(v)
-            y = fn(TorchScriptBuilder(g), *values)
+            y = _call_standard(fn, op, TorchScriptBuilder(g), values)
             if op.outputs[0].like >= 0:
                 y.setType(values[op.outputs[0].like].type())
             return y

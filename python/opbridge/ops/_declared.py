@@ -3,6 +3,9 @@
 * the fake (meta) kernel: the declaration's own checks (the C++ routine the kernels run, called
   through the ORT library) on every size that is known, and the output rule evaluated on the
   input sizes, so that symbolic sizes stay symbolic under torch.export / torch.compile;
+* the autograd formula of an op that has a declared backward op (OpDecl.gradient_of): first-order
+  gradients are what that op returns (:func:`register_gradient`; register_library_ops does it
+  for every such op that registered no formula of its own);
 * autograd safety: :func:`register_autograd` registers a backward formula and, unless the
   formula is itself differentiable (or a differentiable form of the op is given for higher
   orders), makes second-order gradients a clear error instead of silently treating the
@@ -17,9 +20,10 @@ from typing import Any, Callable
 
 import torch
 
-from .._decl import CheckError, OpDecl, OpLibrary
+from .._decl import CheckError, InputDecl, OpDecl, OpLibrary
 
-__all__ = ["gradient_order", "no_grad_fast_path", "register_autograd", "register_library_ops", "signature"]
+__all__ = ["gradient_order", "no_grad_fast_path", "register_autograd", "register_gradient", "register_library_ops",
+           "signature"]
 
 _TORCH_ELEM = {
     torch.float32: 1, torch.uint8: 2, torch.int8: 3, torch.int16: 5, torch.int32: 6, torch.int64: 7,
@@ -29,6 +33,8 @@ _TORCH_ELEM = {
 
 _done: set[str] = set()
 _autograd: set[str] = set()
+# Ops with a formula registered through register_formula (their own, or register_autograd's).
+_formulas: set[str] = set()
 # qualname -> the highest order of gradients implemented (0: none; 1: first; 2: any order).
 _orders: dict[str, int] = {}
 # qualname -> the differentiable form of the op given as double_backward (for opbridge.testing).
@@ -58,20 +64,19 @@ def _dims(t: torch.Tensor) -> list[int]:
 
 def _check(op: OpDecl, bound: inspect.BoundArguments) -> None:
     qual = op.qualname
-    inputs = []
     first = None
-    for decl in op.inputs:
+    for decl in op.check_order:
         t = bound.arguments[decl.name]
-        if t is None:
-            inputs.append(None)
-            continue
-        if not decl.host_memory:
+        if t is not None and not decl.host_memory:
             if first is None:
                 first = (decl, t)
             elif t.device != first[1].device:
                 raise ValueError(f"{qual}: {decl.name} must be on {first[0].name}'s device ({first[1].device}), "
                                  f"got {t.device}")
-        inputs.append((_TORCH_ELEM.get(t.dtype, 0), _dims(t)))
+    inputs = []
+    for decl in op.inputs:
+        t = bound.arguments[decl.name]
+        inputs.append(None if t is None else (_TORCH_ELEM.get(t.dtype, 0), _dims(t)))
     attrs = {a.name: bound.arguments[a.name] for a in op.attrs}
     try:
         op.check(inputs, attrs)
@@ -223,6 +228,7 @@ def register_formula(qualname: str, backward: Callable, setup_context: Callable)
     """``torch.library.register_autograd`` followed by :func:`no_grad_fast_path`: every formula
     opbridge registers goes through here."""
     torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+    _formulas.add(qualname)
     no_grad_fast_path(qualname)
 
 
@@ -273,6 +279,96 @@ def _register_with_differentiable_form(qualname: str, backward: Callable, setup_
     register_formula(qualname, wrapped, setup)
 
 
+def restricted(fn: Callable, op: OpDecl, what: str) -> Callable:
+    """``fn`` (a torch-ops form of ``op``, with a signature of its own) called with a call of
+    ``op``: the arguments ``fn`` does not take are left out where they have their default values,
+    and a call that sets one otherwise is a clear NotImplementedError (an argument added to the
+    declaration after ``fn`` was written must not be silently ignored)."""
+    import inspect
+
+    sig = op.signature()
+    try:
+        takes = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return fn
+    missing = [a for a in op.args if a.name not in takes]
+    if not missing:
+        return fn
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        for a in missing:
+            value = bound.arguments[a.name]
+            if isinstance(a, InputDecl):
+                if value is not None:
+                    raise NotImplementedError(f"{op.qualname}: {what} does not take the input {a.name}")
+            elif not a.is_default(value):
+                raise NotImplementedError(f"{op.qualname}: {what} does not take {a.name} (= {value!r}, the "
+                                          f"default is {a.default!r})")
+        return fn(**{k: v for k, v in bound.arguments.items() if k in takes})
+
+    call.__name__ = getattr(fn, "__name__", "form")
+    return call
+
+
+def register_gradient(qualname: str, *, differentiable: Callable | None = None) -> None:
+    """The autograd formula of the declared op ``qualname`` from its declared backward op (the op
+    whose declaration says ``gradient_of`` it): its first-order gradients are what the backward
+    op returns (computed in C++ where the fast-path library is loaded, as with
+    :func:`register_autograd`'s ``backward_op``); without ``differentiable``, differentiating
+    them again raises NotImplementedError naming the op.
+
+    differentiable: the backward op written with differentiable torch ops (its arguments: the
+        gradients, then the op's), used where the gradients must themselves be differentiable
+        (create_graph=True), so that gradients of every order exist. Arguments of the declaration
+        it does not take must have their default values there (else NotImplementedError)."""
+    ns, name = qualname.split("::", 1)
+    lib = next((lib for lib in _libraries() if lib.namespace == ns and name in lib.ops), None)
+    if lib is None:
+        raise ValueError(f"register_gradient: no library opbridge knows declares {qualname}")
+    op = lib.ops[name]
+    bwd = lib.backward_of(name)
+    if bwd is None:
+        raise ValueError(f"register_gradient: {qualname} has no declared backward op (an op whose declaration is "
+                         "gradient_of it)")
+    n_grads = sum(1 for i in bwd.inputs if i.gradient)
+    positions = [next(k for k, a in enumerate(op.args) if a.name == w) for w in bwd.gradient_of[1]]
+    backward_op = getattr(getattr(torch.ops, ns), bwd.name).default
+    form = restricted(differentiable, bwd, "its differentiable backward") if differentiable is not None else None
+
+    def setup(ctx: Any, inputs: Any, output: Any) -> None:
+        tensors = [k for k, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
+        ctx.save_for_backward(*[inputs[k] for k in tensors])
+        ctx.opbridge_tensors = tensors
+        ctx.opbridge_others = [None if isinstance(v, torch.Tensor) else v for v in inputs]
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        args = list(ctx.opbridge_others)
+        for k, t in zip(ctx.opbridge_tensors, ctx.saved_tensors):
+            args[k] = t
+        grads = grads[:n_grads]
+        if form is not None and torch.is_grad_enabled():
+            outs = form(*grads, *args)
+        else:
+            outs = backward_op(*grads, *args)
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        result: list = [None] * len(args)
+        for k, g in zip(positions, outs):
+            if args[k] is not None and ctx.needs_input_grad[k]:
+                result[k] = g
+        return tuple(result)
+
+    register_autograd(qualname, backward, setup_context=setup, double_backward=form is not None,
+                      backward_op=f"{ns}::{bwd.name}", backward_op_grads=positions)
+
+
+def _libraries() -> list:
+    from .._decl import libraries
+
+    return libraries()
+
+
 def _no_gradient(qualname: str) -> None:
     def setup(ctx: Any, inputs: Any, output: Any) -> None:
         pass
@@ -307,6 +403,9 @@ def register_library_ops(lib: OpLibrary, *, modules: dict[str, Any] | None = Non
         except (AttributeError, RuntimeError):
             continue  # no torch op of that name (a library without a torch extension)
         torch.library.register_fake(qual, _make_fake(op))
-        if qual not in _autograd:
-            _no_gradient(qual)
+        if qual not in _formulas:
+            if lib.backward_of(op.name) is not None:
+                register_gradient(qual)
+            else:
+                _no_gradient(qual)
         _done.add(qual)

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from .._decl import opbridge_library
-from ._declared import channels_last, register_autograd, register_formula
+from ._declared import channels_last, register_formula, register_gradient, restricted
 from ._errors import raise_translated
 
 __all__ = ["group_norm"]
@@ -45,7 +45,7 @@ def group_norm(
         raise
 
 
-# ---- memory format: the rule of the C++ kernels (cpp/ops/group_norm/group_norm_torch.cpp) ------
+# ---- memory format: the rule of the generic torch kernel (cpp/torch/torch_ops.cpp) ------------
 
 
 def _channels_last_order(rank):
@@ -83,50 +83,13 @@ def _to_layout(t, channels_last):
     return t.permute(order).contiguous().permute(_inverse(order))
 
 
-# ---- fake kernels: opbridge::group_norm's comes from its declaration (ops/_declared.py) -------
-
-
-@torch.library.register_fake("opbridge::group_norm_backward")
-def _group_norm_backward_fake(grad, x, num_groups, weight, bias, eps, activation="none"):
-    c = x.shape[1]
-    return _empty_in_layout(x, uses_channels_last(x)), x.new_empty((c,)), x.new_empty((c,))
+# ---- fake kernels: both ops' come from their declarations (ops/_declared.py) -------------------
 
 
 # ---- autograd ---------------------------------------------------------------------------------
-
-
-def _setup_context(ctx, inputs, output):
-    x, num_groups, weight, bias, eps, activation = inputs
-    ctx.save_for_backward(x, weight, bias)
-    ctx.num_groups = num_groups
-    ctx.eps = eps
-    ctx.activation = activation
-
-
-def _backward(ctx, grad):
-    x, weight, bias = ctx.saved_tensors
-    args = (grad, x, ctx.num_groups, weight, bias, ctx.eps, ctx.activation)
-    if torch.is_grad_enabled():
-        # Grad mode is on inside a backward pass only for create_graph=True (a gradient of the
-        # gradient will be taken): then the backward is computed by torch ops, which autograd
-        # differentiates again. The C++ backward kernel has no derivative of its own.
-        dx, dw, db = _group_norm_backward_composite(*args)
-    else:
-        dx, dw, db = torch.ops.opbridge.group_norm_backward.default(*args)
-    need = ctx.needs_input_grad
-    return (
-        dx if need[0] else None,
-        None,
-        dw if weight is not None and need[2] else None,
-        db if bias is not None and need[3] else None,
-        None,
-        None,
-    )
-
-
-register_autograd("opbridge::group_norm", _backward, setup_context=_setup_context, double_backward=True,
-                  backward_op="opbridge::group_norm_backward", backward_op_grads=(0, 2, 3))
-
+# First-order gradients are opbridge::group_norm_backward's (declared as group_norm's gradient,
+# cpp/ops/group_norm/group_norm_decl.cpp); where they must be differentiable (create_graph=True)
+# they are computed by the composite of torch ops below, which autograd differentiates again.
 
 def _backward_of_backward(ctx, *grads):
     raise RuntimeError(
@@ -170,7 +133,11 @@ def _group_norm_backward_composite(grad, x, num_groups, weight, bias, eps, activ
     return dx, dweight.to(x.dtype), dbias.to(x.dtype)
 
 
+register_gradient("opbridge::group_norm", differentiable=_group_norm_backward_composite)
+
 # The CUDA forward is a C++ kernel; its backward is the composite above unless the extension
 # registered a CUDA kernel of its own.
 if not torch._C._dispatch_has_kernel_for_dispatch_key("opbridge::group_norm_backward", "CUDA"):
-    torch.library.impl("opbridge::group_norm_backward", "cuda", _group_norm_backward_composite)
+    torch.library.impl("opbridge::group_norm_backward", "cuda",
+                       restricted(_group_norm_backward_composite, opbridge_library().ops["group_norm_backward"],
+                                  "its CUDA form (a composite of torch ops)"))

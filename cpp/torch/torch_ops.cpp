@@ -1,0 +1,194 @@
+// The generic torch kernel (torch_common.h: LibraryOps): one boxed kernel for every compute
+// function a library registered (opbridge/kernel.h), on the LibTorch stable ABI.
+#include <torch/csrc/stable/accelerator.h>
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "torch_common.h"
+
+namespace opbridge::torch_adapter {
+namespace {
+
+// One op of the library: its declaration, torch name and compute functions.
+struct Entry {
+  const OpDecl* decl = nullptr;
+  std::string qualname;  // "<namespace>::<op>", the prefix of its messages
+  ComputeFn cpu = nullptr;
+  ComputeFn cuda = nullptr;
+  // The input whose memory format outputs keep (keeps_memory_format()), or -1.
+  int64_t layout_input = -1;
+};
+
+// The library's ops by slot; a slot's boxed kernel finds its op here. One table per binary: a
+// binary holds one torch library (its own copy of this adapter).
+std::array<Entry*, LibraryOps::kMaxOps>& slots() {
+  static std::array<Entry*, LibraryOps::kMaxOps> table{};
+  return table;
+}
+
+// Scratch memory of one call: byte tensors on the call's device from torch's caching allocator,
+// released when the call returns (on CUDA, in the order of torch's current stream, after the
+// work queued on it: what the allocator expects of a stream-ordered user).
+class TorchScratch final : public KernelHost {
+ public:
+  explicit TorchScratch(const Tensor& like) : like_(like) {}
+  void* scratch(size_t bytes) override {
+    // The allocator's blocks are aligned far beyond the 16 bytes promised.
+    blocks_.push_back(empty({static_cast<int64_t>(bytes)}, ScalarType::Byte, like_));
+    return blocks_.back().data_ptr();
+  }
+
+ private:
+  const Tensor& like_;
+  std::vector<Tensor> blocks_;
+};
+
+void run(const Entry& e, StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  const OpDecl& decl = *e.decl;
+  TorchCall c(decl, e.qualname, stack, num_args);
+  const Tensor* anchor = c.anchor();
+  const bool cuda = anchor != nullptr && anchor->is_cuda();
+  const ComputeFn compute = cuda ? e.cuda : e.cpu;
+  if (compute == nullptr) {
+    throw_error(kNotImplementedTag, e.qualname,
+                std::string("has no kernel for ") + (cuda ? "CUDA" : "CPU") + " tensors");
+  }
+  // Memory format: a channels-last input whose format the outputs keep stays as it is, and the
+  // inputs of its rank are brought into that format; every other tensor is made contiguous.
+  bool cl = false;
+  int64_t cl_rank = -1;
+  if (e.layout_input >= 0) {
+    const Tensor& like = c.in(decl.inputs()[static_cast<size_t>(e.layout_input)]->name);
+    cl = like.defined() && uses_channels_last(like);
+    cl_rank = cl ? like.dim() : -1;
+  }
+  const size_t n_in = decl.inputs().size();
+  std::vector<Tensor> kept;  // the tensors the kernel reads, alive until it returns
+  kept.reserve(n_in + decl.outputs().size());
+  std::vector<const void*> in(n_in, nullptr);
+  for (size_t i = 0; i < n_in; ++i) {
+    const ArgDecl& a = *decl.inputs()[i];
+    const Tensor& t = c.in(a.name);
+    if (!t.defined()) continue;
+    if (a.host_memory) {
+      in[i] = c.host(a.name).data_ptr();
+      continue;
+    }
+    kept.push_back(cl && t.dim() == cl_rank ? in_layout(t, true) : contiguous(t));
+    in[i] = kept.back().data_ptr();
+  }
+  std::optional<torch::stable::accelerator::DeviceGuard> guard;
+  if (cuda) guard.emplace(anchor->get_device_index());
+  const Tensor& like_device = anchor != nullptr ? *anchor : c.host(decl.inputs()[0]->name);
+  const OpCall& call = c.call();
+  std::vector<void*> out(decl.outputs().size(), nullptr);
+  for (size_t o = 0; o < out.size(); ++o) {
+    const OutputDecl& od = decl.outputs()[o];
+    const ScalarType type = scalar_type(output_type(call, o));
+    Tensor t;
+    if (cl && od.keeps_memory_format && od.like_input >= 0) {
+      t = empty_in_layout(c.in(decl.inputs()[static_cast<size_t>(od.like_input)]->name), true, type);
+    } else {
+      t = empty(output_shape(call, o), type, like_device);
+    }
+    out[o] = t.data_ptr();
+    c.set_output(o, std::move(t));
+  }
+  const ParallelFor pf = torch_parallel();
+  TorchScratch scratch(like_device);
+  KernelCall::Services s;
+  s.parallel = &pf;
+  s.stream = cuda ? current_cuda_stream(*anchor) : nullptr;
+  s.channels_last = cl;
+  s.host = &scratch;
+  const KernelCall k(call, cuda ? Device::kCuda : Device::kCpu, in.data(), out.data(), s);
+  c.check(compute(k));
+  c.box_outputs(stack, num_outputs);
+}
+
+template <size_t I>
+void slot_kernel(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
+  run(*slots()[I], stack, num_args, num_outputs);
+}
+
+template <size_t... I>
+constexpr std::array<void (*)(StableIValue*, uint64_t, uint64_t), sizeof...(I)> make_slot_kernels(
+    std::index_sequence<I...>) {
+  return {&slot_kernel<I>...};
+}
+constexpr auto kSlotKernels = make_slot_kernels(std::make_index_sequence<LibraryOps::kMaxOps>{});
+
+using Library = torch::stable::detail::StableLibrary;
+
+}  // namespace
+
+struct LibraryOps::State {
+  std::string ns;
+  const char* library = nullptr;
+  std::unique_ptr<Library> fragment, cpu, cuda;
+  std::vector<std::unique_ptr<Entry>> entries;
+};
+
+LibraryOps::LibraryOps(const char* ns, const char* library) : state_(new State) {
+  state_->ns = ns;
+  state_->library = library;
+  state_->fragment = std::make_unique<Library>(Library::Kind::FRAGMENT, state_->ns.c_str(), nullptr, __FILE__, __LINE__);
+  on_kernel(&LibraryOps::add, this);
+}
+
+LibraryOps::~LibraryOps() {
+  // The libraries deregister their ops; the slots' entries go with them.
+  delete state_;
+}
+
+void LibraryOps::add(const OpKernel& kernel, void* self_ptr) {
+  auto* self = static_cast<LibraryOps*>(self_ptr);
+  State& st = *self->state_;
+  if (!in_library(kernel, st.library)) return;
+  const OpDecl& decl = kernel.decl();
+  Entry* e = nullptr;
+  size_t index = 0;
+  for (; index < st.entries.size(); ++index) {
+    if (st.entries[index]->decl == &decl) {
+      e = st.entries[index].get();
+      break;
+    }
+  }
+  if (e == nullptr) {
+    if (st.entries.size() == kMaxOps) {
+      throw std::runtime_error("opbridge: a torch library holds at most " + std::to_string(kMaxOps) + " ops (" +
+                               decl.name() + " is one more)");
+    }
+    auto entry = std::make_unique<Entry>();
+    entry->decl = &decl;
+    entry->qualname = st.ns + "::" + decl.name();
+    // (checked_schema first: it completes the declaration, output rules included.)
+    st.fragment->def(checked_schema(decl).c_str());
+    for (const OutputDecl& o : decl.outputs()) {
+      if (o.keeps_memory_format && o.like_input >= 0) entry->layout_input = o.like_input;
+    }
+    e = entry.get();
+    index = st.entries.size();
+    slots()[index] = e;
+    st.entries.push_back(std::move(entry));
+  }
+  std::unique_ptr<Library>& lib = kernel.device == Device::kCuda ? st.cuda : st.cpu;
+  ComputeFn& fn = kernel.device == Device::kCuda ? e->cuda : e->cpu;
+  if (fn != nullptr) {
+    throw std::runtime_error("opbridge: " + e->qualname + " has two " + device_name(kernel.device) + " kernels");
+  }
+  fn = kernel.compute;
+  if (!lib) {
+    lib = std::make_unique<Library>(Library::Kind::IMPL, st.ns.c_str(),
+                                    kernel.device == Device::kCuda ? "CUDA" : "CPU", __FILE__, __LINE__);
+  }
+  lib->impl(decl.name().c_str(), kSlotKernels[index]);
+}
+
+}  // namespace opbridge::torch_adapter
