@@ -797,6 +797,17 @@ std::vector<int64_t> output_shape(const OpCall& call, size_t output) {
   return shape;
 }
 
+std::string unsized_output(const OpCall& call, size_t output, const std::vector<int64_t>& shape) {
+  for (int64_t d : shape) {
+    if (d < 0) {
+      const OutputDecl& o = call.decl().outputs().at(output);
+      return "output " + o.name + " (rule '" + o.rule + "') has a size the input values decide: its kernel must " +
+             "size it (an adapter that allocates the output), a compute function cannot";
+    }
+  }
+  return {};
+}
+
 int64_t eval_dim(const OpCall& call, const std::vector<DimTerm>& expr, std::string* error) {
   struct Value {
     int64_t v;

@@ -156,7 +156,12 @@ void run_kernel(const OpSpec& spec, const KernelIO& io, const OpCall& call, cons
     }
   }
   std::vector<void*> out(d.outputs().size(), nullptr);
-  for (size_t o = 0; o < out.size(); ++o) out[o] = io.output(o, output_shape(call, o));
+  for (size_t o = 0; o < out.size(); ++o) {
+    const std::vector<int64_t> shape = output_shape(call, o);
+    const std::string unsized = unsized_output(call, o, shape);
+    if (!unsized.empty()) fail(ORT_NOT_IMPLEMENTED, label + ": " + unsized);
+    out[o] = io.output(o, shape);
+  }
   const ParallelFor pf = cuda ? ParallelFor() : io.parallel();
   OrtScratch scratch(io, like);
   KernelCall::Services s;
@@ -553,6 +558,8 @@ int32_t run_host_c(const char* name, const CheckTensor* inputs, int64_t n_inputs
     std::vector<void*> out(decl->outputs().size(), nullptr);
     for (size_t o = 0; o < out.size(); ++o) {
       const std::vector<int64_t> shape = output_shape(call, o);
+      const std::string unsized = unsized_output(call, o, shape);
+      if (!unsized.empty()) return reply(message, size, StatusCode::kNotImplemented, unsized);
       out[o] = alloc(alloc_ctx, static_cast<int64_t>(o), static_cast<int32_t>(output_type(call, o)),
                      static_cast<int64_t>(shape.size()), shape.data());
       if (out[o] == nullptr) return reply(message, size, StatusCode::kRuntimeError, "could not allocate output " +

@@ -95,7 +95,10 @@ void run(const Entry& e, StableIValue* stack, uint64_t num_args, uint64_t num_ou
     if (cl && od.keeps_memory_format && od.like_input >= 0) {
       t = empty_in_layout(c.in(decl.inputs()[static_cast<size_t>(od.like_input)]->name), true, type);
     } else {
-      t = empty(output_shape(call, o), type, like_device);
+      const std::vector<int64_t> shape = output_shape(call, o);
+      const std::string unsized = unsized_output(call, o, shape);
+      if (!unsized.empty()) c.check(Status(StatusCode::kNotImplemented, unsized));
+      t = empty(shape, type, like_device);
     }
     out[o] = t.data_ptr();
     c.set_output(o, std::move(t));

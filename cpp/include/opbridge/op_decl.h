@@ -351,6 +351,10 @@ std::vector<int64_t> output_shape(const OpCall& call, size_t output);
 // is unknown. Sets *error (when not null) for a result that is negative, a division by zero or an
 // int64 overflow.
 int64_t eval_dim(const OpCall& call, const std::vector<DimTerm>& expr, std::string* error = nullptr);
+// Empty where output `output`'s shape is known for a checked call; else why a kernel that
+// allocates outputs before it runs (the generic kernels of compute functions) cannot allocate it
+// (a "?" dimension: the op needs a kernel that sizes the output itself).
+std::string unsized_output(const OpCall& call, size_t output, const std::vector<int64_t>& shape);
 // The element type of output `output`: that of the inputs bound to its type variable.
 ElemType output_type(const OpCall& call, size_t output);
 
