@@ -121,3 +121,19 @@ def test_cuda_benchmarks_skip_at_once_without_a_gpu():
     if r.stdout.strip() == "GPU":
         pytest.skip("this machine has an NVIDIA device: the benchmarks run")
     assert r.stdout.startswith("skipped"), r.stdout
+
+
+@pytest.mark.parametrize("args, quick", [("run --quick", True), ("run", False)])
+def test_benchmarks_know_an_asv_quick_run(tmp_path, args, quick):
+    # asv tells benchmarks nothing of --quick: _common reads it from an ancestor's command line
+    # (then speed-ups take one round, so that the model benchmarks finish in minutes).
+    import stat
+
+    asv = tmp_path / "asv"
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from benchmarks import _common; print(_common.QUICK)"
+    asv.write_text(f'#!/bin/sh\n"{sys.executable}" -c "{code}" "$BENCH_ROOT"\n')
+    asv.chmod(asv.stat().st_mode | stat.S_IEXEC)
+    env = {k: v for k, v in os.environ.items() if k != "OPBRIDGE_BENCH_QUICK"}
+    env["BENCH_ROOT"] = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    out = subprocess.run([str(asv), *args.split()], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == str(quick), out
