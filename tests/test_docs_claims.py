@@ -255,17 +255,20 @@ def test_cuda_launcher_signatures():
 
 
 def test_group_norm_cuda_paragraph():
-    """docs/group_norm.md's CUDA paragraph: the launcher takes the types it names, the torch CUDA
-    adapter picks the layout by the CPU op's rule and passes the activation, the ORT CUDA adapter
-    reads the `activation` attribute. (What they compute: tests/test_cuda_host.py, tests/test_cuda.py.)"""
+    """docs/group_norm.md's CUDA paragraph: the launcher takes the parameter struct it names, which
+    holds the CPU kernel's sizes and activation; the CUDA compute function passes it
+    group_norm_params (which reads the `activation` attribute); the generic torch kernel picks the
+    layout by the CPU op's rule. (What they compute: tests/test_cuda_host.py, tests/test_cuda.py.)"""
     page = _text(DOC / "group_norm.md")
-    m = re.search(r"CUDA: the launcher takes `(\w+)` and `(\w+)` as the CPU kernel does", page)
+    m = re.search(r"CUDA: the launcher takes `(\w+)` \(the CPU kernel's `(\w+)` and `(\w+)`", page)
     assert m, "docs/group_norm.md no longer states the launcher's arguments in the form this test reads"
     types = {t for t, _ in _launcher_params("launch_group_norm")}
-    assert f"const {m.group(1)}&" in types and m.group(2) in types, types
+    assert f"const {m.group(1)}&" in types, types
     cpu = (REPO / "cpp" / "include" / "opbridge" / "group_norm.h").read_text()
-    assert all(re.search(rf"\b{t}\b", cpu) for t in m.groups()), "the CPU kernel's header declares both"
-    torch_cuda = (REPO / "cuda" / "ops" / "group_norm" / "group_norm_torch.cpp").read_text()
-    assert "uses_channels_last(x)" in torch_cuda and 'attr_string("activation")' in torch_cuda
-    ort_cuda = (REPO / "cuda" / "ops" / "group_norm" / "group_norm_ort.cpp").read_text()
-    assert 'attr_string("activation")' in ort_cuda
+    params = re.search(rf"struct {m.group(1)} {{(.*?)}};", cpu, flags=re.S)
+    assert params and all(re.search(rf"\b{t}\b", params.group(1)) for t in m.groups()[1:]), "the struct holds both"
+    kernel = (REPO / "cuda" / "ops" / "group_norm" / "group_norm_kernel.cu").read_text()
+    assert "group_norm_params(k)" in kernel and "OPBRIDGE_KERNEL(opbridge::group_norm_decl, kCuda" in kernel
+    decl = (REPO / "cpp" / "ops" / "group_norm" / "group_norm_decl.cpp").read_text()
+    assert 'attr_string("activation")' in decl
+    assert "uses_channels_last(" in (REPO / "cpp" / "torch" / "torch_ops.cpp").read_text()

@@ -26,6 +26,7 @@ DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 
 # Folders the docs quote paths relative to, besides the root and the document's own.
 BASES = ["cpp/include", "cpp", "cuda", "python", "python/opbridge", "tests", "benchmarks", "scripts", "cmake",
+         "examples/rms_norm",  # a project as new-op makes it: the layout docs/cpp.md describes
          "examples"]
 # File extensions that make a quoted word a file name.
 EXTENSIONS = {".h", ".cuh", ".cpp", ".cu", ".inc", ".py", ".md", ".cmake", ".txt", ".toml", ".sh", ".json",

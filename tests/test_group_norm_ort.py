@@ -124,7 +124,13 @@ def test_bad_input_gives_error_status_and_session_stays_usable(rng, case, match)
         [("X", np.float32, None), ("scale", np.float32, None), ("bias", np.float32, None)][: len(feeds)],
         {"num_groups": groups, "epsilon": eps},
     )
-    sess = opbridge.InferenceSession(model.SerializeToString())
+    # The library's own run-time verdict, so a plain ORT session: opbridge.InferenceSession refuses
+    # the attribute-only cases (zero_groups, negative_eps) at load already.
+    sess = ort.InferenceSession(model.SerializeToString(), opbridge.session_options(),
+                                providers=["CPUExecutionProvider"])
+    if good is None:
+        with pytest.raises(ValueError, match="static shapes already fail"):
+            opbridge.InferenceSession(model.SerializeToString())
     with pytest.raises(Exception, match=match) as info:
         sess.run(None, feeds)
     assert "ai.opbridge::GroupNorm" in str(info.value)

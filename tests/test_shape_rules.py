@@ -122,6 +122,7 @@ def test_rules_that_do_not_parse_name_the_position(probe, rule, position, what):
 def test_an_input_name_alone_is_its_shape(probe):
     got = run(probe, "x", [4, 7, 2])
     assert got["postfix"] == "" and got["shape"] == "4 7 2"
+    assert run(probe, "x[0],\tx[1] *\t2", [4, 7])["shape"] == "4 14"  # tabs are spaces
 
 
 def test_an_output_shape_function_replaces_the_rule(probe):

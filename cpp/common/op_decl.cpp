@@ -337,21 +337,6 @@ std::string trim(const std::string& s) {
   return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  std::string cur;
-  for (char c : s) {
-    if (c == sep) {
-      parts.push_back(trim(cur));
-      cur.clear();
-    } else {
-      cur += c;
-    }
-  }
-  parts.push_back(trim(cur));
-  return parts;
-}
-
 bool parse_int(const std::string& s, int64_t* out) {
   if (s.empty()) return false;
   size_t i = s[0] == '-' ? 1 : 0;
@@ -404,7 +389,7 @@ class RuleParser {
                                 "attributes, + - * // % and parentheses; ? where the input values decide)");
   }
   void skip() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\\t')) ++pos_;
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t')) ++pos_;
   }
   bool eat(const char* tok) {
     skip();

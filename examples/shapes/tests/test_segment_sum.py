@@ -66,7 +66,7 @@ def test_bad_input_is_a_clear_error():
         shapes.segment_sum(torch.randn(2, 2), torch.tensor([0, 4]), 2)
     # A negative size from the output rule, in the kernel and in the fake kernel alike.
     with pytest.raises(ValueError, match=r"output y: shape rule 'num_segments, values\[1\]' gives -1"):
-        shapes.segment_sum(torch.randn(2, 2), torch.tensor([0, 0]), -1)
+        shapes.segment_sum(torch.randn(0, 2), torch.tensor([], dtype=torch.int64), -1)
     with pytest.raises(ValueError, match=r"gives -1"), torch._subclasses.fake_tensor.FakeTensorMode():
         torch.ops.shapes.segment_sum.default(torch.empty(2, 2), torch.empty(2, dtype=torch.int64), -1)
 

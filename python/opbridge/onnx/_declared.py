@@ -425,14 +425,46 @@ def static_shape_problems(model: onnx.ModelProto) -> list[str]:
                   for k in range(len(op.inputs))]
         if any(t is None for t, name in zip(inputs, node.input) if name):
             continue  # an input of unknown type: nothing to judge
-        by_onnx = {a.onnx_name: a for a in op.attrs}
-        attrs = {}
-        for a in node.attribute:
-            if a.name in by_onnx:
-                value = onnx.helper.get_attribute_value(a)
-                attrs[by_onnx[a.name].name] = value.decode() if isinstance(value, bytes) else value
+        attrs = _loadable_attributes(op, node)
+        if attrs is None or not _loadable_types(op, inputs):
+            continue  # ORT refuses the node at load, in its own words
         try:
             op.check(inputs, attrs)
         except CheckError as e:
             problems.append(f"{node.domain}::{node.op_type} (node {node.name!r}): {e.message}")
     return problems
+
+
+_ATTR_TYPES = {"int": onnx.AttributeProto.INT, "bool": onnx.AttributeProto.INT, "float": onnx.AttributeProto.FLOAT,
+               "str": onnx.AttributeProto.STRING, "int[]": onnx.AttributeProto.INTS,
+               "float[]": onnx.AttributeProto.FLOATS}
+
+
+def _loadable_attributes(op: OpDecl, node: onnx.NodeProto) -> dict | None:
+    """The node's attributes by torch name, or None where ORT itself refuses them when the session
+    is created (a required one missing, one of another type)."""
+    given = {a.name: a for a in node.attribute}
+    attrs = {}
+    for a in op.attrs:
+        proto = given.get(a.onnx_name)
+        if proto is None:
+            if a.required:
+                return None
+            continue
+        if proto.type != _ATTR_TYPES.get(a.type, proto.type):
+            return None
+        value = onnx.helper.get_attribute_value(proto)
+        attrs[a.name] = value.decode() if isinstance(value, bytes) else value
+    return attrs
+
+
+def _loadable_types(op: OpDecl, inputs: list) -> bool:
+    """Whether ORT has a kernel for these input element types (each allowed by its type variable,
+    one type per variable); otherwise ORT refuses the node when the session is created."""
+    bound: dict[str, int] = {}
+    for decl, t in zip(op.inputs, inputs):
+        if t is None:
+            continue
+        if t[0] not in op.types.get(decl.type_var, ()) or bound.setdefault(decl.type_var, t[0]) != t[0]:
+            return False
+    return True
