@@ -18,12 +18,10 @@ void OrtOpContext::check(const Status& status) const { ort::check(status, label)
 
 void* OrtOpContext::output(size_t index) const {
   const std::vector<int64_t> shape = output_shape(call, index);
-  for (int64_t d : shape) {
-    if (d < 0) {
-      fail(ORT_FAIL, label + ": output " + call.decl().outputs().at(index).name + " (rule '" +
-                         call.decl().outputs().at(index).rule +
-                         "') has a size the input values decide: the kernel gives its shape, ctx.output(index, shape)");
-    }
+  if (!unsized_output(call, index, shape).empty()) {
+    fail(ORT_FAIL, label + ": output " + call.decl().outputs().at(index).name + " (rule '" +
+                       call.decl().outputs().at(index).rule +
+                       "') has a size the input values decide: the kernel gives its shape, ctx.output(index, shape)");
   }
   return io.output(index, shape);
 }

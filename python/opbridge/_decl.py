@@ -138,20 +138,15 @@ class OutputDecl:
         is None where a size it reads is None."""
         return [eval_dim(e, size, attr, dynamic) for e in self.exprs]
 
-    @property
-    def data_dependent(self) -> bool:
-        """Whether a dimension of the rule is "?" (the input values decide the size)."""
-        return any(t[0] == _DIM_DYNAMIC for e in self.exprs for t in e)
-
     def single_input_dim(self, k: int) -> tuple[int, int] | None:
         """(input, dim) where dimension k of the rule is exactly that input's dimension, else None."""
         e = self.exprs[k]
         return (e[0][1], e[0][2]) if len(e) == 1 and e[0][0] == _DIM_INPUT else None
 
 
-_DIM_CONST, _DIM_INPUT, _DIM_ATTR, _DIM_DYNAMIC = 0, 1, 2, 8
-_DIM_BINARY = {3: lambda x, y: x + y, 4: lambda x, y: x - y, 5: lambda x, y: x * y,
-               6: lambda x, y: x // y, 7: lambda x, y: x % y}
+_DIM_CONST, _DIM_INPUT, _DIM_ATTR, _DIM_MUL, _DIM_FLOORDIV, _DIM_DYNAMIC = 0, 1, 2, 5, 6, 8
+_DIM_BINARY = {3: lambda x, y: x + y, 4: lambda x, y: x - y, _DIM_MUL: lambda x, y: x * y,
+               _DIM_FLOORDIV: lambda x, y: x // y, 7: lambda x, y: x % y}
 
 
 def eval_dim(expr: Sequence[Sequence[int]], size: Any, attr: Any, dynamic: Any = None) -> Any:
@@ -171,7 +166,7 @@ def eval_dim(expr: Sequence[Sequence[int]], size: Any, attr: Any, dynamic: Any =
         else:
             y = stack.pop()
             x = stack.pop()
-            stack.append(None if x is None or y is None or (kind >= 6 and isinstance(y, int) and y == 0)
+            stack.append(None if x is None or y is None or (kind >= _DIM_FLOORDIV and isinstance(y, int) and y == 0)
                          else _DIM_BINARY[kind](x, y))
     return stack[0]
 
@@ -187,7 +182,7 @@ def _exprs(output: Mapping[str, Any]) -> tuple:
         for k, (index, dim) in enumerate(product):
             e.append((_DIM_CONST, dim, 0) if index < 0 else (_DIM_INPUT, index, dim))
             if k:
-                e.append((5, 0, 0))
+                e.append((_DIM_MUL, 0, 0))
         out.append(tuple(e))
     return tuple(out)
 
