@@ -435,7 +435,7 @@ def static_shape_problems(model: onnx.ModelProto) -> list[str]:
     return problems
 
 
-_ATTR_TYPES = {"int": onnx.AttributeProto.INT, "bool": onnx.AttributeProto.INT, "float": onnx.AttributeProto.FLOAT,
+_PROTO_ATTR_TYPES = {"int": onnx.AttributeProto.INT, "bool": onnx.AttributeProto.INT, "float": onnx.AttributeProto.FLOAT,
                "str": onnx.AttributeProto.STRING, "int[]": onnx.AttributeProto.INTS,
                "float[]": onnx.AttributeProto.FLOATS}
 
@@ -451,7 +451,7 @@ def _loadable_attributes(op: OpDecl, node: onnx.NodeProto) -> dict | None:
             if a.required:
                 return None
             continue
-        if proto.type != _ATTR_TYPES.get(a.type, proto.type):
+        if proto.type != _PROTO_ATTR_TYPES.get(a.type, proto.type):
             return None
         value = onnx.helper.get_attribute_value(proto)
         attrs[a.name] = value.decode() if isinstance(value, bytes) else value
