@@ -188,3 +188,27 @@ def test_channels_last_outlier_in_first_row(torch_isa, rng, act):
                                                  w.float(), b.float(), 1e-5, act)
     for g, wnt in zip(got, want):
         _check(g, wnt, 2e-5)
+
+
+def test_backward_checks_come_from_the_declarations(rng):
+    # group_norm_backward declares no check of its own: gradient_of(group_norm) runs the forward's
+    # checks on the forward's arguments, then grad against the shape of the forward's output, in
+    # the kernel and in the fake kernel alike (cpp/common/op_decl.cpp, check_call).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.from_numpy(rng.standard_normal((2, 4, 3)))
+    bad_grad = torch.from_numpy(rng.standard_normal((2, 4, 5)))
+    shape_msg = r"grad must have the shape of group_norm's output Y \[2, 4, 3\] \(rule 'x'\), got \[2, 4, 5\]"
+    with pytest.raises(RuntimeError, match=shape_msg):
+        torch.ops.opbridge.group_norm_backward(bad_grad, x, 2, None, None, 1e-5, "none")
+    with pytest.raises(RuntimeError, match=r"num_groups must divide the number of channels C = x.shape\[1\] = 4"):
+        torch.ops.opbridge.group_norm_backward(torch.randn_like(x), x, 3, None, None, 1e-5, "none")
+    with FakeTensorMode() as mode:
+        with pytest.raises(ValueError, match=shape_msg):
+            torch.ops.opbridge.group_norm_backward(mode.from_tensor(bad_grad), mode.from_tensor(x), 2, None, None,
+                                                   1e-5, "none")
+    # A right-sized grad passes both checks and gives the reference's gradients.
+    grad = torch.from_numpy(rng.standard_normal((2, 4, 3)))
+    dx, dw, db = torch.ops.opbridge.group_norm_backward(grad, x, 2, None, None, 1e-5, "none")
+    ref = ref_backward(x.numpy(), 2, None, grad.numpy(), 1e-5)
+    np.testing.assert_allclose(dx.numpy(), ref[0], rtol=1e-9, atol=1e-9)

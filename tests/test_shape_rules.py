@@ -33,8 +33,9 @@ def probe(tmp_path_factory) -> Path:
     return exe
 
 
-def run(probe: Path, rule: str, x: list[int], k: int = 2, stride: int = 1) -> dict:
-    out = subprocess.run([str(probe), rule, *map(str, x), f"k={k}", f"stride={stride}"], capture_output=True,
+def run(probe: Path, rule: str, x: list[int], k: int = 2, stride: int = 1, kernel: list[int] | None = None) -> dict:
+    extra = [] if kernel is None else ["kernel=" + ",".join(map(str, kernel))]
+    out = subprocess.run([str(probe), rule, *map(str, x), f"k={k}", f"stride={stride}", *extra], capture_output=True,
                          text=True, check=True).stdout
     result = {}
     for line in out.splitlines():
@@ -129,3 +130,20 @@ def test_an_output_shape_function_replaces_the_rule(probe):
     # OpDecl::output_shape_fn: for shapes no rule describes (kernels' ctx.output(index), ORT inference).
     assert run(probe, "fn:?, x[1]", [4, 7])["shape"] == "40 7"
     assert run(probe, "fn:x", [-1, 7])["shape"] == "-1 7"
+
+
+@pytest.mark.parametrize("rule,x,kernel,verdict", [
+    ("?, x[1]", [4, 7], [3, 7], "ok"),
+    ("?, x[1]", [4, 7], [0, 7], "ok"),
+    ("?, x[1]", [4, 7], [3, 6], "output out (rule '?, x[1]') dimension 1 must be 7, got 6"),
+    ("?, x[1]", [4, 7], [3], "output out (rule '?, x[1]') needs rank 2, got rank 1"),
+    ("?, x[1]", [4, 7], [-1, 7], "output out (rule '?, x[1]') dimension 0 must be >= 0, got -1"),
+    ("x[0], x[1]", [4, 7], [4, 7], "output out (rule 'x[0], x[1]') is allocated by the adapter (its rule has no '?'): "
+                                   "use out<T>(0)"),
+])
+def test_an_output_the_kernel_sizes_must_fit_its_rule(probe, rule, x, kernel, verdict):
+    # KernelCall::out(i, shape): a compute function allocates a '?' output; the generic adapters
+    # (torch, ORT, _core) refuse a shape that contradicts the rule with check_kernel_shape's verdict.
+    got = run(probe, rule, x, kernel=kernel)
+    assert got["sized by kernel"] == ("1" if "?" in rule else "0")
+    assert got["kernel shape"] == verdict

@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <cstring>
 #include <set>
-#include <sstream>
 #include <stdexcept>
+#include <sstream>
 
 namespace opbridge {
 
@@ -548,6 +548,7 @@ void OpDecl::finish() const {
     }
   }
   if (outputs_.empty()) errors.push_back("an op needs at least one output");
+  if (outputs_.size() > 64) errors.push_back("an op has at most 64 outputs, got " + std::to_string(outputs_.size()));
   // A backward op: which inputs are gradients, and that its outputs match what it differentiates.
   if (gradient_of_ != nullptr) {
     const std::string where = "gradient_of(" + gradient_of_->name() + "): ";
@@ -707,6 +708,53 @@ Status check_attributes(const OpCall& call) {
   return Status::Ok();
 }
 
+OpCall forward_call(const OpCall& backward) {
+  const OpDecl* fwd = backward.decl().gradient_of();
+  if (fwd == nullptr) throw std::logic_error("forward_call: op " + backward.decl().name() + " is not a gradient_of()");
+  OpCall call(*fwd);
+  for (const ArgDecl* a : fwd->inputs()) call.input(static_cast<size_t>(a->input_index)) = backward.in(a->name);
+  for (const ArgDecl* a : fwd->attrs()) {
+    const int64_t i = backward.decl().attr_index(a->name);
+    call.attr(static_cast<size_t>(a->attr_index)) = backward.attr(static_cast<size_t>(i));
+  }
+  return call;
+}
+
+namespace {
+
+std::string dims_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + (shape[i] >= 0 ? std::to_string(shape[i]) : "?");
+  return s + "]";
+}
+
+// Gradient input k of a backward op has the shape forward output k has for the same arguments
+// (where both are known: shape inference and fake kernels may not know every size).
+Status check_gradient_shapes(const OpCall& call, const OpDecl& fwd) {
+  const OpCall fc = forward_call(call);
+  size_t k = 0;
+  for (const ArgDecl* a : call.decl().inputs()) {
+    if (!a->gradient) continue;
+    const size_t out = k++;
+    const TensorArg& g = call.input(static_cast<size_t>(a->input_index));
+    if (!g.present || !g.rank_known) continue;
+    const OutputDecl& o = fwd.outputs().at(out);
+    const std::vector<int64_t> want = output_shape(fc, out);
+    if (want.empty() && o.like_input >= 0) continue;  // the rank of the input it is like is unknown
+    bool same = g.rank() == static_cast<int64_t>(want.size());
+    for (size_t i = 0; same && i < want.size(); ++i) {
+      same = want[i] < 0 || g.shape[i] < 0 || g.shape[i] == want[i];
+    }
+    if (!same) {
+      return Status::InvalidArgument(a->name + " must have the shape of " + fwd.name() + "'s output " + o.name + " " +
+                                     dims_string(want) + " (rule '" + o.rule + "'), got " + dims_string(g.shape));
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status check_call(const OpCall& call) {
   const OpDecl& d = call.decl();
   if (!d.error().empty()) return Status::InvalidArgument(d.error());
@@ -753,7 +801,15 @@ Status check_call(const OpCall& call) {
     }
   }
   OPBRIDGE_RETURN_IF_ERROR(check_attributes(call));
+  // A backward op: first the forward's own checks on the forward's arguments (a backward without
+  // a check of its own needs none for them).
+  const OpDecl* fwd = d.gradient_of();
+  if (fwd != nullptr && fwd->validate_fn() != nullptr && fwd->validate_fn() != d.validate_fn()) {
+    OPBRIDGE_RETURN_IF_ERROR(fwd->validate_fn()(forward_call(call)));
+  }
   if (d.validate_fn() != nullptr) OPBRIDGE_RETURN_IF_ERROR(d.validate_fn()(call));
+  // ... then each gradient has the shape of the forward output it is the gradient of.
+  if (fwd != nullptr) OPBRIDGE_RETURN_IF_ERROR(check_gradient_shapes(call, *fwd));
   // Output sizes the rules give (after the op's own checks, whose messages say more).
   for (const OutputDecl& o : d.outputs()) {
     for (const auto& expr : o.dims) {
@@ -791,6 +847,35 @@ std::string unsized_output(const OpCall& call, size_t output, const std::vector<
     }
   }
   return {};
+}
+
+bool sized_by_kernel(const OpDecl& decl, size_t output) {
+  if (decl.output_shape_function() != nullptr) return false;
+  for (const auto& expr : decl.outputs().at(output).dims) {
+    for (const DimTerm& t : expr) {
+      if (t.kind == DimTerm::kDynamic) return true;
+    }
+  }
+  return false;
+}
+
+std::string check_kernel_shape(const OpDecl& decl, size_t output, const std::vector<int64_t>& known,
+                               const std::vector<int64_t>& shape) {
+  const OutputDecl& o = decl.outputs().at(output);
+  std::string why;
+  if (!sized_by_kernel(decl, output)) {
+    why = "is allocated by the adapter (its rule has no '?'): use out<T>(" + std::to_string(output) + ")";
+  } else if (shape.size() != known.size()) {
+    why = "needs rank " + std::to_string(known.size()) + ", got rank " + std::to_string(shape.size());
+  } else {
+    for (size_t i = 0; i < shape.size() && why.empty(); ++i) {
+      if (shape[i] < 0 || (known[i] >= 0 && shape[i] != known[i])) {
+        why = "dimension " + std::to_string(i) + " must be " +
+              (known[i] >= 0 ? std::to_string(known[i]) : std::string(">= 0")) + ", got " + std::to_string(shape[i]);
+      }
+    }
+  }
+  return why.empty() ? why : "output " + o.name + " (rule '" + o.rule + "') " + why;
 }
 
 int64_t eval_dim(const OpCall& call, const std::vector<DimTerm>& expr, std::string* error) {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -119,20 +120,35 @@ struct DeclaredKernel {
   std::vector<AttrValue> attrs;  // declaration order, defaults applied
 };
 
-// Scratch memory of one call of a registered compute function: from the execution provider's
-// allocator (device memory on CUDA), in the memory of input `like_input`.
-class OrtScratch final : public KernelHost {
+// What one call of a registered compute function is lent: scratch memory from the execution
+// provider's allocator (device memory on CUDA), in the memory of input `like_input`; and the
+// outputs the kernel sizes ("?" in their rule), from ORT.
+class OrtHost final : public KernelHost {
  public:
-  OrtScratch(const KernelIO& io, size_t like_input) : io_(io), like_(like_input) {}
+  OrtHost(const KernelIO& io, size_t like_input, const OpCall& call, const std::string& label)
+      : io_(io), like_(like_input), call_(call), label_(label) {}
   void* scratch(size_t bytes) override {
     blocks_.push_back(io_.scratch(bytes, like_));
     return blocks_.back().get();
   }
+  void* output(size_t i, const std::vector<int64_t>& shape) override {
+    std::string why = i < call_.decl().outputs().size()
+                          ? check_kernel_shape(call_.decl(), i, output_shape(call_, i), shape)
+                          : "output " + std::to_string(i) + " is not declared";
+    if (why.empty() && sized(i)) why = "output " + call_.decl().outputs()[i].name + " is allocated twice";
+    if (!why.empty()) fail(ORT_RUNTIME_EXCEPTION, label_ + ": the compute function's " + why);
+    sized_ |= uint64_t{1} << i;
+    return io_.output(i, shape);
+  }
+  bool sized(size_t i) const { return i < 64 && ((sized_ >> i) & 1); }
 
  private:
   const KernelIO& io_;
   size_t like_;
+  const OpCall& call_;
+  const std::string& label_;
   std::vector<Scratch> blocks_;
+  uint64_t sized_ = 0;  // one bit per output it allocated
 };
 
 // The generic kernel of a registered compute function: the checked call, the inputs as ORT has
@@ -155,19 +171,22 @@ void run_kernel(const OpSpec& spec, const KernelIO& io, const OpCall& call, cons
   }
   std::vector<void*> out(d.outputs().size(), nullptr);
   for (size_t o = 0; o < out.size(); ++o) {
-    const std::vector<int64_t> shape = output_shape(call, o);
-    const std::string unsized = unsized_output(call, o, shape);
-    if (!unsized.empty()) fail(ORT_NOT_IMPLEMENTED, label + ": " + unsized);
-    out[o] = io.output(o, shape);
+    if (!sized_by_kernel(d, o)) out[o] = io.output(o, output_shape(call, o));  // else OrtHost::output
   }
   const ParallelFor pf = cuda ? ParallelFor() : io.parallel();
-  OrtScratch scratch(io, like);
+  OrtHost host(io, like, call, label);
   KernelCall::Services s;
   s.parallel = &pf;
   s.stream = cuda ? io.gpu_stream() : nullptr;
-  s.host = &scratch;
+  s.host = &host;
   const KernelCall k(call, cuda ? Device::kCuda : Device::kCpu, in.data(), out.data(), s);
   check(spec.kernel(k), label);
+  for (size_t o = 0; o < out.size(); ++o) {
+    if (sized_by_kernel(d, o) && !host.sized(o)) {
+      fail(ORT_RUNTIME_EXCEPTION, label + ": the compute function returned without allocating output " +
+                                      d.outputs()[o].name + " (KernelCall::out(i, shape))");
+    }
+  }
 }
 
 // The value of an attribute the node does not set: the declared default, with float defaults
@@ -518,18 +537,41 @@ Status fill_call(OpCall& call, const char* entry, const CheckTensor* inputs, int
   return Status::Ok();
 }
 
-// Scratch memory of a host run: plain heap blocks, freed when the run returns.
-class HeapScratch final : public KernelHost {
+// What a host run lends its compute function: scratch memory, plain heap blocks freed when the
+// run returns; and the outputs the kernel sizes, from the caller's allocator.
+class HostRun final : public KernelHost {
  public:
+  HostRun(const OpCall& call, HostAlloc alloc, void* ctx) : call_(call), alloc_(alloc), ctx_(ctx) {}
   void* scratch(size_t bytes) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (p == nullptr) throw std::bad_alloc();
     blocks_.emplace_back(p, &std::free);
     return p;
   }
+  void* output(size_t i, const std::vector<int64_t>& shape) override {
+    std::string why = i < call_.decl().outputs().size()
+                          ? check_kernel_shape(call_.decl(), i, output_shape(call_, i), shape)
+                          : "output " + std::to_string(i) + " is not declared";
+    if (why.empty() && sized(i)) why = "output " + call_.decl().outputs()[i].name + " is allocated twice";
+    if (!why.empty()) throw std::runtime_error("the compute function's " + why);
+    void* p = alloc(i, shape);
+    sized_ |= uint64_t{1} << i;
+    return p;
+  }
+  void* alloc(size_t i, const std::vector<int64_t>& shape) const {
+    void* p = alloc_(ctx_, static_cast<int64_t>(i), static_cast<int32_t>(output_type(call_, i)),
+                     static_cast<int64_t>(shape.size()), shape.data());
+    if (p == nullptr) throw std::runtime_error("could not allocate output " + call_.decl().outputs()[i].name);
+    return p;
+  }
+  bool sized(size_t i) const { return i < 64 && ((sized_ >> i) & 1); }
 
  private:
+  const OpCall& call_;
+  HostAlloc alloc_;
+  void* ctx_;
   std::vector<std::unique_ptr<void, void (*)(void*)>> blocks_;
+  uint64_t sized_ = 0;  // one bit per output it allocated
 };
 
 }  // namespace
@@ -554,21 +596,21 @@ int32_t run_host_c(const char* name, const CheckTensor* inputs, int64_t n_inputs
     std::vector<const void*> in(call.input_count(), nullptr);
     for (size_t i = 0; i < in.size(); ++i) in[i] = call.input(i).present ? inputs[i].data : nullptr;
     std::vector<void*> out(decl->outputs().size(), nullptr);
+    HostRun host(call, alloc, alloc_ctx);
     for (size_t o = 0; o < out.size(); ++o) {
-      const std::vector<int64_t> shape = output_shape(call, o);
-      const std::string unsized = unsized_output(call, o, shape);
-      if (!unsized.empty()) return reply(message, size, StatusCode::kNotImplemented, unsized);
-      out[o] = alloc(alloc_ctx, static_cast<int64_t>(o), static_cast<int32_t>(output_type(call, o)),
-                     static_cast<int64_t>(shape.size()), shape.data());
-      if (out[o] == nullptr) return reply(message, size, StatusCode::kRuntimeError, "could not allocate output " +
-                                                                                    decl->outputs()[o].name);
+      if (!sized_by_kernel(*decl, o)) out[o] = host.alloc(o, output_shape(call, o));  // else HostRun::output
     }
-    HeapScratch scratch;
     KernelCall::Services s;
     s.isa = static_cast<CpuIsa>(isa);
     s.channels_last = channels_last != 0;
-    s.host = &scratch;
+    s.host = &host;
     st = compute(KernelCall(call, Device::kCpu, in.data(), out.data(), s));
+    for (size_t o = 0; st.ok() && o < out.size(); ++o) {
+      if (sized_by_kernel(*decl, o) && !host.sized(o)) {
+        st = Status::RuntimeError("the compute function returned without allocating output " +
+                                  decl->outputs()[o].name + " (KernelCall::out(i, shape))");
+      }
+    }
     return reply(message, size, st.code(), st.message());
   } catch (const std::bad_alloc&) {
     return reply(message, size, StatusCode::kRuntimeError, "out of memory");

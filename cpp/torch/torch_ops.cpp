@@ -3,6 +3,7 @@
 #include <torch/csrc/stable/accelerator.h>
 
 #include <array>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -23,6 +24,8 @@ struct Entry {
   ComputeFn cuda = nullptr;
   // The input whose memory format outputs keep (keeps_memory_format()), or -1.
   int64_t layout_input = -1;
+  // The outputs the compute function sizes ("?" in their rule), one bit each.
+  uint64_t sized_by_kernel = 0;
 };
 
 // The library's ops by slot; a slot's boxed kernel finds its op here. One table per binary: a
@@ -32,21 +35,38 @@ std::array<Entry*, LibraryOps::kMaxOps>& slots() {
   return table;
 }
 
-// Scratch memory of one call: byte tensors on the call's device from torch's caching allocator,
-// released when the call returns (on CUDA, in the order of torch's current stream, after the
-// work queued on it: what the allocator expects of a stream-ordered user).
-class TorchScratch final : public KernelHost {
+// What a call lends its compute function: scratch memory, byte tensors on the call's device from
+// torch's caching allocator, released when the call returns (on CUDA, in the order of torch's
+// current stream, after the work queued on it: what the allocator expects of a stream-ordered
+// user); and the outputs the kernel sizes ("?" in their rule).
+class TorchHost final : public KernelHost {
  public:
-  explicit TorchScratch(const Tensor& like) : like_(like) {}
+  TorchHost(TorchCall& c, const Tensor& like) : c_(c), like_(like) {}
   void* scratch(size_t bytes) override {
     // The allocator's blocks are aligned far beyond the 16 bytes promised.
     blocks_.push_back(empty({static_cast<int64_t>(bytes)}, ScalarType::Byte, like_));
     return blocks_.back().data_ptr();
   }
+  void* output(size_t i, const std::vector<int64_t>& shape) override {
+    const OpCall& call = c_.call();
+    std::string why = i < call.decl().outputs().size()
+                          ? check_kernel_shape(call.decl(), i, output_shape(call, i), shape)
+                          : "output " + std::to_string(i) + " is not declared";
+    if (why.empty() && sized(i)) why = "output " + call.decl().outputs()[i].name + " is allocated twice";
+    if (!why.empty()) c_.check(Status::RuntimeError("the compute function's " + why));
+    Tensor t = empty(shape, scalar_type(output_type(call, i)), like_);
+    void* data = t.data_ptr();
+    c_.set_output(i, std::move(t));
+    sized_ |= uint64_t{1} << i;
+    return data;
+  }
+  bool sized(size_t i) const { return i < 64 && ((sized_ >> i) & 1); }
 
  private:
+  TorchCall& c_;
   const Tensor& like_;
   std::vector<Tensor> blocks_;
+  uint64_t sized_ = 0;
 };
 
 void run(const Entry& e, StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
@@ -94,24 +114,29 @@ void run(const Entry& e, StableIValue* stack, uint64_t num_args, uint64_t num_ou
     Tensor t;
     if (cl && od.keeps_memory_format && od.like_input >= 0) {
       t = empty_in_layout(c.in(decl.inputs()[static_cast<size_t>(od.like_input)]->name), true, type);
+    } else if ((e.sized_by_kernel >> o) & 1) {
+      continue;  // the compute function allocates it (TorchHost::output)
     } else {
-      const std::vector<int64_t> shape = output_shape(call, o);
-      const std::string unsized = unsized_output(call, o, shape);
-      if (!unsized.empty()) c.check(Status(StatusCode::kNotImplemented, unsized));
-      t = empty(shape, type, like_device);
+      t = empty(output_shape(call, o), type, like_device);
     }
     out[o] = t.data_ptr();
     c.set_output(o, std::move(t));
   }
   const ParallelFor pf = torch_parallel();
-  TorchScratch scratch(like_device);
+  TorchHost host(c, like_device);
   KernelCall::Services s;
   s.parallel = &pf;
   s.stream = cuda ? current_cuda_stream(*anchor) : nullptr;
   s.channels_last = cl;
-  s.host = &scratch;
+  s.host = &host;
   const KernelCall k(call, cuda ? Device::kCuda : Device::kCpu, in.data(), out.data(), s);
   c.check(compute(k));
+  for (size_t o = 0; e.sized_by_kernel != 0 && o < out.size(); ++o) {
+    if (((e.sized_by_kernel >> o) & 1) && !host.sized(o)) {
+      c.check(Status::RuntimeError("the compute function returned without allocating output " +
+                                   decl.outputs()[o].name + " (KernelCall::out(i, shape))"));
+    }
+  }
   c.box_outputs(stack, num_outputs);
 }
 
@@ -173,8 +198,10 @@ void LibraryOps::add(const OpKernel& kernel, void* self_ptr) {
     entry->qualname = st.ns + "::" + decl.name();
     // (checked_schema first: it completes the declaration, output rules included.)
     st.fragment->def(checked_schema(decl).c_str());
-    for (const OutputDecl& o : decl.outputs()) {
+    for (size_t i = 0; i < decl.outputs().size(); ++i) {
+      const OutputDecl& o = decl.outputs()[i];
       if (o.keeps_memory_format && o.like_input >= 0) entry->layout_input = o.like_input;
+      if (i < 64 && sized_by_kernel(decl, i)) entry->sized_by_kernel |= uint64_t{1} << i;
     }
     e = entry.get();
     index = st.entries.size();

@@ -3,7 +3,8 @@
 // with inputs x and y, int attributes k (default 2) and stride (1), a float attribute eps, and one
 // output with RULE; prints the declaration error, or the rule's postfix form, then the check's
 // verdict or the output's dimensions, for x of the dims given (-1: unknown) and y of shape (3, 5).
-// "fn:RULE" gives the op an OutputShapeFn as well.
+// "fn:RULE" gives the op an OutputShapeFn as well. "kernel=D,D,..." also prints whether the output
+// is one its kernel sizes ('?') and the verdict on a kernel that gives it shape (D, D, ...).
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -16,9 +17,18 @@ int main(int argc, char** argv) {
   if (argc < 2) return 2;
   std::vector<int64_t> x_dims;
   int64_t k = 2, stride = 1;
+  bool kernel = false;
+  std::vector<int64_t> kernel_dims;
   for (int i = 2; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a.rfind("k=", 0) == 0) {
+    if (a.rfind("kernel=", 0) == 0) {
+      kernel = true;
+      for (size_t p = 7; p < a.size();) {
+        const size_t comma = a.find(',', p);
+        kernel_dims.push_back(std::atoll(a.substr(p, comma - p).c_str()));
+        p = comma == std::string::npos ? a.size() : comma + 1;
+      }
+    } else if (a.rfind("k=", 0) == 0) {
       k = std::atoll(a.c_str() + 2);
     } else if (a.rfind("stride=", 0) == 0) {
       stride = std::atoll(a.c_str() + 7);
@@ -68,5 +78,10 @@ int main(int argc, char** argv) {
   std::printf("shape:");
   for (int64_t d : output_shape(call, 0)) std::printf(" %lld", static_cast<long long>(d));
   std::printf("\n");
+  if (kernel) {
+    std::printf("sized by kernel: %d\n", sized_by_kernel(decl, 0) ? 1 : 0);
+    const std::string why = check_kernel_shape(decl, 0, output_shape(call, 0), kernel_dims);
+    std::printf("kernel shape: %s\n", why.empty() ? "ok" : why.c_str());
+  }
   return 0;
 }

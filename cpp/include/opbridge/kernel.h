@@ -47,6 +47,10 @@ class KernelHost {
   // stays the compute function's until it returns; on CUDA it is released in stream order, so the
   // work queued on stream() may use it. Throws when the framework cannot allocate it.
   virtual void* scratch(size_t bytes) = 0;
+  // Allocates output `i`, one whose rule has a "?" dimension (its size depends on the input
+  // values), with `shape` on the call's device; returns its data. Throws for another output, a
+  // shape of another rank or other known sizes than the rule gives, or a second allocation.
+  virtual void* output(size_t i, const std::vector<int64_t>& shape) = 0;
 };
 
 // One call of a declared op on one device, as its compute function sees it.
@@ -57,7 +61,7 @@ class KernelCall {
     CpuIsa isa = CpuIsa::kAuto;             // CPU: the instruction-set variant (kAuto but in tests)
     void* stream = nullptr;                 // CUDA: the cudaStream_t to queue the work on
     bool channels_last = false;             // see channels_last()
-    KernelHost* host = nullptr;             // scratch memory
+    KernelHost* host = nullptr;             // scratch memory, the outputs the kernel sizes
   };
 
   // inputs: per declared input, its data (nullptr for an absent optional input);
@@ -81,10 +85,18 @@ class KernelCall {
     return static_cast<const T*>(input_data(static_cast<size_t>(index_of(name))));
   }
   const void* input_data(size_t i) const { return inputs_[i]; }
-  // Output `i`, allocated with the shape the declaration's rule gives (output_shape(call(), i)).
+  // Output `i`, allocated with the shape the declaration's rule gives (output_shape(call(), i));
+  // nullptr for an output whose rule has a "?" dimension: the compute function sizes that one.
   template <class T>
   T* out(size_t i) const {
     return static_cast<T*>(outputs_[i]);
+  }
+  // Allocates output `i`, whose rule has a "?" dimension, once the compute function knows its
+  // shape (all of it: the rule's other dimensions too); on the call's device. Every such output
+  // must be allocated before the compute function returns Ok.
+  template <class T>
+  T* out(size_t i, const std::vector<int64_t>& shape) const {
+    return static_cast<T*>(s_.host->output(i, shape));
   }
 
   // Whether the inputs and outputs whose memory format the declaration keeps

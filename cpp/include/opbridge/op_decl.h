@@ -210,9 +210,10 @@ struct TypeVarDecl {
 // + - * // % (floor division and modulo, as in Python) and parentheses, e.g.
 // "num_segments, values[1]", "x[0], x[1] * r * r, x[2] // stride". A size that comes out negative
 // is an error of the call (check_call); a rule that does not parse is an error of the declaration.
-// A dimension "?" depends on the input values: the kernel sizes that output itself (ORT:
-// OrtOpContext::output(index, shape); torch: the tensor it sets), torch's fake kernel gives it a
-// new unbacked size (new_dynamic_size()), ONNX shape inference leaves it symbolic.
+// A dimension "?" depends on the input values: the kernel sizes that output itself (a compute
+// function: KernelCall::out<T>(i, shape); a hand-written ORT adapter: OrtOpContext::output(index,
+// shape)), torch's fake kernel gives it a new unbacked size (new_dynamic_size()), ONNX shape
+// inference leaves it symbolic.
 struct DimTerm {  // one step of a dimension's expression, in postfix order
   enum Kind : int32_t {
     kConst = 0, kInputDim = 1, kAttr = 2, kAdd = 3, kSub = 4, kMul = 5, kFloorDiv = 6, kMod = 7, kDynamic = 8
@@ -338,9 +339,13 @@ class OpDecl {
 };
 
 // Generic checks from the declaration (required inputs present, element types allowed and
-// consistent per type variable, ranks, string choices), then the op's own validation.
+// consistent per type variable, ranks, string choices), then the op's own validation. For a
+// backward op (gradient_of()) also the forward's own validation, on the forward's arguments, and
+// each gradient input against the shape its forward output has.
 // The message of an error is the part after the op label ("x must have rank >= 2 ...").
 Status check_call(const OpCall& call);
+// The forward call a backward op's call (gradient_of()) holds: the forward's arguments, by name.
+OpCall forward_call(const OpCall& backward);
 // The checks of check_call that need only attribute values (string choices): ORT runs them when
 // it creates a kernel, so a bad value fails session creation, naming the node.
 Status check_attributes(const OpCall& call);
@@ -351,10 +356,15 @@ std::vector<int64_t> output_shape(const OpCall& call, size_t output);
 // is unknown. Sets *error (when not null) for a result that is negative, a division by zero or an
 // int64 overflow.
 int64_t eval_dim(const OpCall& call, const std::vector<DimTerm>& expr, std::string* error = nullptr);
-// Empty where output `output`'s shape is known for a checked call; else why a kernel that
-// allocates outputs before it runs (the generic kernels of compute functions) cannot allocate it
-// (a "?" dimension: the op needs a kernel that sizes the output itself).
+// Empty where output `output`'s shape is known for a checked call; else why an adapter cannot
+// allocate it before the kernel runs (a "?" dimension: the kernel sizes that output itself).
 std::string unsized_output(const OpCall& call, size_t output, const std::vector<int64_t>& shape);
+// Whether output `output`'s rule has a "?" dimension (its kernel sizes it: KernelCall::out(i, shape)).
+bool sized_by_kernel(const OpDecl& decl, size_t output);
+// Empty where `shape`, the shape a kernel gives output `output` (sized_by_kernel), agrees with the
+// rule's rank and the sizes the rule knows (`known`: output_shape(call, output)); else why not.
+std::string check_kernel_shape(const OpDecl& decl, size_t output, const std::vector<int64_t>& known,
+                               const std::vector<int64_t>& shape);
 // The element type of output `output`: that of the inputs bound to its type variable.
 ElemType output_type(const OpCall& call, size_t output);
 

@@ -42,24 +42,6 @@ Status validate(const OpCall& call) {
   return Status::Ok();
 }
 
-std::string shape_string(const TensorArg& t) {
-  std::string s = "[";
-  for (int64_t i = 0; i < t.rank(); ++i) s += (i ? ", " : "") + (t.shape[i] >= 0 ? std::to_string(t.shape[i]) : "?");
-  return s + "]";
-}
-
-// The backward's: the forward's checks on its arguments, then grad's shape (x's).
-Status validate_backward(const OpCall& call) {
-  OPBRIDGE_RETURN_IF_ERROR(validate(call));
-  const TensorArg& grad = call.in("grad");
-  const TensorArg& x = call.in("x");
-  if (!grad.rank_known || !x.rank_known) return Status::Ok();
-  bool same = grad.rank() == x.rank();
-  for (int64_t i = 0; same && i < x.rank(); ++i) same = !grad.known(i) || !x.known(i) || grad.dim(i) == x.dim(i);
-  if (!same) return Status::InvalidArgument("grad must have x's shape " + shape_string(x) + ", got " + shape_string(grad));
-  return Status::Ok();
-}
-
 }  // namespace
 
 GroupNormParams group_norm_params(const KernelCall& k) {
@@ -101,8 +83,7 @@ const OpDecl& group_norm_backward_decl() {
           .output("grad_x", "T", "x", "shape and memory format of x").keeps_memory_format()
           .output("grad_weight", "T", "x[1]", "(C,)")
           .output("grad_bias", "T", "x[1]", "(C,)")
-          .gradient_of(group_norm_decl(), {"x", "weight", "bias"})
-          .check(validate_backward);
+          .gradient_of(group_norm_decl(), {"x", "weight", "bias"});
   return decl;
 }
 
