@@ -201,6 +201,26 @@ def test_export_stamps_the_lowest_version_that_expresses_the_model(dynamo):
         opbridge.onnx.export(M(), (torch.randn(2, 3, 3),), dynamo=dynamo, custom_opsets={"ai.opbridge": 0})
 
 
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_an_argument_of_a_later_version_raises_the_import_only_when_used(dynamo):
+    # GroupNorm's activation is .since(2) (docs/declarations.md, "Versions"): at its default the
+    # model needs version 1 and the attribute is not written; "silu" makes it version 2.
+    class M(torch.nn.Module):
+        def __init__(self, activation):
+            super().__init__()
+            self.activation = activation
+
+        def forward(self, x):
+            return opbridge.ops.group_norm(x, 2, activation=self.activation)
+
+    x = torch.randn(2, 4, 3)
+    for activation, version in (("none", 1), ("silu", 2)):
+        proto = opbridge.onnx.export(M(activation), (x,), dynamo=dynamo)
+        assert {i.domain: i.version for i in proto.opset_import}["ai.opbridge"] == version, activation
+        node = next(n for n in proto.graph.node if n.domain == "ai.opbridge")
+        assert ("activation" in [a.name for a in node.attribute]) == (activation != "none")
+
+
 def test_declarations_are_described_consistently():
     """The JSON the library describes its ops with matches the torch schema derived from the same
     declaration (argument names, order, defaults)."""

@@ -30,7 +30,7 @@ def _output_blocks(path) -> list[str]:
 
 def test_hand_written_lines_of_rms_norm_example():
     """docs/cpp.md and README.md quote scripts/count_hand_lines.py's count for examples/rms_norm,
-    in total and per part (declaration, kernels, adapters, Python gradient formula)."""
+    in total and per part (declaration, kernels and compute functions, Python backward)."""
     import shutil
 
     if not (shutil.which("ruff") and shutil.which("clang-format")):
@@ -43,18 +43,34 @@ def test_hand_written_lines_of_rms_norm_example():
     parts = {
         "declaration": per_file.get("ops/rms_norm/rms_norm_decl.cpp", 0),
         "kernels": per_file.get("ops/rms_norm/rms_norm.h", 0) + per_file.get("ops/rms_norm/rms_norm_cpu.cpp", 0),
-        "adapters": per_file.get("ops/rms_norm/rms_norm_ort.cpp", 0) + per_file.get("ops/rms_norm/rms_norm_torch.cpp", 0),
         "python": per_file.get("python/myops/ops/rms_norm.py", 0),
     }
     assert sum(parts.values()) == total, r.stdout  # every counted file is in one of the parts
     cpp = _text(DOC / "cpp.md")
     m = re.search(r"\*\*(\d+) lines written by hand\*\* \(non-blank, non-comment, tests excluded: the declaration "
-                  r"and its checks (\d+), the kernels (\d+), the adapters (\d+), the Python gradient formula (\d+)\)", cpp)
+                  r"and its checks (\d+), the kernels and compute functions (\d+), the Python backward (\d+)\)", cpp)
     assert m, "docs/cpp.md no longer quotes the count in the form this test reads"
-    quoted = dict(zip(["total", "declaration", "kernels", "adapters", "python"], map(int, m.groups())))
+    quoted = dict(zip(["total", "declaration", "kernels", "python"], map(int, m.groups())))
     assert quoted == {"total": total, **parts}, f"docs/cpp.md quotes {quoted}, the script counts:\n{r.stdout}"
     m = re.search(r"`examples/rms_norm/` \((\d+) hand-written lines over the scaffold\)", _text(README))
     assert m and int(m.group(1)) == total, "README.md's count of examples/rms_norm's hand-written lines"
+
+
+def test_hand_written_lines_of_shapes_examples():
+    """docs/declarations.md lists scripts/count_hand_lines.py's count per op of examples/shapes;
+    each is at most 60 lines beyond the scaffold."""
+    import shutil
+
+    if not (shutil.which("ruff") and shutil.which("clang-format")):
+        pytest.skip("needs ruff and clang-format (requirements/test.txt): the count is of formatted code")
+    ops = ["segment_sum", "window_stats", "select_rows", "bias_act"]
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "count_hand_lines.py"), str(REPO / "examples" / "shapes"),
+                        *ops, "--namespace", "shapes"], capture_output=True, text=True, check=True)
+    counted = {k: int(v) for k, v in re.findall(r"^op (\w+): (\d+)$", r.stdout, flags=re.M)}
+    table = _text(DOC / "declarations.md")
+    quoted = {op: int(n) for op, n in re.findall(r"\| `(\w+)\([^|]*\)` \|[^|]*\|[^|]*\| (\d+) \|", table)}
+    assert quoted == counted, f"docs/declarations.md lists {quoted}, the script counts:\n{r.stdout}"
+    assert set(counted) == set(ops) and max(counted.values()) <= 60, r.stdout
 
 
 # ---- messages ------------------------------------------------------------------------------------

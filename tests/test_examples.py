@@ -1,7 +1,7 @@
 """examples/rms_norm (RMSNorm made from the `opbridge new-op` scaffold: forward, backward,
 float32/float64) builds with pip as a user builds it, and its own tests pass (check_op: opcheck,
 gradcheck, gradgradcheck, both exporters, ONNX Runtime against torch). It stays what the scaffold
-makes today wherever RMSNorm needs nothing else, and registers its autograd as the scaffold does."""
+makes today wherever RMSNorm needs nothing else, and registers its gradient as the scaffold does."""
 
 from __future__ import annotations
 
@@ -30,19 +30,19 @@ def test_rms_norm_example_is_the_scaffold_of_today(tmp_path):
     assert not differ, f"examples/rms_norm differs from what new-op makes today in {differ}"
 
 
-def _register_autograd_keywords(source: str) -> list[str]:
+def _register_gradient_call(source: str) -> tuple:
     calls = [n for n in ast.walk(ast.parse(source))
-             if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "register_autograd"]
+             if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "register_gradient"]
     assert len(calls) == 1
-    return sorted(k.arg for k in calls[0].keywords)
+    return [ast.literal_eval(a) for a in calls[0].args], sorted(k.arg for k in calls[0].keywords)
 
 
-def test_rms_norm_example_registers_autograd_as_the_scaffold_does():
+def test_rms_norm_example_registers_its_gradient_as_the_scaffold_does():
     template = (REPO / "python" / "opbridge" / "_templates" / "new_op" / "project" / "op.py.tmpl").read_text()
     template = template.replace("@ns@", "myops").replace("@op@", "rms_norm")
     example = (EXAMPLE / "python" / "myops" / "ops" / "rms_norm.py").read_text()
-    assert _register_autograd_keywords(example) == _register_autograd_keywords(template)
-    assert 'backward_op="myops::rms_norm_backward"' in example
+    assert _register_gradient_call(example) == _register_gradient_call(template) == (["myops::rms_norm"],
+                                                                                     ["differentiable"])
 
 
 pytest.importorskip("torch", reason="the example's tests use torch")

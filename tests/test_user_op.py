@@ -230,7 +230,7 @@ def _nvcc():
 
 @pytest.fixture(scope="module")
 def userops_cuda_build(tmp_path_factory):
-    """The example with USEROPS_WITH_CUDA=ON (CUDA_SOURCES, CUDA_ORT_SOURCES): the ORT library."""
+    """The example with USEROPS_WITH_CUDA=ON (the CUDA compute function compiled in): the ORT library."""
     nvcc = _nvcc()
     if nvcc is None:
         pytest.skip("no nvcc: the CUDA sources cannot be compiled here")

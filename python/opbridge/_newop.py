@@ -3,11 +3,12 @@
 A new project (``--dir``, default ``./NAME``) gets a pyproject.toml (scikit-build-core; torch and
 opbridge pinned to the versions this opbridge was built with, since its CMake package and C++
 adapters are SameMinorVersion), a CMakeLists.txt with one ``opbridge_add_op`` line, the op's
-declaration, CPU kernels (forward and backward of a real function: ``y = alpha * x * weight``),
-ORT and torch adapters, a Python package and tests that pass as generated
+declarations (forward and backward), CPU kernels of a real function (``y = alpha * x * weight``)
+with their compute functions (opbridge's generic adapters run them in torch, ORT and _core), a
+Python package and tests that pass as generated
 (``pip install --no-build-isolation DIR && pytest DIR/tests``). In an existing project made by
 this command, it adds the op's files and its ``opbridge_add_op`` line. ``--cuda`` adds a CUDA
-launcher with its ORT and torch CUDA adapters.
+kernel with its compute function.
 """
 
 from __future__ import annotations
@@ -30,14 +31,9 @@ _OP_FILES = {
     "op.h.tmpl": "ops/{op}/{op}.h",
     "op_decl.cpp.tmpl": "ops/{op}/{op}_decl.cpp",
     "op_cpu.cpp.tmpl": "ops/{op}/{op}_cpu.cpp",
-    "op_ort.cpp.tmpl": "ops/{op}/{op}_ort.cpp",
-    "op_torch.cpp.tmpl": "ops/{op}/{op}_torch.cpp",
 }
 _CUDA_FILES = {
-    "op.cuh.tmpl": "ops/{op}/{op}.cuh",
     "op_kernel.cu.tmpl": "ops/{op}/{op}_kernel.cu",
-    "op_cuda_ort.cpp.tmpl": "ops/{op}/{op}_cuda_ort.cpp",
-    "op_cuda_torch.cpp.tmpl": "ops/{op}/{op}_cuda_torch.cpp",
 }
 _PY_OP_FILES = {
     "op.py.tmpl": "python/{ns}/ops/{op}.py",

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                         "memory available now); see docs/optimize.md")
     n = sub.add_parser(
         "new-op",
-        help="scaffold a project of your own op (declaration, CPU kernels, ORT and torch adapters, Python "
+        help="scaffold a project of your own op (declarations, CPU kernels and their compute functions, Python "
         "package, tests), or add an op to such a project",
     )
     n.add_argument("name", help="the op's snake_case name, e.g. rms_norm")
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("--namespace", default=None,
                    help="torch namespace, C++ namespace and Python package (default: the folder's name)")
     n.add_argument("--domain", default=None, help="ONNX domain of the ops (default: com.example.NAMESPACE)")
-    n.add_argument("--cuda", action="store_true", help="also a CUDA launcher and its ORT and torch CUDA adapters")
+    n.add_argument("--cuda", action="store_true", help="also a CUDA kernel and its compute function")
     args = p.parse_args(argv)
     if args.cmake_dir:
         from ._cmake import cmake_dir

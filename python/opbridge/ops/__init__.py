@@ -14,8 +14,8 @@ from .._library import load_torch_library
 
 load_torch_library()
 
-__all__: list[str] = ["no_grad_fast_path", "register_autograd", "register_fake", "register_library_ops",
-                      "translate_errors"]
+__all__: list[str] = ["no_grad_fast_path", "register_autograd", "register_fake", "register_gradient",
+                      "register_library_ops", "translate_errors"]
 for _m in pkgutil.iter_modules(__path__):
     if _m.name.startswith("_"):
         continue
@@ -27,7 +27,8 @@ for _m in pkgutil.iter_modules(__path__):
 # Fake kernels (and a clear error for ops without a gradient formula) from the declarations,
 # after the op modules above registered their formulas.
 from .._decl import opbridge_library  # noqa: E402
-from ._declared import no_grad_fast_path, register_autograd, register_fake, register_library_ops  # noqa: E402
+from ._declared import (  # noqa: E402
+    no_grad_fast_path, register_autograd, register_fake, register_gradient, register_library_ops)
 from ._errors import translate_errors  # noqa: E402
 
 register_library_ops(opbridge_library())

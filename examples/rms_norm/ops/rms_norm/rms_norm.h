@@ -1,41 +1,29 @@
 // myops::rms_norm: y = x / sqrt(mean(x^2) + eps) * weight over the last dimension of x (one weight
 // per channel), as torch.nn.functional.rms_norm and ONNX RMSNormalization-23 with axis = -1.
 //
-// The op's kernels, framework-free: raw pointers, sizes, the caller's thread pool, a Status.
-// The torch op (rms_norm_torch.cpp) and the ORT op (rms_norm_ort.cpp) are thin adapters around them;
-// the contract both follow (arguments, types, checks, output shapes) is the declaration in
-// rms_norm_decl.cpp.
+// The op is its declaration and backward's (rms_norm_decl.cpp), the function from a checked call to
+// its kernels' arguments (rms_norm_params, there too) and one compute function per device
+// (rms_norm_cpu.cpp; new-op --cuda adds rms_norm_kernel.cu). opbridge's generic adapters run the compute
+// functions in torch, ONNX Runtime and opbridge._core: they check each call against the
+// declaration, allocate the outputs from its rules and hand over contiguous tensors.
 #pragma once
 
 #include <cstdint>
 
-#include <opbridge/op_decl.h>
-#include <opbridge/parallel.h>
-#include <opbridge/status.h>
+#include <opbridge/kernel.h>
 
 namespace myops {
 
-// The op's declaration (opbridge/op_decl.h) and its backward's (torch autograd calls it).
 const opbridge::OpDecl& rms_norm_decl();
 const opbridge::OpDecl& rms_norm_backward_decl();
 
-// The view every adapter uses: x is [rows, channels], channels = x.shape[-1], rows = the product
-// of the other dimensions (0 for an empty x).
-struct RmsNormDims {
+// The kernels' arguments: x viewed as [rows, channels], channels = x.shape[-1] and rows the
+// product of the other dimensions (0 for an empty x); eps.
+struct RmsNormParams {
   int64_t rows = 0, channels = 0;
+  double eps = 1e-5;
 };
-// From a call that passed the declaration's checks (torch or ORT: both have one).
-RmsNormDims rms_norm_dims(const opbridge::OpCall& call);
-
-// Forward. x, y: [rows, channels], contiguous; weight: [channels]. T: float or double.
-template <class T>
-opbridge::Status rms_norm_cpu(const T* x, const T* weight, T* y, const RmsNormDims& d, double eps,
-                          const opbridge::ParallelFor& pf);
-
-// Backward: grad_x = d(loss)/dx and grad_weight = d(loss)/dweight from grad = d(loss)/dy.
-// grad, x, grad_x: [rows, channels]; weight, grad_weight: [channels]; all fully written.
-template <class T>
-opbridge::Status rms_norm_backward_cpu(const T* grad, const T* x, const T* weight, T* grad_x, T* grad_weight,
-                                   const RmsNormDims& d, double eps, const opbridge::ParallelFor& pf);
+// From a call that passed the declaration's checks (forward or backward: both have x and eps).
+RmsNormParams rms_norm_params(const opbridge::KernelCall& k);
 
 }  // namespace myops

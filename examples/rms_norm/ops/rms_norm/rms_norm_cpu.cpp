@@ -1,4 +1,4 @@
-// CPU kernels of myops::rms_norm (see rms_norm.h): framework-free, shared by the torch and ORT ops.
+// CPU kernels of myops::rms_norm and their compute functions (see rms_norm.h).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -8,35 +8,36 @@
 namespace myops {
 namespace {
 
+using opbridge::KernelCall;
+using opbridge::ParallelFor;
+using opbridge::Status;
+
 // Rows per task: enough work (~16k elements) to be worth a task of the caller's thread pool.
-int64_t grain(int64_t channels) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, channels)); }
+int64_t grain(int64_t n) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n)); }
 
-}  // namespace
-
+// x, y: [rows, channels], contiguous; weight: [channels].
 template <class T>
-opbridge::Status rms_norm_cpu(const T* x, const T* weight, T* y, const RmsNormDims& d, double eps,
-                          const opbridge::ParallelFor& pf) {
-  const int64_t C = d.channels;
-  pf(d.rows, grain(C), [&](int64_t begin, int64_t end) {
+void forward(const T* x, const T* weight, T* y, const RmsNormParams& p, const ParallelFor& pf) {
+  const int64_t C = p.channels;
+  pf(p.rows, grain(C), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * C;
-      T* yr = y + r * C;
       double sum_sq = 0;  // in double: rounding stays far below T's over long rows
       for (int64_t c = 0; c < C; ++c) sum_sq += static_cast<double>(xr[c]) * xr[c];
-      const double rstd = 1 / std::sqrt(sum_sq / C + eps);
-      for (int64_t c = 0; c < C; ++c) yr[c] = static_cast<T>(xr[c] * rstd * weight[c]);
+      const double rstd = 1 / std::sqrt(sum_sq / C + p.eps);
+      for (int64_t c = 0; c < C; ++c) y[r * C + c] = static_cast<T>(xr[c] * rstd * weight[c]);
     }
   });
-  return opbridge::Status::Ok();
 }
 
+// With r = rstd of the row and g = grad * weight: grad_x = r * g - x * r^3 * mean(g * x);
+// grad_weight[c] = sum over rows of grad * x * r.
 template <class T>
-opbridge::Status rms_norm_backward_cpu(const T* grad, const T* x, const T* weight, T* grad_x, T* grad_weight,
-                                   const RmsNormDims& d, double eps, const opbridge::ParallelFor& pf) {
-  const int64_t C = d.channels;
-  std::vector<double> rstd(static_cast<size_t>(d.rows));
-  // With r = rstd of the row and g = grad * weight: grad_x = r * g - x * r^3 * mean(g * x).
-  pf(d.rows, grain(C), [&](int64_t begin, int64_t end) {
+void backward(const T* grad, const T* x, const T* weight, T* grad_x, T* grad_weight, const RmsNormParams& p,
+              const ParallelFor& pf) {
+  const int64_t C = p.channels;
+  std::vector<double> rstd(static_cast<size_t>(p.rows));
+  pf(p.rows, grain(C), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * C;
       const T* gr = grad + r * C;
@@ -45,29 +46,44 @@ opbridge::Status rms_norm_backward_cpu(const T* grad, const T* x, const T* weigh
         sum_sq += static_cast<double>(xr[c]) * xr[c];
         sum_gx += static_cast<double>(gr[c]) * weight[c] * xr[c];
       }
-      const double rs = 1 / std::sqrt(sum_sq / C + eps), k = rs * rs * rs * sum_gx / C;
+      const double rs = 1 / std::sqrt(sum_sq / C + p.eps), k = rs * rs * rs * sum_gx / C;
       rstd[r] = rs;
       for (int64_t c = 0; c < C; ++c) grad_x[r * C + c] = static_cast<T>(rs * gr[c] * weight[c] - k * xr[c]);
     }
   });
   // Each channel sums over all rows: one task per range of channels, no atomics.
-  pf(C, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, d.rows)), [&](int64_t begin, int64_t end) {
+  pf(C, grain(p.rows), [&](int64_t begin, int64_t end) {
     for (int64_t c = begin; c < end; ++c) {
       double sum = 0;  // double: rows may be many
-      for (int64_t r = 0; r < d.rows; ++r) sum += static_cast<double>(grad[r * C + c]) * x[r * C + c] * rstd[r];
+      for (int64_t r = 0; r < p.rows; ++r) sum += static_cast<double>(grad[r * C + c]) * x[r * C + c] * rstd[r];
       grad_weight[c] = static_cast<T>(sum);
     }
   });
-  return opbridge::Status::Ok();
 }
 
-// The element types the declaration allows (kFloat32And64).
-#define MYOPS_RMS_NORM_INSTANTIATE(T)                                                                          \
-  template opbridge::Status rms_norm_cpu<T>(const T*, const T*, T*, const RmsNormDims&, double,                  \
-                                        const opbridge::ParallelFor&);                                    \
-  template opbridge::Status rms_norm_backward_cpu<T>(const T*, const T*, const T*, T*, T*, const RmsNormDims&,   \
-                                                 double, const opbridge::ParallelFor&);
-MYOPS_RMS_NORM_INSTANTIATE(float)
-MYOPS_RMS_NORM_INSTANTIATE(double)
+// The compute functions: the checked call's tensors (contiguous, outputs allocated from the
+// declaration's rules) into the kernels, for the element types the declaration allows.
+Status forward_cpu(const KernelCall& k) {
+  const RmsNormParams p = rms_norm_params(k);
+  return opbridge::dispatch<float, double>(k.type("x"), [&](auto tag) {
+    using T = decltype(tag);
+    forward<T>(k.in<T>("x"), k.in<T>("weight"), k.out<T>(0), p, k.parallel());
+    return Status::Ok();
+  });
+}
+
+Status backward_cpu(const KernelCall& k) {
+  const RmsNormParams p = rms_norm_params(k);
+  return opbridge::dispatch<float, double>(k.type("x"), [&](auto tag) {
+    using T = decltype(tag);
+    backward<T>(k.in<T>("grad"), k.in<T>("x"), k.in<T>("weight"), k.out<T>(0), k.out<T>(1), p, k.parallel());
+    return Status::Ok();
+  });
+}
+
+}  // namespace
+
+OPBRIDGE_KERNEL(rms_norm_decl, kCpu, forward_cpu);
+OPBRIDGE_KERNEL(rms_norm_backward_decl, kCpu, backward_cpu);
 
 }  // namespace myops

@@ -1,6 +1,6 @@
 // The contract of myops::rms_norm, written once: the torch schema and checks, the ORT registration
-// (types, attributes, shape inference), the fake kernel, the ONNX OpSchema and both exporters'
-// rules are all derived from these declarations and their validation.
+// (types, attributes, shape inference), the fake kernel, the ONNX OpSchema, both exporters' rules
+// and the autograd formula are all derived from these declarations.
 #include <cmath>
 #include <string>
 
@@ -15,6 +15,7 @@ using opbridge::TensorArg;
 
 // The op's own checks, after the generic ones (types, ranks). Sizes may be unknown (-1) in shape
 // inference and fake kernels: checks on them are skipped there and run again in the kernels.
+// The backward runs them too, and checks grad against Y's shape, from the declarations.
 Status validate(const OpCall& call) {
   const TensorArg& x = call.in("x");
   const TensorArg& w = call.in("weight");
@@ -29,31 +30,15 @@ Status validate(const OpCall& call) {
   return Status::Ok();
 }
 
-Status validate_backward(const OpCall& call) {
-  const TensorArg& grad = call.in("grad");
-  const TensorArg& x = call.in("x");
-  if (grad.rank_known && x.rank_known && grad.rank() == x.rank()) {
-    for (int64_t i = 0; i < x.rank(); ++i) {
-      if (grad.known(i) && x.known(i) && grad.dim(i) != x.dim(i)) {
-        return Status::InvalidArgument("grad must have x's shape, got a mismatch in dimension " + std::to_string(i));
-      }
-    }
-  } else if (grad.rank_known && x.rank_known) {
-    return Status::InvalidArgument("grad must have x's shape (rank " + std::to_string(x.rank()) + "), got rank " +
-                                   std::to_string(grad.rank()));
-  }
-  return validate(call);
-}
-
 }  // namespace
 
-RmsNormDims rms_norm_dims(const OpCall& call) {
-  const TensorArg& x = call.in("x");
-  RmsNormDims d;
-  d.channels = x.dim(-1);
-  const int64_t numel = x.numel();  // validated: no overflow
-  d.rows = d.channels == 0 ? 0 : numel / d.channels;
-  return d;
+RmsNormParams rms_norm_params(const opbridge::KernelCall& k) {
+  const TensorArg& x = k.arg("x");
+  RmsNormParams p;
+  p.channels = x.dim(-1);
+  p.rows = p.channels == 0 ? 0 : x.numel() / p.channels;  // validated: no overflow
+  p.eps = k.call().attr_float("eps");
+  return p;
 }
 
 const opbridge::OpDecl& rms_norm_decl() {
@@ -70,19 +55,18 @@ const opbridge::OpDecl& rms_norm_decl() {
   return decl;
 }
 
+// The backward: the gradient of y, then every argument of the forward (args_of); its outputs are
+// the gradients of x and weight (gradient_of), from which opbridge registers the op's autograd.
 const opbridge::OpDecl& rms_norm_backward_decl() {
   using namespace opbridge;
   static const OpDecl decl =
       OpDecl("rms_norm_backward", "RmsNormBackward", 1)
-          .doc("Gradients of RmsNorm with respect to x and weight, given the gradient of y.")
-          .input("grad", "T", "gradient of y").shape("(*, C), the shape of x")
-          .input("x", "T", "input").shape("(*, C)").min_rank(1)
-          .input("weight", "T", "one weight per channel").shape("(C,)").rank(1)
-          .attr_float("eps", 1e-5, "added to the mean square").onnx_name("epsilon")
-          .types("T", kFloat32And64)
+          .doc("Gradients of RmsNorm with respect to x and weight, given the gradient of Y.")
+          .input("grad", "T", "gradient of Y").shape("(*, C), the shape of x")
+          .args_of(rms_norm_decl())
           .output("grad_x", "T", "x", "shape of x")
           .output("grad_weight", "T", "weight", "shape of weight")
-          .check(validate_backward);
+          .gradient_of(rms_norm_decl(), {"x", "weight"});
   return decl;
 }
 

@@ -1,4 +1,4 @@
-// CPU kernels of shapes::bias_act (see bias_act.h): framework-free, shared by the torch and ORT ops.
+// CPU kernels of shapes::bias_act and their compute functions (see bias_act.h).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -8,47 +8,62 @@
 namespace shapes {
 namespace {
 
+using opbridge::KernelCall;
+using opbridge::Status;
+
+// activation(x + bias) at element i of x [rows, channels], in double; its derivative in *slope.
 template <class T>
-void activate(const T* x, const T* bias, int64_t r, int64_t c, int64_t C, int act, double* v, double* slope) {
-  const double z = static_cast<double>(x[r * C + c]) + (bias ? static_cast<double>(bias[c]) : 0.0);
-  *v = act == 1 ? std::max(z, 0.0) : act == 2 ? std::tanh(z) : z;
-  *slope = act == 1 ? (z > 0 ? 1.0 : 0.0) : act == 2 ? 1.0 - *v * *v : 1.0;
+double activate(const T* x, const T* bias, int64_t i, const BiasActParams& p, double* slope) {
+  const double z = static_cast<double>(x[i]) + (bias ? static_cast<double>(bias[i % p.channels]) : 0.0);
+  const double v = p.act == 1 ? std::max(z, 0.0) : p.act == 2 ? std::tanh(z) : z;
+  *slope = p.act == 1 ? (z > 0 ? 1.0 : 0.0) : p.act == 2 ? 1.0 - v * v : 1.0;
+  return v;
+}
+
+// y = activation(x + bias); bias: [channels] or nullptr.
+template <class T>
+void forward(const T* x, const T* bias, T* y, const BiasActParams& p) {
+  double slope;
+  for (int64_t i = 0; i < p.rows * p.channels; ++i) y[i] = static_cast<T>(activate(x, bias, i, p, &slope));
+}
+
+// grad_x = grad * activation'(x + bias); grad_bias[c] = the sum of grad_x over the rows.
+template <class T>
+void backward(const T* grad, const T* x, const T* bias, T* grad_x, T* grad_bias, const BiasActParams& p) {
+  std::vector<double> sums(static_cast<size_t>(p.channels));
+  double slope;
+  for (int64_t i = 0; i < p.rows * p.channels; ++i) {
+    activate(x, bias, i, p, &slope);
+    const double g = slope * grad[i];
+    grad_x[i] = static_cast<T>(g);
+    sums[i % p.channels] += g;
+  }
+  for (int64_t c = 0; c < p.channels; ++c) grad_bias[c] = static_cast<T>(sums[c]);
+}
+
+// The compute functions: the checked call's tensors (contiguous, outputs allocated from the
+// declaration's rules) into the kernels; k.in of the absent optional bias is nullptr.
+Status forward_cpu(const KernelCall& k) {
+  const BiasActParams p = bias_act_params(k);
+  return opbridge::dispatch<float, double>(k.type("x"), [&](auto tag) {
+    using T = decltype(tag);
+    forward<T>(k.in<T>("x"), k.in<T>("bias"), k.out<T>(0), p);
+    return Status::Ok();
+  });
+}
+
+Status backward_cpu(const KernelCall& k) {
+  const BiasActParams p = bias_act_params(k);
+  return opbridge::dispatch<float, double>(k.type("x"), [&](auto tag) {
+    using T = decltype(tag);
+    backward<T>(k.in<T>("grad"), k.in<T>("x"), k.in<T>("bias"), k.out<T>(0), k.out<T>(1), p);
+    return Status::Ok();
+  });
 }
 
 }  // namespace
 
-int bias_act_code(const std::string& activation) { return activation == "relu" ? 1 : activation == "tanh" ? 2 : 0; }
-
-template <class T>
-opbridge::Status bias_act_cpu(const T* x, const T* bias, T* y, int64_t rows, int64_t channels, int act) {
-  double v, slope;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < channels; ++c) activate(x, bias, r, c, channels, act, &v, &slope), y[r * channels + c] = T(v);
-  }
-  return opbridge::Status::Ok();
-}
-
-template <class T>
-opbridge::Status bias_act_backward_cpu(const T* grad, const T* x, const T* bias, T* grad_x, T* grad_bias,
-                                       int64_t rows, int64_t channels, int act) {
-  std::vector<double> sums(static_cast<size_t>(channels));
-  double v, slope;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < channels; ++c) {
-      activate(x, bias, r, c, channels, act, &v, &slope);
-      const double g = slope * grad[r * channels + c];
-      grad_x[r * channels + c] = T(g), sums[c] += g;
-    }
-  }
-  for (int64_t c = 0; c < channels; ++c) grad_bias[c] = T(sums[c]);
-  return opbridge::Status::Ok();
-}
-
-template opbridge::Status bias_act_cpu<float>(const float*, const float*, float*, int64_t, int64_t, int);
-template opbridge::Status bias_act_cpu<double>(const double*, const double*, double*, int64_t, int64_t, int);
-template opbridge::Status bias_act_backward_cpu<float>(const float*, const float*, const float*, float*, float*,
-                                                       int64_t, int64_t, int);
-template opbridge::Status bias_act_backward_cpu<double>(const double*, const double*, const double*, double*, double*,
-                                                        int64_t, int64_t, int);
+OPBRIDGE_KERNEL(bias_act_decl, kCpu, forward_cpu);
+OPBRIDGE_KERNEL(bias_act_backward_decl, kCpu, backward_cpu);
 
 }  // namespace shapes

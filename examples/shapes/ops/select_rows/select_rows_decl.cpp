@@ -1,11 +1,14 @@
 // The contract of shapes::select_rows, written once: the torch schema and checks, the ORT registration
-// (types, attributes, shape inference), the fake kernel, the ONNX OpSchema and both exporters'
-// rules are all derived from these declarations and their validation.
-#include <string>
-
+// (types, attributes, shape inference), the fake kernel (an unbacked size for "?"), the ONNX OpSchema
+// and both exporters' rules are all derived from this declaration. No gradient.
 #include "select_rows.h"
 
 namespace shapes {
+
+SelectRowsParams select_rows_params(const opbridge::KernelCall& k) {
+  const opbridge::TensorArg& x = k.arg("x");
+  return {x.dim(0), x.dim(1), k.call().attr_float("threshold")};
+}
 
 const opbridge::OpDecl& select_rows_decl() {
   using namespace opbridge;

@@ -5,15 +5,15 @@
 // about -103. The kernel keeps a running maximum m and the sum s of exp(x - m), rescaling s when
 // the maximum grows, so every exp() it takes is of a value <= 0.
 //
-// Framework-free, like opbridge's own kernels: raw pointers, the caller's ParallelFor, a Status.
-// The op's contract (arguments, types, checks) is its declaration, log_cumsum_exp_decl.cpp.
+// The op is its declaration (log_cumsum_exp_decl.cpp), the function from a checked call to its
+// kernels' arguments (log_cumsum_exp_dims, there too) and one compute function per device
+// (log_cumsum_exp_cpu.cpp; with CUDA, log_cumsum_exp_kernel.cu), which opbridge's generic
+// adapters run in torch, ONNX Runtime and opbridge._core.
 #pragma once
 
 #include <cstdint>
 
-#include <opbridge/op_decl.h>
-#include <opbridge/parallel.h>
-#include <opbridge/status.h>
+#include <opbridge/kernel.h>
 
 namespace userops {
 
@@ -25,11 +25,7 @@ const opbridge::OpDecl& log_cumsum_exp_decl();
 struct ScanDims {
   int64_t outer = 1, len = 1, inner = 1;
 };
-// The view of a call that passed the declaration's checks (torch and ORT both have one).
-ScanDims log_cumsum_exp_dims(const opbridge::OpCall& call);
-
-// CPU kernel. x and y: contiguous [outer, len, inner]; y may not alias x. T is float or double.
-template <class T>
-opbridge::Status log_cumsum_exp_cpu(const T* x, T* y, const ScanDims& dims, const opbridge::ParallelFor& pf);
+// From a call that passed the declaration's checks.
+ScanDims log_cumsum_exp_dims(const opbridge::KernelCall& k);
 
 }  // namespace userops

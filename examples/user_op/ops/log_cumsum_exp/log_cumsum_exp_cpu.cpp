@@ -1,4 +1,4 @@
-// LogCumSumExp CPU kernel (framework-free).
+// LogCumSumExp CPU kernel and its compute function.
 #include <algorithm>
 #include <cmath>
 
@@ -31,10 +31,9 @@ void scan_line(const T* x, T* y, int64_t len, int64_t stride) {
 // microseconds of work (~16K exp/log evaluations) to be worth scheduling.
 constexpr int64_t kMinTaskElems = 1 << 14;
 
-}  // namespace
-
+// x and y: contiguous [outer, len, inner]; y does not alias x.
 template <class T>
-opbridge::Status log_cumsum_exp_cpu(const T* x, T* y, const ScanDims& d, const opbridge::ParallelFor& pf) {
+void scan(const T* x, T* y, const ScanDims& d, const opbridge::ParallelFor& pf) {
   const int64_t lines = d.outer * d.inner;
   const int64_t grain = std::max<int64_t>(1, kMinTaskElems / std::max<int64_t>(1, d.len));
   pf(lines, grain, [&](int64_t begin, int64_t end) {
@@ -44,11 +43,19 @@ opbridge::Status log_cumsum_exp_cpu(const T* x, T* y, const ScanDims& d, const o
       scan_line(x + base, y + base, d.len, d.inner);
     }
   });
-  return opbridge::Status::Ok();
 }
 
-template opbridge::Status log_cumsum_exp_cpu<float>(const float*, float*, const ScanDims&, const opbridge::ParallelFor&);
-template opbridge::Status log_cumsum_exp_cpu<double>(const double*, double*, const ScanDims&,
-                                                     const opbridge::ParallelFor&);
+opbridge::Status compute(const opbridge::KernelCall& k) {
+  const ScanDims d = log_cumsum_exp_dims(k);
+  return opbridge::dispatch<float, double>(k.type("x"), [&](auto tag) {
+    using T = decltype(tag);
+    scan<T>(k.in<T>("x"), k.out<T>(0), d, k.parallel());
+    return opbridge::Status::Ok();
+  });
+}
+
+}  // namespace
+
+OPBRIDGE_KERNEL(log_cumsum_exp_decl, kCpu, compute);
 
 }  // namespace userops

@@ -23,10 +23,10 @@ Status validate(const OpCall& call) {
 
 }  // namespace
 
-ScanDims log_cumsum_exp_dims(const OpCall& call) {
-  const opbridge::TensorArg& x = call.in("x");
+ScanDims log_cumsum_exp_dims(const opbridge::KernelCall& k) {
+  const opbridge::TensorArg& x = k.arg("x");
   const int64_t rank = x.rank();
-  int64_t axis = call.attr_int("dim");
+  int64_t axis = k.call().attr_int("dim");
   if (axis < 0) axis += rank;
   ScanDims d;
   for (int64_t i = 0; i < axis; ++i) d.outer *= x.shape[i];

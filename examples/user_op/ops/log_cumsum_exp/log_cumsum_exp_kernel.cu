@@ -1,9 +1,13 @@
 // LogCumSumExp CUDA kernel: one thread per scanned line. Lines are independent and usually
-// many (batch x features); a line's own scan is sequential, like the CPU kernel's.
+// many (batch x features); a line's own scan is sequential, like the CPU kernel's. Queued on the
+// framework's stream (torch's current one, ORT's compute stream).
+#include <cuda_runtime_api.h>
+
 #include <cmath>
 #include <cstdint>
+#include <string>
 
-#include "log_cumsum_exp.cuh"
+#include "log_cumsum_exp.h"
 
 namespace userops {
 namespace {
@@ -37,19 +41,24 @@ __global__ void log_cumsum_exp_kernel(const T* __restrict__ x, T* __restrict__ y
   }
 }
 
-}  // namespace
-
-template <class T>
-cudaError_t launch_log_cumsum_exp(cudaStream_t stream, const T* x, T* y, const ScanDims& d) {
+opbridge::Status compute(const opbridge::KernelCall& k) {
+  const ScanDims d = log_cumsum_exp_dims(k);  // shapes on the host, data on the device
   const int64_t lines = d.outer * d.inner;
-  if (lines == 0 || d.len == 0) return cudaSuccess;
+  if (lines == 0 || d.len == 0) return opbridge::Status::Ok();
   const int64_t blocks = (lines + kThreads - 1) / kThreads;
   const unsigned grid = static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
-  log_cumsum_exp_kernel<T><<<grid, kThreads, 0, stream>>>(x, y, lines, d.len, d.inner);
-  return cudaGetLastError();
+  const auto stream = static_cast<cudaStream_t>(k.stream());
+  return opbridge::dispatch<float, double>(k.type("x"), [&](auto tag) {
+    using T = decltype(tag);
+    log_cumsum_exp_kernel<T><<<grid, kThreads, 0, stream>>>(k.in<T>("x"), k.out<T>(0), lines, d.len, d.inner);
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? opbridge::Status::Ok()
+                              : opbridge::Status::RuntimeError(std::string("CUDA error: ") + cudaGetErrorString(err));
+  });
 }
 
-template cudaError_t launch_log_cumsum_exp<float>(cudaStream_t, const float*, float*, const ScanDims&);
-template cudaError_t launch_log_cumsum_exp<double>(cudaStream_t, const double*, double*, const ScanDims&);
+}  // namespace
+
+OPBRIDGE_KERNEL(log_cumsum_exp_decl, kCuda, compute);
 
 }  // namespace userops

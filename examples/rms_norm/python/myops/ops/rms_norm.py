@@ -1,9 +1,9 @@
-"""myops::rms_norm in torch: the Python function and the autograd formula."""
+"""myops::rms_norm in torch: the Python function and the differentiable form of the backward."""
 
 from __future__ import annotations
 
 import torch
-from opbridge.ops import register_autograd, translate_errors
+from opbridge.ops import register_gradient, translate_errors
 
 __all__ = ["rms_norm"]
 
@@ -17,26 +17,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
     return torch.ops.myops.rms_norm.default(x, weight, eps)
 
 
-def _setup_context(ctx, inputs, output):
-    x, weight, eps = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.eps = eps
+def _backward(grad, x, weight, eps=1e-5):
+    # rms_norm_backward in differentiable torch ops, for gradients of any order (create_graph=True);
+    # first-order gradients run the C++ backward op itself.
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    g = grad * weight
+    grad_x = r * g - x * r.pow(3) * (g * x).mean(-1, keepdim=True)
+    return grad_x, (grad * x * r).reshape(-1, x.shape[-1]).sum(0)
 
 
-def _backward(ctx, grad):
-    # First-order gradients from the C++ backward kernel.
-    x, weight = ctx.saved_tensors
-    grad_x, grad_weight = torch.ops.myops.rms_norm_backward.default(grad, x, weight, ctx.eps)
-    return grad_x, grad_weight, None
-
-
-def _differentiable(x, weight, eps=1e-5):
-    # The op in torch ops: higher-order gradients (double backward) differentiate this.
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
-
-
-# backward_op: the same first-order gradients as _backward (those of x and weight, arguments 0
-# and 1), computed by calling rms_norm_backward(grad, x, weight, eps) from a graph built in C++,
-# with no Python in the forward or the backward; _backward serves the rest (create_graph=True).
-register_autograd("myops::rms_norm", _backward, setup_context=_setup_context, double_backward=_differentiable,
-                  backward_op="myops::rms_norm_backward", backward_op_grads=(0, 1))
+# The autograd formula from the backward op's declaration (gradient_of).
+register_gradient("myops::rms_norm", differentiable=_backward)

@@ -1,9 +1,9 @@
-"""shapes::bias_act in torch: the Python function and the autograd formula."""
+"""shapes::bias_act in torch: the Python function and the differentiable form of the backward."""
 
 from __future__ import annotations
 
 import torch
-from opbridge.ops import register_autograd, translate_errors
+from opbridge.ops import register_gradient, translate_errors
 
 __all__ = ["bias_act"]
 
@@ -17,27 +17,16 @@ def bias_act(x: torch.Tensor, bias: torch.Tensor | None = None, activation: str 
     return torch.ops.shapes.bias_act.default(x, bias, activation)
 
 
-def _setup_context(ctx, inputs, output):
-    x, bias, activation = inputs
-    ctx.save_for_backward(x, bias)
-    ctx.activation = activation
-
-
-def _backward(ctx, grad):
-    # First-order gradients from the C++ backward kernel (bias's only where it was given).
-    x, bias = ctx.saved_tensors
-    grad_x, grad_bias = torch.ops.shapes.bias_act_backward.default(grad, x, bias, ctx.activation)
-    return grad_x, grad_bias if bias is not None else None, None
-
-
-def _differentiable(x, bias=None, activation="none"):
-    # The op in torch ops: higher-order gradients (double backward) differentiate this.
+def _backward(grad, x, bias=None, activation="none"):
+    # bias_act_backward in differentiable torch ops, for gradients of any order (create_graph=True);
+    # first-order gradients run the C++ backward op itself. Without bias, its gradient is unused.
     z = x if bias is None else x + bias
-    return torch.relu(z) if activation == "relu" else torch.tanh(z) if activation == "tanh" else z
+    if activation == "relu":
+        grad = grad * (z > 0)
+    elif activation == "tanh":
+        grad = grad * (1 - torch.tanh(z) ** 2)
+    return grad, grad.reshape(-1, x.shape[-1]).sum(0)
 
 
-# backward_op: the same first-order gradients as _backward (those of x and bias, arguments 0 and 1),
-# computed by calling bias_act_backward(grad, x, bias, activation) from a graph built in C++, with no
-# Python in the forward or the backward; _backward serves the rest (create_graph=True).
-register_autograd("shapes::bias_act", _backward, setup_context=_setup_context, double_backward=_differentiable,
-                  backward_op="shapes::bias_act_backward", backward_op_grads=(0, 1))
+# The autograd formula from the backward op's declaration (gradient_of).
+register_gradient("shapes::bias_act", differentiable=_backward)

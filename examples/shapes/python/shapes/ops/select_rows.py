@@ -1,4 +1,4 @@
-"""shapes::select_rows in torch: the Python function and the autograd formula."""
+"""shapes::select_rows in torch: the Python function (the op has no gradient)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""shapes::window_stats in torch: the Python function and the autograd formula."""
+"""shapes::window_stats in torch: the Python function and the differentiable form of the backward."""
 
 from __future__ import annotations
 
 import torch
-from opbridge.ops import register_autograd, translate_errors
+from opbridge.ops import register_gradient, translate_errors
 
 __all__ = ["window_stats"]
 
@@ -17,26 +17,13 @@ def window_stats(x: torch.Tensor, window: int = 2) -> tuple[torch.Tensor, torch.
     return torch.ops.shapes.window_stats.default(x, window)
 
 
-def _setup_context(ctx, inputs, output):
-    x, window = inputs
-    ctx.save_for_backward(x)
-    ctx.window = window
+def _backward(grad_sum, grad_sumsq, x, window=2):
+    # window_stats_backward in differentiable torch ops, for gradients of any order (create_graph=True);
+    # first-order gradients run the C++ backward op itself. The left-out tail gets 0.
+    used = grad_sum.shape[1] * window
+    g = grad_sum.repeat_interleave(window, 1) + 2 * x[:, :used] * grad_sumsq.repeat_interleave(window, 1)
+    return torch.nn.functional.pad(g, (0, x.shape[1] - used))
 
 
-def _backward(ctx, grad_sum, grad_sumsq):
-    # First-order gradients from the C++ backward kernel.
-    (x,) = ctx.saved_tensors
-    return torch.ops.shapes.window_stats_backward.default(grad_sum, grad_sumsq, x, ctx.window), None
-
-
-def _differentiable(x, window=2):
-    # The op in torch ops: higher-order gradients (double backward) differentiate this.
-    w = x[:, : x.shape[1] // window * window].unflatten(1, (-1, window))
-    return w.sum(-1), (w * w).sum(-1)
-
-
-# backward_op: the same first-order gradient as _backward (that of x, argument 0), computed by calling
-# window_stats_backward(grad_sum, grad_sumsq, x, window) from a graph built in C++, with no Python in
-# the forward or the backward; _backward serves the rest (create_graph=True).
-register_autograd("shapes::window_stats", _backward, setup_context=_setup_context, double_backward=_differentiable,
-                  backward_op="shapes::window_stats_backward", backward_op_grads=(0,))
+# The autograd formula from the backward op's declaration (gradient_of).
+register_gradient("shapes::window_stats", differentiable=_backward)
