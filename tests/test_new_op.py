@@ -294,6 +294,25 @@ def test_check_is_torch_free_with_a_package_of_an_older_new_op(built, tmp_path, 
     assert checked == {"torch": False, "rc": 0}
 
 
+ADAPTER_PROJECT = Path(__file__).parent / "fixtures" / "adapter_project"
+
+
+def test_a_project_with_adapters_written_by_hand_still_builds(tmp_path_factory):
+    # A project of an earlier new-op (tests/fixtures/adapter_project: its op files): hand-written
+    # torch and ORT adapters and register_autograd(backward_op=...) build, and the scaffold's tests
+    # pass on them (check_op: torch, fake, both exporters, ORT, _core).
+    if not opbridge.build_info().get("torch_version"):
+        pytest.skip("opbridge was built without torch: the project's torch adapter cannot be built")
+    root = tmp_path_factory.mktemp("adapters")
+    project = new_op("scaled_mul", dir=root / "oldproj", namespace="oldproj").dir
+    shutil.rmtree(project / "ops" / "scaled_mul")
+    shutil.copytree(ADAPTER_PROJECT / "ops" / "scaled_mul", project / "ops" / "scaled_mul")
+    shutil.copy(ADAPTER_PROJECT / "python" / "scaled_mul.py", project / "python" / "oldproj" / "ops" / "scaled_mul.py")
+    pip_install(project, root / "site", root / "build")
+    out = run_project_tests(project, root / "site")
+    assert re.search(r"\b4 passed\b", out), out
+
+
 def _nvcc():
     default = Path("/usr/local/cuda/bin/nvcc")
     return shutil.which("nvcc") or (str(default) if default.exists() else None)
