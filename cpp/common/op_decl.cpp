@@ -306,21 +306,6 @@ int64_t OpDecl::attr_index(std::string_view n) const {
   return -1;
 }
 
-const std::vector<const ArgDecl*>& OpDecl::inputs() const {
-  finish();
-  return derived_.inputs;
-}
-
-const std::vector<const ArgDecl*>& OpDecl::attrs() const {
-  finish();
-  return derived_.attrs;
-}
-
-const std::vector<const ArgDecl*>& OpDecl::check_order() const {
-  finish();
-  return derived_.check_order;
-}
-
 namespace {
 
 bool valid_identifier(const std::string& s) {
@@ -495,8 +480,7 @@ std::vector<std::vector<DimTerm>> parse_shape_rule(const OpDecl& decl, const std
 
 }  // namespace
 
-void OpDecl::finish() const {
-  if (derived_.finished) return;
+void OpDecl::finish_declaration() const {
   derived_.finished = true;
   auto& inputs_ = derived_.inputs;
   auto& attrs_ = derived_.attrs;

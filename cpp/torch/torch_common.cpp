@@ -461,6 +461,11 @@ const Tensor& TorchCall::in(std::string_view name) const {
   return t.has_value() ? *t : undefined_tensor();
 }
 
+const Tensor& TorchCall::input(size_t i) const {
+  const auto& t = inputs_.at(i);
+  return t.has_value() ? *t : undefined_tensor();
+}
+
 const Tensor& TorchCall::host(std::string_view name) const {
   const int64_t i = decl_->input_index(name);
   if (i < 0 || !host_[static_cast<size_t>(i)].has_value()) {

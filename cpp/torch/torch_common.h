@@ -172,6 +172,8 @@ class TorchCall {
   const OpCall& call() const { return call_; }
   // The tensor input of that name (undefined for an absent optional input).
   const Tensor& in(std::string_view name) const;
+  // ... and by its index among the declaration's inputs.
+  const Tensor& input(size_t i) const;
   // A host_memory input: contiguous on the CPU (copied once from a device tensor).
   const Tensor& host(std::string_view name) const;
   // The input whose device the call runs on: the first present input that is not host_memory,

@@ -69,6 +69,25 @@ class TorchHost final : public KernelHost {
   uint64_t sized_ = 0;
 };
 
+// One pointer per input or output: on the stack for ops of up to 16 (a heap block per call is
+// measurable on tiny tensors).
+template <class T>
+class Slots {
+ public:
+  explicit Slots(size_t n) : n_(n) {
+    if (n > kInline) heap_.assign(n, nullptr);
+  }
+  T* data() { return n_ > kInline ? heap_.data() : inline_.data(); }
+  T& operator[](size_t i) { return data()[i]; }
+  size_t size() const { return n_; }
+
+ private:
+  static constexpr size_t kInline = 16;
+  std::array<T, kInline> inline_{};
+  std::vector<T> heap_;
+  size_t n_;
+};
+
 void run(const Entry& e, StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
   const OpDecl& decl = *e.decl;
   TorchCall c(decl, e.qualname, stack, num_args);
@@ -84,41 +103,41 @@ void run(const Entry& e, StableIValue* stack, uint64_t num_args, uint64_t num_ou
   bool cl = false;
   int64_t cl_rank = -1;
   if (e.layout_input >= 0) {
-    const Tensor& like = c.in(decl.inputs()[static_cast<size_t>(e.layout_input)]->name);
+    const Tensor& like = c.input(static_cast<size_t>(e.layout_input));
     cl = like.defined() && uses_channels_last(like);
     cl_rank = cl ? like.dim() : -1;
   }
   const size_t n_in = decl.inputs().size();
-  std::vector<Tensor> kept;  // the tensors the kernel reads, alive until it returns
-  kept.reserve(n_in + decl.outputs().size());
-  std::vector<const void*> in(n_in, nullptr);
+  std::vector<Tensor> kept;  // copies in the layout the kernel reads, alive until it returns
+  Slots<const void*> in(n_in);
   for (size_t i = 0; i < n_in; ++i) {
     const ArgDecl& a = *decl.inputs()[i];
-    const Tensor& t = c.in(a.name);
+    const Tensor& t = c.input(i);
     if (!t.defined()) continue;
     if (a.host_memory) {
       in[i] = c.host(a.name).data_ptr();
-      continue;
+    } else if (cl && t.dim() == cl_rank) {
+      kept.push_back(in_layout(t, true));
+      in[i] = kept.back().data_ptr();
+    } else if (t.is_contiguous()) {
+      in[i] = t.data_ptr();  // the call holds t
+    } else {
+      kept.push_back(contiguous(t));
+      in[i] = kept.back().data_ptr();
     }
-    kept.push_back(cl && t.dim() == cl_rank ? in_layout(t, true) : contiguous(t));
-    in[i] = kept.back().data_ptr();
   }
   std::optional<torch::stable::accelerator::DeviceGuard> guard;
   if (cuda) guard.emplace(anchor->get_device_index());
   const Tensor& like_device = anchor != nullptr ? *anchor : c.host(decl.inputs()[0]->name);
   const OpCall& call = c.call();
-  std::vector<void*> out(decl.outputs().size(), nullptr);
+  Slots<void*> out(decl.outputs().size());
   for (size_t o = 0; o < out.size(); ++o) {
+    if ((e.sized_by_kernel >> o) & 1) continue;  // the compute function allocates it (TorchHost::output)
     const OutputDecl& od = decl.outputs()[o];
     const ScalarType type = scalar_type(output_type(call, o));
-    Tensor t;
-    if (cl && od.keeps_memory_format && od.like_input >= 0) {
-      t = empty_in_layout(c.in(decl.inputs()[static_cast<size_t>(od.like_input)]->name), true, type);
-    } else if ((e.sized_by_kernel >> o) & 1) {
-      continue;  // the compute function allocates it (TorchHost::output)
-    } else {
-      t = empty(output_shape(call, o), type, like_device);
-    }
+    Tensor t = cl && od.keeps_memory_format && od.like_input >= 0
+                   ? empty_in_layout(c.input(static_cast<size_t>(od.like_input)), true, type)
+                   : empty(output_shape(call, o), type, like_device);
     out[o] = t.data_ptr();
     c.set_output(o, std::move(t));
   }

@@ -284,8 +284,16 @@ class OpDecl {
   int since_version() const { return since_; }
   int latest_version() const;  // highest `since` of the op and its arguments
   const std::vector<ArgDecl>& args() const { return args_; }
-  const std::vector<const ArgDecl*>& inputs() const;  // the tensor inputs, in order
-  const std::vector<const ArgDecl*>& attrs() const;   // the attributes, in order
+  // the tensor inputs, in order
+  const std::vector<const ArgDecl*>& inputs() const {
+    finish();
+    return derived_.inputs;
+  }
+  // the attributes, in order
+  const std::vector<const ArgDecl*>& attrs() const {
+    finish();
+    return derived_.attrs;
+  }
   const std::vector<OutputDecl>& outputs() const {
     finish();  // the output rules are read at the end of the declaration
     return outputs_;
@@ -301,7 +309,10 @@ class OpDecl {
   const std::vector<std::string>& gradient_wrt() const { return gradient_wrt_; }
   // The inputs in the order checks compare them: forward arguments before gradients (for most
   // ops simply inputs()).
-  const std::vector<const ArgDecl*>& check_order() const;
+  const std::vector<const ArgDecl*>& check_order() const {
+    finish();
+    return derived_.check_order;
+  }
 
   // Empty when the declaration is consistent, else what is wrong with it ("op group_norm:
   // attribute eps: ..."): a misdeclared op fails registration with this message.
@@ -310,7 +321,11 @@ class OpDecl {
  private:
   ArgDecl& last(const char* what);
   ArgDecl& add(ArgDecl a);
-  void finish() const;
+  // Derives what the declaration implies, once (inline: the readers above call it on every call).
+  void finish() const {
+    if (!derived_.finished) finish_declaration();
+  }
+  void finish_declaration() const;
 
   std::string name_, onnx_type_, doc_;
   int since_ = 1;
