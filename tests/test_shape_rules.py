@@ -147,3 +147,13 @@ def test_an_output_the_kernel_sizes_must_fit_its_rule(probe, rule, x, kernel, ve
     got = run(probe, rule, x, kernel=kernel)
     assert got["sized by kernel"] == ("1" if "?" in rule else "0")
     assert got["kernel shape"] == verdict
+    # The adapters' bookkeeping: the same verdict; allocated once, never twice; one the kernel
+    # sizes and leaves out is named when it returns.
+    left_out = "the compute function returned without allocating output out (KernelCall::out(i, shape))"
+    assert got["missing before"] == (left_out if "?" in rule else "none")
+    if verdict == "ok":
+        assert got["allocate"] == "ok" and got["missing after"] == "none"
+        assert got["allocate again"] == "the compute function's output out is allocated twice"
+    else:
+        assert got["allocate"] == got["allocate again"] == "the compute function's " + verdict
+        assert got["missing after"] == got["missing before"]

@@ -17,6 +17,27 @@ int64_t KernelCall::index_of(std::string_view name) const {
   return i;
 }
 
+std::string KernelSizedOutputs::allocate(size_t i, const std::vector<int64_t>& shape) {
+  const OpDecl& d = call_.decl();
+  std::string why = i < d.outputs().size() ? check_kernel_shape(d, i, output_shape(call_, i), shape)
+                                           : "output " + std::to_string(i) + " is not declared";
+  if (why.empty() && ((allocated_ >> i) & 1)) why = "output " + d.outputs()[i].name + " is allocated twice";
+  if (!why.empty()) return "the compute function's " + why;
+  allocated_ |= uint64_t{1} << i;
+  return {};
+}
+
+std::string KernelSizedOutputs::missing() const {
+  const OpDecl& d = call_.decl();
+  for (size_t o = 0; o < d.outputs().size(); ++o) {
+    if (sized_by_kernel(d, o) && !((allocated_ >> o) & 1)) {
+      return "the compute function returned without allocating output " + d.outputs()[o].name +
+             " (KernelCall::out(i, shape))";
+    }
+  }
+  return {};
+}
+
 namespace {
 
 struct Registry {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <sstream>
@@ -713,9 +714,10 @@ std::string dims_string(const std::vector<int64_t>& shape) {
 }
 
 // Gradient input k of a backward op has the shape forward output k has for the same arguments
-// (where both are known: shape inference and fake kernels may not know every size).
-Status check_gradient_shapes(const OpCall& call, const OpDecl& fwd) {
-  const OpCall fc = forward_call(call);
+// (`fc`, forward_call(call); where both are known: shape inference and fake kernels may not know
+// every size).
+Status check_gradient_shapes(const OpCall& call, const OpCall& fc) {
+  const OpDecl& fwd = fc.decl();
   size_t k = 0;
   for (const ArgDecl* a : call.decl().inputs()) {
     if (!a->gradient) continue;
@@ -788,12 +790,14 @@ Status check_call(const OpCall& call) {
   // A backward op: first the forward's own checks on the forward's arguments (a backward without
   // a check of its own needs none for them).
   const OpDecl* fwd = d.gradient_of();
+  std::optional<OpCall> fc;
+  if (fwd != nullptr) fc.emplace(forward_call(call));
   if (fwd != nullptr && fwd->validate_fn() != nullptr && fwd->validate_fn() != d.validate_fn()) {
-    OPBRIDGE_RETURN_IF_ERROR(fwd->validate_fn()(forward_call(call)));
+    OPBRIDGE_RETURN_IF_ERROR(fwd->validate_fn()(*fc));
   }
   if (d.validate_fn() != nullptr) OPBRIDGE_RETURN_IF_ERROR(d.validate_fn()(call));
   // ... then each gradient has the shape of the forward output it is the gradient of.
-  if (fwd != nullptr) OPBRIDGE_RETURN_IF_ERROR(check_gradient_shapes(call, *fwd));
+  if (fc) OPBRIDGE_RETURN_IF_ERROR(check_gradient_shapes(call, *fc));
   // Output sizes the rules give (after the op's own checks, whose messages say more).
   for (const OutputDecl& o : d.outputs()) {
     for (const auto& expr : o.dims) {
@@ -826,8 +830,8 @@ std::string unsized_output(const OpCall& call, size_t output, const std::vector<
   for (int64_t d : shape) {
     if (d < 0) {
       const OutputDecl& o = call.decl().outputs().at(output);
-      return "output " + o.name + " (rule '" + o.rule + "') has a size the input values decide: its kernel must " +
-             "size it (an adapter that allocates the output), a compute function cannot";
+      return "output " + o.name + " (rule '" + o.rule + "') has a size the input values decide: its kernel " +
+             "sizes it (KernelCall::out<T>(i, shape))";
     }
   }
   return {};

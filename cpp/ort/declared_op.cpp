@@ -126,29 +126,24 @@ struct DeclaredKernel {
 class OrtHost final : public KernelHost {
  public:
   OrtHost(const KernelIO& io, size_t like_input, const OpCall& call, const std::string& label)
-      : io_(io), like_(like_input), call_(call), label_(label) {}
+      : io_(io), like_(like_input), label_(label), sized_(call) {}
   void* scratch(size_t bytes) override {
     blocks_.push_back(io_.scratch(bytes, like_));
     return blocks_.back().get();
   }
   void* output(size_t i, const std::vector<int64_t>& shape) override {
-    std::string why = i < call_.decl().outputs().size()
-                          ? check_kernel_shape(call_.decl(), i, output_shape(call_, i), shape)
-                          : "output " + std::to_string(i) + " is not declared";
-    if (why.empty() && sized(i)) why = "output " + call_.decl().outputs()[i].name + " is allocated twice";
-    if (!why.empty()) fail(ORT_RUNTIME_EXCEPTION, label_ + ": the compute function's " + why);
-    sized_ |= uint64_t{1} << i;
+    const std::string why = sized_.allocate(i, shape);
+    if (!why.empty()) fail(ORT_RUNTIME_EXCEPTION, label_ + ": " + why);
     return io_.output(i, shape);
   }
-  bool sized(size_t i) const { return i < 64 && ((sized_ >> i) & 1); }
+  const KernelSizedOutputs& sized() const { return sized_; }
 
  private:
   const KernelIO& io_;
   size_t like_;
-  const OpCall& call_;
   const std::string& label_;
   std::vector<Scratch> blocks_;
-  uint64_t sized_ = 0;  // one bit per output it allocated
+  KernelSizedOutputs sized_;
 };
 
 // The generic kernel of a registered compute function: the checked call, the inputs as ORT has
@@ -181,12 +176,8 @@ void run_kernel(const OpSpec& spec, const KernelIO& io, const OpCall& call, cons
   s.host = &host;
   const KernelCall k(call, cuda ? Device::kCuda : Device::kCpu, in.data(), out.data(), s);
   check(spec.kernel(k), label);
-  for (size_t o = 0; o < out.size(); ++o) {
-    if (sized_by_kernel(d, o) && !host.sized(o)) {
-      fail(ORT_RUNTIME_EXCEPTION, label + ": the compute function returned without allocating output " +
-                                      d.outputs()[o].name + " (KernelCall::out(i, shape))");
-    }
-  }
+  const std::string missing = host.sized().missing();
+  if (!missing.empty()) fail(ORT_RUNTIME_EXCEPTION, label + ": " + missing);
 }
 
 // The value of an attribute the node does not set: the declared default, with float defaults
@@ -541,7 +532,7 @@ Status fill_call(OpCall& call, const char* entry, const CheckTensor* inputs, int
 // run returns; and the outputs the kernel sizes, from the caller's allocator.
 class HostRun final : public KernelHost {
  public:
-  HostRun(const OpCall& call, HostAlloc alloc, void* ctx) : call_(call), alloc_(alloc), ctx_(ctx) {}
+  HostRun(const OpCall& call, HostAlloc alloc, void* ctx) : call_(call), alloc_(alloc), ctx_(ctx), sized_(call) {}
   void* scratch(size_t bytes) override {
     void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     if (p == nullptr) throw std::bad_alloc();
@@ -549,14 +540,9 @@ class HostRun final : public KernelHost {
     return p;
   }
   void* output(size_t i, const std::vector<int64_t>& shape) override {
-    std::string why = i < call_.decl().outputs().size()
-                          ? check_kernel_shape(call_.decl(), i, output_shape(call_, i), shape)
-                          : "output " + std::to_string(i) + " is not declared";
-    if (why.empty() && sized(i)) why = "output " + call_.decl().outputs()[i].name + " is allocated twice";
-    if (!why.empty()) throw std::runtime_error("the compute function's " + why);
-    void* p = alloc(i, shape);
-    sized_ |= uint64_t{1} << i;
-    return p;
+    const std::string why = sized_.allocate(i, shape);
+    if (!why.empty()) throw std::runtime_error(why);
+    return alloc(i, shape);
   }
   void* alloc(size_t i, const std::vector<int64_t>& shape) const {
     void* p = alloc_(ctx_, static_cast<int64_t>(i), static_cast<int32_t>(output_type(call_, i)),
@@ -564,14 +550,14 @@ class HostRun final : public KernelHost {
     if (p == nullptr) throw std::runtime_error("could not allocate output " + call_.decl().outputs()[i].name);
     return p;
   }
-  bool sized(size_t i) const { return i < 64 && ((sized_ >> i) & 1); }
+  const KernelSizedOutputs& sized() const { return sized_; }
 
  private:
   const OpCall& call_;
   HostAlloc alloc_;
   void* ctx_;
   std::vector<std::unique_ptr<void, void (*)(void*)>> blocks_;
-  uint64_t sized_ = 0;  // one bit per output it allocated
+  KernelSizedOutputs sized_;
 };
 
 }  // namespace
@@ -605,11 +591,9 @@ int32_t run_host_c(const char* name, const CheckTensor* inputs, int64_t n_inputs
     s.channels_last = channels_last != 0;
     s.host = &host;
     st = compute(KernelCall(call, Device::kCpu, in.data(), out.data(), s));
-    for (size_t o = 0; st.ok() && o < out.size(); ++o) {
-      if (sized_by_kernel(*decl, o) && !host.sized(o)) {
-        st = Status::RuntimeError("the compute function returned without allocating output " +
-                                  decl->outputs()[o].name + " (KernelCall::out(i, shape))");
-      }
+    if (st.ok()) {
+      const std::string missing = host.sized().missing();
+      if (!missing.empty()) st = Status::RuntimeError(missing);
     }
     return reply(message, size, st.code(), st.message());
   } catch (const std::bad_alloc&) {

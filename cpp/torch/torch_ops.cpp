@@ -41,32 +41,27 @@ std::array<Entry*, LibraryOps::kMaxOps>& slots() {
 // user); and the outputs the kernel sizes ("?" in their rule).
 class TorchHost final : public KernelHost {
  public:
-  TorchHost(TorchCall& c, const Tensor& like) : c_(c), like_(like) {}
+  TorchHost(TorchCall& c, const Tensor& like) : c_(c), like_(like), sized_(c.call()) {}
   void* scratch(size_t bytes) override {
     // The allocator's blocks are aligned far beyond the 16 bytes promised.
     blocks_.push_back(empty({static_cast<int64_t>(bytes)}, ScalarType::Byte, like_));
     return blocks_.back().data_ptr();
   }
   void* output(size_t i, const std::vector<int64_t>& shape) override {
-    const OpCall& call = c_.call();
-    std::string why = i < call.decl().outputs().size()
-                          ? check_kernel_shape(call.decl(), i, output_shape(call, i), shape)
-                          : "output " + std::to_string(i) + " is not declared";
-    if (why.empty() && sized(i)) why = "output " + call.decl().outputs()[i].name + " is allocated twice";
-    if (!why.empty()) c_.check(Status::RuntimeError("the compute function's " + why));
-    Tensor t = empty(shape, scalar_type(output_type(call, i)), like_);
+    const std::string why = sized_.allocate(i, shape);
+    if (!why.empty()) c_.check(Status::RuntimeError(why));
+    Tensor t = empty(shape, scalar_type(output_type(c_.call(), i)), like_);
     void* data = t.data_ptr();
     c_.set_output(i, std::move(t));
-    sized_ |= uint64_t{1} << i;
     return data;
   }
-  bool sized(size_t i) const { return i < 64 && ((sized_ >> i) & 1); }
+  const KernelSizedOutputs& sized() const { return sized_; }
 
  private:
   TorchCall& c_;
   const Tensor& like_;
   std::vector<Tensor> blocks_;
-  uint64_t sized_ = 0;
+  KernelSizedOutputs sized_;
 };
 
 // One pointer per input or output: on the stack for ops of up to 16 (a heap block per call is
@@ -150,11 +145,9 @@ void run(const Entry& e, StableIValue* stack, uint64_t num_args, uint64_t num_ou
   s.host = &host;
   const KernelCall k(call, cuda ? Device::kCuda : Device::kCpu, in.data(), out.data(), s);
   c.check(compute(k));
-  for (size_t o = 0; e.sized_by_kernel != 0 && o < out.size(); ++o) {
-    if (((e.sized_by_kernel >> o) & 1) && !host.sized(o)) {
-      c.check(Status::RuntimeError("the compute function returned without allocating output " +
-                                   decl.outputs()[o].name + " (KernelCall::out(i, shape))"));
-    }
+  if (e.sized_by_kernel != 0) {
+    const std::string missing = host.sized().missing();
+    if (!missing.empty()) c.check(Status::RuntimeError(missing));
   }
   c.box_outputs(stack, num_outputs);
 }

@@ -4,12 +4,14 @@
 // output with RULE; prints the declaration error, or the rule's postfix form, then the check's
 // verdict or the output's dimensions, for x of the dims given (-1: unknown) and y of shape (3, 5).
 // "fn:RULE" gives the op an OutputShapeFn as well. "kernel=D,D,..." also prints whether the output
-// is one its kernel sizes ('?') and the verdict on a kernel that gives it shape (D, D, ...).
+// is one its kernel sizes ('?') and the verdict on a kernel that gives it shape (D, D, ...), alone
+// and as the adapters' bookkeeping (KernelSizedOutputs) gives it.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include <opbridge/kernel.h>
 #include <opbridge/op_decl.h>
 
 int main(int argc, char** argv) {
@@ -82,6 +84,14 @@ int main(int argc, char** argv) {
     std::printf("sized by kernel: %d\n", sized_by_kernel(decl, 0) ? 1 : 0);
     const std::string why = check_kernel_shape(decl, 0, output_shape(call, 0), kernel_dims);
     std::printf("kernel shape: %s\n", why.empty() ? "ok" : why.c_str());
+    // What the adapters do with it (KernelSizedOutputs): before, on and after the allocation.
+    KernelSizedOutputs sized(call);
+    const std::string before = sized.missing(), first = sized.allocate(0, kernel_dims);
+    const std::string again = sized.allocate(0, kernel_dims), after = sized.missing();
+    std::printf("missing before: %s\n", before.empty() ? "none" : before.c_str());
+    std::printf("allocate: %s\n", first.empty() ? "ok" : first.c_str());
+    std::printf("allocate again: %s\n", again.empty() ? "ok" : again.c_str());
+    std::printf("missing after: %s\n", after.empty() ? "none" : after.c_str());
   }
   return 0;
 }

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -51,6 +52,22 @@ class KernelHost {
   // values), with `shape` on the call's device; returns its data. Throws for another output, a
   // shape of another rank or other known sizes than the rule gives, or a second allocation.
   virtual void* output(size_t i, const std::vector<int64_t>& shape) = 0;
+};
+
+// For an adapter's KernelHost: the outputs a compute function sizes itself ("?" in their rule),
+// checked as it allocates them and when it returns. The messages name the output and its rule.
+class KernelSizedOutputs {
+ public:
+  explicit KernelSizedOutputs(const OpCall& call) : call_(call) {}
+  // Empty, and output `i` counted as allocated, where the kernel may allocate it with `shape`
+  // (check_kernel_shape; not twice); else why not.
+  std::string allocate(size_t i, const std::vector<int64_t>& shape);
+  // Empty where the kernel allocated every output it sizes; else the first it left out.
+  std::string missing() const;
+
+ private:
+  const OpCall& call_;
+  uint64_t allocated_ = 0;  // one bit per output (a declaration has at most 64)
 };
 
 // One call of a declared op on one device, as its compute function sees it.
