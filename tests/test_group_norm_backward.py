@@ -207,6 +207,17 @@ def test_backward_checks_come_from_the_declarations(rng):
         with pytest.raises(ValueError, match=shape_msg):
             torch.ops.opbridge.group_norm_backward(mode.from_tensor(bad_grad), mode.from_tensor(x), 2, None, None,
                                                    1e-5, "none")
+    # ONNX Runtime's GroupNormBackward kernel: the same verdict and message.
+    import onnxruntime as ort
+    from onnx_models import single_node_model
+
+    model = single_node_model("GroupNormBackward", "ai.opbridge", [("grad", np.float64, [2, 4, 5]),
+                                                                    ("X", np.float64, [2, 4, 3])],
+                              {"num_groups": 2}, n_outputs=3)
+    sess = ort.InferenceSession(model.SerializeToString(), opbridge.session_options(),
+                                providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match=r"ai.opbridge::GroupNormBackward: " + shape_msg):
+        sess.run(None, {"grad": bad_grad.numpy(), "X": x.numpy()})
     # A right-sized grad passes both checks and gives the reference's gradients.
     grad = torch.from_numpy(rng.standard_normal((2, 4, 3)))
     dx, dw, db = torch.ops.opbridge.group_norm_backward(grad, x, 2, None, None, 1e-5, "none")
