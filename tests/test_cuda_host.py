@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 import cuda_ref
+import reference as ref
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = ROOT / "tests" / "cuda_host"
@@ -162,6 +163,38 @@ def test_ms_deform_attn_kernel_math_edges(host_programs, tmp_path):
     got = _run(host_programs["msda_host"], ["double", 2], payload, tmp_path, sum(sizes))
     for g, x in zip(np.split(got, np.cumsum(sizes)[:-1]), want):
         np.testing.assert_allclose(g, x.reshape(-1), rtol=0, atol=1e-12)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["double", "float"])
+def test_ms_deform_attn_kernel_math_infinite_weights(host_programs, tmp_path, rng, dtype):
+    """Infinite and NaN attention weights on samples partly off the map: an off-map tap contributes
+    nothing (the reference's and the CPU kernel's rule), so an infinite weight gives an infinite
+    output, not the NaN of inf * 0 (found by the CUDA fuzzer on an H200: the forward multiplied
+    the weight into the off-map taps' zeros)."""
+    n, m, d, lq, p, levels = 2, 1, 8, 6, 3, [(1, 1), (2, 3)]
+    shapes = np.array(levels, dtype=np.int64)
+    starts = np.array([0, 1], dtype=np.int64)
+    value = rng.standard_normal((n, 7, m, d))
+    # Locations at the maps' borders: every sample has taps on and off the map.
+    loc = rng.choice([-0.1, 0.05, 0.95, 1.1], size=(n, lq, m, len(levels), p, 2))
+    loc += rng.uniform(-0.01, 0.01, loc.shape)
+    attn = rng.uniform(0.5, 1.0, (n, lq, m, len(levels), p))
+    flat = attn.reshape(-1)
+    flat[rng.choice(flat.size, 8, replace=False)] = [np.inf, -np.inf, np.nan, np.inf, np.inf, -np.inf, np.inf, np.nan]
+    grad = rng.standard_normal((n, lq, m * d))
+    if dtype == "float":
+        value, loc, attn = (a.astype(np.float32).astype(np.float64) for a in (value, loc, attn))
+    want = ref.ms_deform_attn(value, shapes, starts, loc, attn).reshape(-1)
+    assert np.isinf(want).any() and np.isnan(want).any()  # the case exercises both
+    header = np.array([n, value.shape[1], m, d, lq, len(levels), p], dtype=np.int64)
+    payload = b"".join(a.tobytes() for a in (header, shapes, starts, value, loc, attn, grad))
+    total = want.size + value.size + loc.size + attn.size
+    for vec in (1, 2) if dtype == "double" else (1, 2, 4, 8):
+        got = _run(host_programs["msda_host"], [dtype, vec], payload, tmp_path, total)[:want.size]
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"NaN pattern, VEC={vec}")
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 if dtype == "float" else 1e-12,
+                                   err_msg=f"VEC={vec}")
 
 
 # ---- GroupNorm, channels_last --------------------------------------------------------------
@@ -573,6 +606,25 @@ def test_group_norm_kernels_emulated_nonfinite(simt_ops, tmp_path, rng, case):
     if keep.any():
         np.testing.assert_allclose(yg[keep], wg[keep], rtol=0,
                                    atol=GN_TOL["float"] * max(1.0, float(np.abs(wg[keep]).max())))
+
+
+@pytest.mark.parametrize("dtype", ["float", "half"])
+@pytest.mark.parametrize("case", ["fused-small", "cluster-2", "split-sm80", "nhwc-cg3"])
+def test_group_norm_kernels_emulated_constant_groups_tiny_eps(simt_ops, tmp_path, rng, dtype, case):
+    """Groups whose values are all equal, with an eps that float cannot hold (1e-300): 1 / sqrt(var
+    + eps) is finite in float64 (1e150) but not in float, and y must be the bias (x - mean = 0),
+    as in float64 and on the CPU, not 0 * inf = NaN (found by the CUDA fuzzer on an H200)."""
+    n, c, s, g, channels_last, cc = dict(GN_PATH_CASES)[case]
+    x, w, b = _gn_inputs(rng, dtype, n, c, s, channels_last)
+    xg = np.moveaxis(x, -1, 1) if channels_last else x  # (N, C, S) view
+    cg = c // g
+    for gi in range(0, g, 2):  # every other group constant (a different constant in each)
+        xg[:, gi * cg:(gi + 1) * cg, :] = _round_to(dtype, -5.0 + gi)
+    err, y = _group_norm_call(simt_ops, tmp_path, dtype, x, g, w, b, channels_last, "none", cc, eps=1e-300)
+    assert err == 0
+    want = cuda_ref.group_norm_any(x, g, w, b, 1e-300, "none", channels_last=channels_last)
+    assert np.isfinite(want).all()
+    np.testing.assert_allclose(y, want, rtol=0, atol=GN_TOL[dtype] * max(1.0, float(np.abs(want).max())))
 
 
 # -- MultiScaleDeformableAttention: forward and backward launchers --------------------------------

@@ -357,3 +357,69 @@ torch.testing.assert_close(torch.ops.cudaproj.scaled_mul(x, w, 0.5), 0.5 * x * w
 print("ok")
 """], capture_output=True, text=True, timeout=300)
         assert out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+# ---- the --cuda scaffold on a GPU --------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cuda_scaffold(tmp_path_factory):
+    """A --cuda project built for this machine's GPU: (ORT library, torch library)."""
+    from cmake_helpers import build, configure
+
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("no nvcc: the CUDA sources cannot be compiled here")
+    root = tmp_path_factory.mktemp("cuda_scaffold")
+    project = new_op("scaled_mul", dir=root / "gpuproj", namespace="gpuproj", cuda=True).dir
+    configure(project, root / "build", {"opbridge_DIR": opbridge.cmake_dir(), "GPUPROJ_WITH_CUDA": "ON",
+                                        "CMAKE_CUDA_COMPILER": nvcc, "CMAKE_CUDA_ARCHITECTURES": "native"})
+    build(root / "build")
+    return root / "build" / "libgpuproj_ort.so", root / "build" / "libgpuproj_torch.so"
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_cuda_scaffold_runs_in_torch_on_the_gpu(cuda_scaffold, dtype):
+    """The scaffold's CUDA compute function, run by the generic torch kernel on CUDA tensors (the
+    library alone, loaded in a fresh process), against float64 numpy."""
+    torch_lib = cuda_scaffold[1]
+    if not opbridge.build_info().get("torch_version"):
+        pytest.skip("opbridge was built without torch")
+    out = subprocess.run([sys.executable, "-c", f"""
+import numpy as np, torch, opbridge
+torch.ops.load_library({str(torch_lib)!r})
+rng = np.random.default_rng()
+xd = torch.tensor(rng.standard_normal((37, 1000)), dtype=torch.{dtype}, device="cuda")
+wd = torch.tensor(rng.standard_normal(1000), dtype=torch.{dtype}, device="cuda")
+y = torch.ops.gpuproj.scaled_mul(xd, wd, 0.75)
+assert y.device.type == "cuda" and y.dtype == xd.dtype, (y.device, y.dtype)
+want = 0.75 * xd.cpu().double().numpy() * wd.cpu().double().numpy()
+tol = {{"float32": 1e-6, "float64": 1e-14}}["{dtype}"] * np.abs(want).max()
+np.testing.assert_allclose(y.cpu().double().numpy(), want, rtol=0, atol=tol)
+print("ok")
+"""], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1:] == ["ok"], out.stdout[-3000:] + out.stderr[-3000:]
+
+
+@pytest.mark.cuda
+def test_cuda_scaffold_runs_in_ort_cuda_provider(cuda_scaffold):
+    """The same compute function through the generic ORT kernel on ORT's CUDA provider (no CPU
+    fallback): float32 and float64 against float64 numpy."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx_models import single_node_model
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")
+    rng = np.random.default_rng()
+    for dtype, tol in ((np.float32, 1e-6), (np.float64, 1e-14)):
+        m = single_node_model("ScaledMul", "com.example.gpuproj", [("x", dtype, ["N", 300]), ("weight", dtype, [300])],
+                              {"alpha": -1.5})
+        so = ort.SessionOptions()
+        so.register_custom_ops_library(str(cuda_scaffold[0]))
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")  # the CUDA kernel or nothing
+        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CUDAExecutionProvider"])
+        x, w = rng.standard_normal((50, 300)), rng.standard_normal(300)
+        (y,) = sess.run(None, {"x": x.astype(dtype), "weight": w.astype(dtype)})
+        want = -1.5 * x.astype(dtype).astype(np.float64) * w.astype(dtype).astype(np.float64)
+        np.testing.assert_allclose(y.astype(np.float64), want, rtol=0, atol=tol * np.abs(want).max())

@@ -3,7 +3,7 @@
     python -m tests.fuzz.run --cases 10000                 # every op, ORT and torch, split evenly
     python -m tests.fuzz.run --cases 2000 --kind ort --op group_norm --seed 7
     python -m tests.fuzz.run --replay fuzz-failures/<file>.pkl
-    python -m tests.fuzz.run --cases 2000 --device cuda --seed 7  # the torch cases on the GPU
+    python -m tests.fuzz.run --cases 2000 --device cuda --seed 7  # torch's CUDA kernels and ORT's CUDA provider
     python -m tests.fuzz.run --cases 2000 --seed 7 --record before.jsonl   # every outcome, one line each
 
 --record writes each case's outcome (its description, the verdict, and for a refusal the exception
@@ -74,14 +74,24 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=harness.DEFAULT_TIMEOUT_S, help="seconds before a case is a hang")
     ap.add_argument("--replay", type=Path, help="run one saved case and print the outcome")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                    help="torch cases: where their tensors live (cuda: the CUDA kernels against the same "
-                         "expectations as the CPU op)")
+                    help="cuda: the torch cases' tensors on the GPU, the ORT cases on ORT's CUDA provider with "
+                         "no CPU fallback (left out where onnxruntime has none); the same expectations as on the CPU")
     ap.add_argument("--record", type=Path, help="write every case's outcome to this file (JSON lines)")
     args = ap.parse_args(argv)
     if args.device == "cuda":
         os.environ["OPBRIDGE_FUZZ_DEVICE"] = "cuda"  # read by the workers (tests/fuzz/worker.py)
-        if args.kind == "all":
-            args.kind = "torch"  # the ORT cases run on the CPU provider: nothing to compare on the GPU
+        if args.kind in ("all", "ort"):
+            try:
+                import onnxruntime
+
+                has_cuda_ep = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+            except ImportError:
+                has_cuda_ep = False
+            if not has_cuda_ep:
+                print("this onnxruntime has no CUDAExecutionProvider: the ORT cases are left out")
+                if args.kind == "ort":
+                    return 1
+                args.kind = "torch"
 
     if args.replay:
         saved = pickle.loads(args.replay.read_bytes())

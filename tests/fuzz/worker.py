@@ -65,7 +65,13 @@ def run_ort(p):
         so.intra_op_num_threads = p["threads"]
     for _ in range(p.get("register", 1)):
         so.register_custom_ops_library(_lib)
-    sess = ort.InferenceSession(p["model"], sess_options=so, providers=["CPUExecutionProvider"])
+    providers = ["CPUExecutionProvider"]
+    if os.environ.get("OPBRIDGE_FUZZ_DEVICE", "cpu") == "cuda":
+        # ORT's CUDA provider with no CPU fallback: every node runs our CUDA kernel (or the session
+        # fails), against the same expectations and error messages as the CPU provider.
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+        providers = ["CUDAExecutionProvider"]
+    sess = ort.InferenceSession(p["model"], sess_options=so, providers=providers)
     return [np.asarray(o) for o in sess.run(None, p["feeds"])]
 
 

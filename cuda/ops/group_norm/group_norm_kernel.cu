@@ -22,6 +22,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cfloat>
 #include <cstdint>
 
 #include "common/dtype.cuh"
@@ -33,6 +34,17 @@ namespace opbridge::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
+
+// 1 / sqrt(var + eps) computed in double, as the CPU kernels do, stored in A. Where it is finite
+// but beyond A's range (a group of equal values, var = 0, with an eps that float cannot hold,
+// such as 1e-300) A's largest finite value stands in, so that (x - mean) * rstd is 0 there, as in
+// double, not 0 * inf = NaN; an infinite one (var + eps == 0) and NaN stay what they are.
+template <class A>
+__device__ __forceinline__ A rstd_of(double var, double eps) {
+  const double r = 1.0 / sqrt(var + eps);
+  constexpr double kMax = sizeof(A) == sizeof(float) ? static_cast<double>(FLT_MAX) : DBL_MAX;
+  return r > kMax && r <= DBL_MAX ? static_cast<A>(kMax) : static_cast<A>(r);
+}
 
 // ---- element types and the activation --------------------------------------------------------
 
@@ -144,9 +156,10 @@ __device__ __forceinline__ void normalize_store(D* __restrict__ yp, const A* v, 
   int64_t c = c0;
 #pragma unroll
   for (int k = 0; k < VEC; ++k) {
-    const A a = w != nullptr ? rstd * to_acc(w[c]) : rstd;
+    // (v - mean) * rstd first: with rstd at A's largest value (see rstd_of) rstd * w may overflow.
+    const A t = (v[k] - mean) * rstd;
     const A shift = b != nullptr ? to_acc(b[c]) : A(0);
-    out.v[k] = from_acc<D>(activate((v[k] - mean) * a + shift, act));
+    out.v[k] = from_acc<D>(activate(w != nullptr ? t * to_acc(w[c]) + shift : t + shift, act));
     if (++r == S) {
       r = 0;
       ++c;
@@ -184,7 +197,7 @@ template <class D, int VEC, bool CLUSTER>
 __global__ void __launch_bounds__(kMaxBlock, 1)
     group_norm_fused_kernel(const D* __restrict__ x, const D* __restrict__ w, const D* __restrict__ b,
                             D* __restrict__ y, int64_t NG, int64_t G, int64_t Cg, int M, int slice, FastDiv sdiv,
-                            int tpg, acc<D> eps, Activation act) {
+                            int tpg, double eps, Activation act) {
   using A = acc<D>;
   constexpr int kVecs = kItems / VEC;
   OPBRIDGE_SHARED_ARRAY(A, red, kMaxBlock / 32);
@@ -256,7 +269,7 @@ __global__ void __launch_bounds__(kMaxBlock, 1)
     }
     sq = group_sum(sq, tpg, red);
     if constexpr (CLUSTER) sq = cluster_sum(sq, part, 1);
-    const A rstd = A(1) / sqrt(sq / static_cast<A>(M) + eps);
+    const A rstd = rstd_of<A>(static_cast<double>(sq / static_cast<A>(M)), eps);
 
     if (active) {
       const int64_t c_group = (ng % G) * Cg;  // first channel of the group
@@ -365,7 +378,7 @@ __global__ void __launch_bounds__(kSplitBlock)
       // the output as in the fused path, not become a zero variance.
       const double var = m.m2 / static_cast<double>(M);
       stats[2 * ng] = static_cast<A>(m.mean);
-      stats[2 * ng + 1] = static_cast<A>(1.0 / sqrt(var + eps));
+      stats[2 * ng + 1] = rstd_of<A>(var, eps);
     }
   }
 }
@@ -494,7 +507,7 @@ __global__ void __launch_bounds__(kSplitBlock)
     if (threadIdx.x == 0) {
       const double var = m.m2 / static_cast<double>(p.S * p.Cg);  // NaN propagates (see above)
       stats[2 * ng] = static_cast<A>(m.mean);
-      stats[2 * ng + 1] = static_cast<A>(1.0 / sqrt(var + eps));
+      stats[2 * ng + 1] = rstd_of<A>(var, eps);
     }
   }
 }
@@ -526,9 +539,9 @@ __global__ void __launch_bounds__(kNhwcBlock)
       Pack<D, VEC> out;
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
-        const A a = w != nullptr ? rstd * to_acc(w[c + i]) : rstd;
+        const A t = (to_acc(in.v[i]) - mean) * rstd;  // before * w: see normalize_store
         const A shift = b != nullptr ? to_acc(b[c + i]) : A(0);
-        out.v[i] = from_acc<D>(activate((to_acc(in.v[i]) - mean) * a + shift, act));
+        out.v[i] = from_acc<D>(activate(w != nullptr ? t * to_acc(w[c + i]) + shift : t + shift, act));
       }
       *reinterpret_cast<Pack<D, VEC>*>(y + off) = out;
     }
@@ -583,7 +596,7 @@ cudaError_t launch_fused(Stream stream, const DeviceInfo& dev, const D* x, const
   const int tpg = next_pow2(std::max<int64_t>(std::min<int64_t>(nvec, 32), ceil_div(nvec, kItems / VEC)));
   const int64_t cap = dev.sm_count * kMaxBlocksPerSm;
   const FastDiv sdiv(static_cast<uint32_t>(z.S));
-  const acc<D> e = static_cast<acc<D>>(eps);
+  const double e = eps;
 
   // Too few threads in all to keep the SMs busy: split each group over a cluster instead.
   if (z.M > kFusedMax || (z.NG * tpg < dev.sm_count * kMinThreadsPerSm && z.M >= 2 * kMinSlice)) {

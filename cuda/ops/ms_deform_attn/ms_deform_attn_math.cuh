@@ -135,7 +135,9 @@ OPBRIDGE_HD void forward_vector(const D* __restrict__ value, const D* __restrict
       load_tap<VEC>(vp, s.t01, v01);
       load_tap<VEC>(vp, s.t10, v10);
       load_tap<VEC>(vp, s.t11, v11);
-      const A w00 = a * (s.hy * s.hx), w01 = a * (s.hy * s.fx), w10 = a * (s.fy * s.hx), w11 = a * (s.fy * s.fx);
+      // An off-map tap contributes nothing, also when a is infinite or NaN (not a * 0 = NaN).
+      const A w00 = s.t00 < 0 ? A(0) : a * (s.hy * s.hx), w01 = s.t01 < 0 ? A(0) : a * (s.hy * s.fx);
+      const A w10 = s.t10 < 0 ? A(0) : a * (s.fy * s.hx), w11 = s.t11 < 0 ? A(0) : a * (s.fy * s.fx);
       for (int k = 0; k < VEC; ++k) out[k] += w00 * v00[k] + w01 * v01[k] + w10 * v10[k] + w11 * v11[k];
     }
   }

@@ -281,9 +281,11 @@ def _register_with_differentiable_form(qualname: str, backward: Callable, setup_
 
 def restricted(fn: Callable, op: OpDecl, what: str) -> Callable:
     """``fn`` (a torch-ops form of ``op``, with a signature of its own) called with a call of
-    ``op``: the arguments ``fn`` does not take are left out where they have their default values,
-    and a call that sets one otherwise is a clear NotImplementedError (an argument added to the
-    declaration after ``fn`` was written must not be silently ignored)."""
+    ``op``: every argument the call leaves out gets the declaration's default (torch's dispatcher
+    leaves out trailing arguments equal to their defaults when it calls a Python kernel, e.g. a
+    composite registered for CUDA), the arguments ``fn`` does not take are left out where they have
+    their default values, and a call that sets one otherwise is a clear NotImplementedError (an
+    argument added to the declaration after ``fn`` was written must not be silently ignored)."""
     import inspect
 
     sig = op.signature()
@@ -292,8 +294,6 @@ def restricted(fn: Callable, op: OpDecl, what: str) -> Callable:
     except (TypeError, ValueError):
         return fn
     missing = [a for a in op.args if a.name not in takes]
-    if not missing:
-        return fn
 
     def call(*args: Any, **kwargs: Any) -> Any:
         bound = sig.bind(*args, **kwargs)
