@@ -1,4 +1,4 @@
-"""The ``opbridge`` command line: info, demo, check, optimize, new-op, --cmake-dir."""
+"""The ``opbridge`` command line: info, demo, check, optimize, new-op, pt2, --cmake-dir."""
 
 from __future__ import annotations
 
@@ -148,6 +148,17 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch namespace, C++ namespace and Python package (default: the folder's name)")
     n.add_argument("--domain", default=None, help="ONNX domain of the ops (default: com.example.NAMESPACE)")
     n.add_argument("--cuda", action="store_true", help="also a CUDA kernel and its compute function")
+    a = sub.add_parser(
+        "pt2",
+        help="list the custom ops an AOTInductor package (.pt2) calls, the op library of each, and whether they "
+        "load into this torch (exit status 1 when one is missing or does not load); see docs/deploy.md",
+    )
+    a.add_argument("package", help="path of the .pt2 file (torch._inductor.aoti_compile_and_package)")
+    a.add_argument("--json", action="store_true", help="print the report as JSON")
+    a.add_argument("--libraries", action="store_true",
+                   help="print only the op libraries to load before the package, one path per line (for "
+                        "OPBRIDGE_TORCH_LIBRARIES or opbridge::load_torch_ops)")
+    a.add_argument("--no-load", action="store_true", help="do not check that the libraries load")
     args = p.parse_args(argv)
     if args.cmake_dir:
         from ._cmake import cmake_dir
@@ -167,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_optimize(args)
     if args.cmd == "new-op":
         return _cmd_new_op(args)
+    if args.cmd == "pt2":
+        from .aoti import _main_pt2
+
+        return _main_pt2(args.package, args.json, args.libraries, not args.no_load)
     p.error(f"unknown command {args.cmd}")
     return 2
 
