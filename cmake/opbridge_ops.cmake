@@ -33,7 +33,9 @@
 #                  (<opbridge/op_decl.h>, <opbridge/kernel.h>, ...)
 #   <lib>_ort      lib<lib>_ort.so, the ORT custom-op library: its RegisterCustomOps (generated)
 #                  registers every op of the library in DOMAIN; a version script exports only the
-#                  entry points, so it shares a process with libopbridge_ort.so
+#                  entry points, so it shares a process with libopbridge_ort.so. Once linked, its
+#                  declarations are checked (opbridge::check_declarations): a misdeclared op fails
+#                  the build, named with what is wrong (OPBRIDGE_CHECK_DECLARATIONS=OFF: at import)
 #   <lib>_torch    lib<lib>_torch.so, for torch.ops.load_library(), built unless the library or
 #                  the op says NO_TORCH (or the torch of the project's Python is not found): on the
 #                  LibTorch stable ABI, so it loads into every torch from opbridge_TORCH_TARGET
@@ -119,6 +121,25 @@ function(opbridge_add_op_library lib)
   if(TARGET ${lib}_torch)
     target_compile_definitions(${lib}_torch PRIVATE OPBRIDGE_TORCH_NAMESPACE=${ns})
   endif()
+  _opbridge_check_declarations(${lib})
+endfunction()
+
+# After <lib>_ort links: the declarations of its ops, read from the library itself. A misdeclared
+# op (one torch's schema parser or ONNX Runtime would refuse, a rule that does not parse, ...)
+# fails the build, naming the op and the argument, instead of every process that loads the
+# library. -DOPBRIDGE_CHECK_DECLARATIONS=OFF leaves the check to import time (Python raises
+# MisdeclaredOpError there; torch and ONNX Runtime still load the library's other ops). Not where
+# the built library cannot run here (cross builds).
+function(_opbridge_check_declarations lib)
+  get_target_property(done ${lib}_ort OPBRIDGE_DECLARATIONS_CHECKED)
+  if(done OR CMAKE_CROSSCOMPILING OR NOT TARGET opbridge::check_declarations
+     OR (DEFINED OPBRIDGE_CHECK_DECLARATIONS AND NOT OPBRIDGE_CHECK_DECLARATIONS))
+    return()
+  endif()
+  add_custom_command(TARGET ${lib}_ort POST_BUILD
+    COMMAND opbridge::check_declarations "$<TARGET_FILE:${lib}_ort>"
+    COMMENT "Checking the declarations of ${lib}'s ops" VERBATIM)
+  set_target_properties(${lib}_ort PROPERTIES OPBRIDGE_DECLARATIONS_CHECKED ON)
 endfunction()
 
 # The targets of a library of users' ops (installed package: opbridge::* targets exist).

@@ -9,6 +9,8 @@
 #   include/onnxruntime/              the ORT C/C++ API headers the library was built against, with
 #                                     ORT's LICENSE                          -> opbridge::onnxruntime_headers
 #   lib/libopbridge_*.a               kernels and adapters (static, position-independent)
+#   bin/opbridge_check_declarations   the build's check of a library's declarations
+#                                                                            -> opbridge::check_declarations
 #   share/cmake/opbridge/             opbridgeConfig.cmake (+ version, targets), opbridge_add_op(),
 #                                     opbridge_find_torch(), ort_exports.map
 # Every path in the installed files is relative to the file's own location, so the package can
@@ -39,8 +41,10 @@ target_link_libraries(opbridge_ort INTERFACE opbridge_onnxruntime_headers)
 target_compile_features(opbridge_kernels PUBLIC cxx_std_17)
 target_include_directories(opbridge_kernels PUBLIC $<INSTALL_INTERFACE:${_pkg}/include>)
 
-set(_export_targets opbridge_ort opbridge_kernels opbridge_ort_adapter opbridge_onnxruntime_headers)
+set(_export_targets opbridge_ort opbridge_kernels opbridge_ort_adapter opbridge_onnxruntime_headers
+  opbridge_check_declarations)
 set_target_properties(opbridge_ort PROPERTIES EXPORT_NAME ort)
+set_target_properties(opbridge_check_declarations PROPERTIES EXPORT_NAME check_declarations)
 set_target_properties(opbridge_kernels PROPERTIES EXPORT_NAME kernels)
 set_target_properties(opbridge_ort_adapter PROPERTIES EXPORT_NAME ort_adapter)
 set_target_properties(opbridge_onnxruntime_headers PROPERTIES EXPORT_NAME onnxruntime_headers)
@@ -56,7 +60,8 @@ endif()
 install(TARGETS ${_export_targets}
   EXPORT opbridgeTargets
   LIBRARY DESTINATION "${_pkg}"
-  ARCHIVE DESTINATION "${_pkg}/lib")
+  ARCHIVE DESTINATION "${_pkg}/lib"
+  RUNTIME DESTINATION "${_pkg}/bin")
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/cpp/include/" DESTINATION "${_pkg}/include"
   FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
 install(FILES "${PROJECT_SOURCE_DIR}/cpp/ort/ort_op.h" "${PROJECT_SOURCE_DIR}/cpp/ort/register_custom_ops.h"

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cfloat>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -258,6 +259,11 @@ OpDecl& OpDecl::check(ValidateFn fn) {
 }
 OpDecl& OpDecl::args_of(const OpDecl& forward) {
   if (!forward.error().empty()) build_errors_.push_back("args_of(" + forward.name() + "): " + forward.error());
+  if (args_of_ != nullptr && args_of_ != &forward) {
+    build_errors_.push_back("args_of(" + forward.name() + "): the op takes the arguments of " + args_of_->name() +
+                            " already (its checks run on them; an op has one forward)");
+  }
+  args_of_ = &forward;
   for (const ArgDecl& a : forward.args()) {
     ArgDecl copy = a;
     copy.input_index = copy.attr_index = -1;
@@ -315,6 +321,56 @@ bool valid_identifier(const std::string& s) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
   }
   return true;
+}
+
+// Words that cannot name an op or an argument: torch's schema lexer reads them as keywords
+// ("expected ident but found 'in'"), and Python's as keywords too (the ops' signatures there).
+bool reserved_word(const std::string& s) {
+  static const char* const kWords[] = {
+      // torch (torch/csrc/jit/frontend/lexer.h) and Python alike
+      "False", "None", "True", "and", "as", "assert", "break", "class", "continue", "def", "del", "elif", "else",
+      "for", "global", "if", "import", "in", "is", "not", "or", "pass", "raise", "return", "while", "with",
+      // torch only
+      "Ellipsis", "NoneType",
+      // Python only
+      "async", "await", "except", "finally", "from", "lambda", "nonlocal", "try", "yield"};
+  for (const char* w : kWords) {
+    if (s == w) return true;
+  }
+  return false;
+}
+
+// Why `s` cannot be a string value of a declaration (empty: it can). torch's schemas and ONNX
+// Runtime's string attributes are C strings, which a NUL ends (in a schema, mid-literal: torch
+// refuses it), and Python reads schemas as UTF-8. (The schema's literal escapes quotes,
+// backslashes and newlines: torch_schema.)
+std::string unwritable_string(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == 0) {
+      return "holds a NUL character at position " + std::to_string(i) +
+             " (torch's schemas and ONNX Runtime's attributes would end there)";
+    }
+    // One UTF-8 sequence: its length from the lead byte, then continuation bytes 10xxxxxx.
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = n != 0 && i + n <= s.size();
+    for (size_t k = 1; ok && k < n; ++k) ok = (static_cast<unsigned char>(s[i + k]) >> 6) == 0x2;
+    if (!ok) return "is not valid UTF-8 (byte " + std::to_string(i) + ")";
+    i += n;
+  }
+  return {};
+}
+
+// Why a float default cannot be written into a torch schema (empty: it can). torch reads it with
+// std::stod, which refuses subnormal values (out of range) as well as infinities and NaN.
+std::string unwritable_float(double v) {
+  if (!std::isfinite(v)) return "must be finite, got " + shortest_double(v);
+  if (v != 0 && std::fabs(v) < DBL_MIN) {
+    return "must be 0 or of magnitude >= " + shortest_double(DBL_MIN) + " (torch cannot read the subnormal " +
+           shortest_double(v) + ")";
+  }
+  return {};
 }
 
 std::string trim(const std::string& s) {
@@ -493,9 +549,12 @@ void OpDecl::finish_declaration() const {
   if (!valid_identifier(name_)) errors.push_back("name '" + name_ + "' is not a valid identifier");
   if (!valid_identifier(onnx_type_)) errors.push_back("onnx_type '" + onnx_type_ + "' is not a valid identifier");
   if (since_ < 1) errors.push_back("since must be >= 1, got " + std::to_string(since_));
+  if (reserved_word(name_)) errors.push_back("name '" + name_ + "' is a reserved word of torch schemas and Python");
+  const ArgDecl* first_default = nullptr;
   for (ArgDecl& a : self->args_) {
     const std::string where = "argument " + a.name + ": ";
     if (!valid_identifier(a.name)) errors.push_back(where + "name is not a valid identifier");
+    if (reserved_word(a.name)) errors.push_back(where + "name is a reserved word of torch schemas and Python");
     if (!names.insert(a.name).second) errors.push_back(where + "declared twice");
     if (a.since == 0) a.since = since_;
     if (a.since < since_) errors.push_back(where + "since " + std::to_string(a.since) + " is before the op's first version " + std::to_string(since_));
@@ -516,9 +575,33 @@ void OpDecl::finish_declaration() const {
         for (const std::string& c : a.choices) found = found || c == a.default_value.s;
         if (!found) errors.push_back(where + "default '" + a.default_value.s + "' is not one of its choices");
       }
-      if (a.has_default && a.attr_type == AttrType::kFloat && !std::isfinite(a.default_value.f)) {
-        errors.push_back(where + "default must be finite");
+      if (a.has_default && a.attr_type == AttrType::kFloat) {
+        const std::string why = unwritable_float(a.default_value.f);
+        if (!why.empty()) errors.push_back(where + "default " + why);
       }
+      for (size_t k = 0; a.has_default && a.attr_type == AttrType::kFloats && k < a.default_value.floats.size(); ++k) {
+        const std::string why = unwritable_float(a.default_value.floats[k]);
+        if (!why.empty()) errors.push_back(where + "default[" + std::to_string(k) + "] " + why);
+      }
+      if (a.has_default && a.attr_type == AttrType::kString) {
+        const std::string why = unwritable_string(a.default_value.s);
+        if (!why.empty()) errors.push_back(where + "default " + why);
+      }
+      for (const std::string& c : a.choices) {
+        const std::string why = unwritable_string(c);
+        if (!why.empty()) errors.push_back(where + "choice " + std::to_string(&c - a.choices.data()) + " " + why);
+      }
+    }
+    // torch schemas (and Python signatures) take the arguments without a default first: one
+    // after an optional input or an attribute with a default is refused there.
+    const bool has_default = a.is_input ? a.optional : a.has_default;
+    if (has_default && first_default == nullptr) first_default = &a;
+    if (!has_default && first_default != nullptr) {
+      errors.push_back(where + "a required " + (a.is_input ? "input" : "attribute") + " cannot follow " +
+                       (first_default->is_input ? "the optional input " : "the attribute with a default ") +
+                       first_default->name + " (torch schemas and Python signatures put the arguments without a "
+                       "default first): declare it before " + first_default->name +
+                       (a.is_input ? ", or make it optional()" : ", or give it a default"));
     }
   }
   if (inputs_.empty()) errors.push_back("an op needs at least one tensor input");
@@ -534,6 +617,24 @@ void OpDecl::finish_declaration() const {
   }
   if (outputs_.empty()) errors.push_back("an op needs at least one output");
   if (outputs_.size() > 64) errors.push_back("an op has at most 64 outputs, got " + std::to_string(outputs_.size()));
+  // An op with a forward (a backward op): the forward's checks run on its arguments (check_call),
+  // so it must take each of them, of the same kind and type.
+  if (const OpDecl* fwd = forward()) {
+    const std::string where = (gradient_of_ != nullptr ? "gradient_of(" : "args_of(") + fwd->name() + "): ";
+    if (gradient_of_ != nullptr && !fwd->error().empty()) errors.push_back(where + "the forward is misdeclared");
+    for (const ArgDecl& f : fwd->args()) {
+      const ArgDecl* mine = nullptr;
+      for (const ArgDecl& a : args_) mine = a.name == f.name ? &a : mine;
+      if (mine == nullptr) {
+        errors.push_back(where + "the forward's argument " + f.name + " is missing (args_of() adds them all)");
+      } else if (mine->is_input != f.is_input || (!f.is_input && mine->attr_type != f.attr_type)) {
+        errors.push_back(where + "argument " + f.name + " must be " +
+                         (f.is_input ? std::string("a tensor input")
+                                     : std::string(attr_type_name(f.attr_type)) + " attribute") +
+                         ", as in the forward");
+      }
+    }
+  }
   // A backward op: which inputs are gradients, and that its outputs match what it differentiates.
   if (gradient_of_ != nullptr) {
     const std::string where = "gradient_of(" + gradient_of_->name() + "): ";
@@ -544,11 +645,6 @@ void OpDecl::finish_declaration() const {
       a.gradient = a.is_input && !forward_arg;
       if (!a.is_input && !forward_arg) errors.push_back(where + "attribute " + a.name + " is not one of the forward's");
       grads += a.gradient ? 1 : 0;
-    }
-    for (const ArgDecl& f : gradient_of_->args()) {
-      bool found = false;
-      for (const ArgDecl& a : args_) found = found || a.name == f.name;
-      if (!found) errors.push_back(where + "the forward's argument " + f.name + " is missing (args_of() adds them all)");
     }
     if (grads != gradient_of_->outputs().size()) {
       errors.push_back(where + "needs one gradient input per forward output (" +
@@ -694,8 +790,8 @@ Status check_attributes(const OpCall& call) {
 }
 
 OpCall forward_call(const OpCall& backward) {
-  const OpDecl* fwd = backward.decl().gradient_of();
-  if (fwd == nullptr) throw std::logic_error("forward_call: op " + backward.decl().name() + " is not a gradient_of()");
+  const OpDecl* fwd = backward.decl().forward();
+  if (fwd == nullptr) throw std::logic_error("forward_call: op " + backward.decl().name() + " has no forward");
   OpCall call(*fwd);
   for (const ArgDecl* a : fwd->inputs()) call.input(static_cast<size_t>(a->input_index)) = backward.in(a->name);
   for (const ArgDecl* a : fwd->attrs()) {
@@ -787,17 +883,20 @@ Status check_call(const OpCall& call) {
     }
   }
   OPBRIDGE_RETURN_IF_ERROR(check_attributes(call));
-  // A backward op: first the forward's own checks on the forward's arguments (a backward without
-  // a check of its own needs none for them).
-  const OpDecl* fwd = d.gradient_of();
+  // A backward op: first every check of its forward on the forward's arguments, however the
+  // backward was declared (its kernel trusts them as the forward's does), ...
+  const OpDecl* fwd = d.forward();
   std::optional<OpCall> fc;
-  if (fwd != nullptr) fc.emplace(forward_call(call));
-  if (fwd != nullptr && fwd->validate_fn() != nullptr && fwd->validate_fn() != d.validate_fn()) {
-    OPBRIDGE_RETURN_IF_ERROR(fwd->validate_fn()(*fc));
+  if (fwd != nullptr) {
+    fc.emplace(forward_call(call));
+    OPBRIDGE_RETURN_IF_ERROR(check_call(*fc));
   }
-  if (d.validate_fn() != nullptr) OPBRIDGE_RETURN_IF_ERROR(d.validate_fn()(call));
+  // ... then its own (unless it is the forward's, which just ran), ...
+  if (d.validate_fn() != nullptr && (fwd == nullptr || d.validate_fn() != fwd->validate_fn())) {
+    OPBRIDGE_RETURN_IF_ERROR(d.validate_fn()(call));
+  }
   // ... then each gradient has the shape of the forward output it is the gradient of.
-  if (fc) OPBRIDGE_RETURN_IF_ERROR(check_gradient_shapes(call, *fc));
+  if (d.gradient_of() != nullptr) OPBRIDGE_RETURN_IF_ERROR(check_gradient_shapes(call, *fc));
   // Output sizes the rules give (after the op's own checks, whose messages say more).
   for (const OutputDecl& o : d.outputs()) {
     for (const auto& expr : o.dims) {
@@ -993,6 +1092,10 @@ std::string json_string(const std::string& s) {
 }
 
 std::string json_double(double v) {
+  // Python's json module reads these (JSON has no spelling for them); only a misdeclared op,
+  // which the reader refuses, has a default that is not finite.
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "Infinity" : "-Infinity";
   std::string s = shortest_double(v);
   if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
   return s;
@@ -1048,7 +1151,9 @@ std::string describe_ops_json(const std::vector<const OpDecl*>& ops, const std::
     const OpDecl& d = *ops[k];
     j << (k ? "," : "") << "{\"name\":" << json_string(d.name()) << ",\"onnx_type\":" << json_string(d.onnx_type())
       << ",\"since\":" << d.since_version() << ",\"doc\":" << json_string(d.description())
-      << ",\"error\":" << json_string(d.error()) << ",\"gradient_of\":";
+      << ",\"error\":" << json_string(d.error())
+      << ",\"forward\":" << (d.forward() != nullptr ? json_string(d.forward()->name()) : std::string("null"))
+      << ",\"gradient_of\":";
     if (d.gradient_of() != nullptr) {
       j << "{\"op\":" << json_string(d.gradient_of()->name()) << ",\"wrt\":[";
       for (size_t w = 0; w < d.gradient_wrt().size(); ++w) j << (w ? "," : "") << json_string(d.gradient_wrt()[w]);

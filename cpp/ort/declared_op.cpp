@@ -307,6 +307,15 @@ void infer_declared(const OpSpec& spec, const InferIO& io) {
 }  // namespace
 
 std::vector<OpSpec> declared_op_specs(const OpDecl& decl, const char* provider, OrtComputeFn compute) {
+  if (!decl.error().empty()) {
+    // Misdeclared: its types may mean nothing; register_custom_ops registers a stand-in for it.
+    OpSpec s;
+    s.name = decl.onnx_type().c_str();
+    s.provider = provider;
+    s.decl = &decl;
+    s.declared_compute = compute;
+    return {s};
+  }
   // Every combination of the type variables' element types.
   std::vector<std::vector<ElemType>> combos{{}};
   for (const TypeVarDecl& tv : decl.type_vars()) {
@@ -477,6 +486,21 @@ const char* describe_ops(const char* domain_name, const char* library) noexcept 
     return json.c_str();
   } catch (...) {
     return "{\"error\":\"opbridge: could not describe the ops\"}";
+  }
+}
+
+const char* declaration_errors(const char* library) noexcept {
+  try {
+    static const std::string text = [library] {
+      std::string t;
+      for (const OpDecl* d : declared_ops(library)) {
+        if (!d->error().empty()) t += d->error() + "\n";
+      }
+      return t;
+    }();
+    return text.c_str();
+  } catch (...) {
+    return "opbridge: could not read the declarations\n";
   }
 }
 

@@ -245,6 +245,9 @@ struct OpSpec {
   // refuses a model newer than itself; for other ops, every version.
   int start_version = 0;
   int end_version = 0;
+  // The stand-in for a misdeclared op (register_custom_ops): one variadic input and one variadic
+  // output of any types, so that any node of the op reaches kernel creation, which fails naming it.
+  bool any_arity = false;
 };
 
 // Builds an OpSpec for kernel class K: K(const OrtKernelInfo*) and void Compute(KernelIO&).
@@ -355,6 +358,9 @@ struct CheckAttr {  // one attribute, in declaration order
 int declared_domain_version(const char* library = nullptr);
 // The JSON description of the library's declared ops (static storage; never freed).
 const char* describe_ops(const char* domain, const char* library = nullptr) noexcept;
+// What is wrong with the library's misdeclared ops, one op per line ("" when nothing is; static
+// storage). opbridge_add_op() runs a check on it when it builds a library (check_declarations.cpp).
+const char* declaration_errors(const char* library = nullptr) noexcept;
 // Checks one call of op `name` like the kernels do. Returns the StatusCode (0: ok) and writes the
 // message (NUL-terminated, truncated to size) to `message`.
 int32_t check_call_c(const char* name, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
@@ -372,8 +378,9 @@ int32_t run_host_c(const char* name, const CheckTensor* inputs, int64_t n_inputs
 
 // OPBRIDGE_ORT_LIBRARY(domain, library): defines the library's exported entry points:
 // RegisterCustomOps (what SessionOptions.register_custom_ops_library / RegisterCustomOpsLibrary
-// look up), registering all of its ops in `domain` (a const char*), and the ones Python reads
-// with ctypes (OpbridgeDescribeOps, OpbridgeCheckCall, OpbridgeRunHost). `library`: the library
+// look up), registering all of its ops in `domain` (a const char*), the ones Python reads with
+// ctypes (OpbridgeDescribeOps, OpbridgeCheckCall, OpbridgeRunHost) and the one the build's check
+// of the declarations reads (OpbridgeDeclarationErrors). `library`: the library
 // whose compute functions it serves (opbridge_add_op's LIBRARY; nullptr: all of this binary's).
 // Exactly one per library.
 #define OPBRIDGE_ORT_LIBRARY(domain, library)                                                      \
@@ -383,6 +390,9 @@ int32_t run_host_c(const char* name, const CheckTensor* inputs, int64_t n_inputs
   }                                                                                                \
   extern "C" __attribute__((visibility("default"))) const char* OpbridgeDescribeOps() {            \
     return ::opbridge::ort::describe_ops((domain), (library));                                     \
+  }                                                                                                \
+  extern "C" __attribute__((visibility("default"))) const char* OpbridgeDeclarationErrors() {      \
+    return ::opbridge::ort::declaration_errors((library));                                         \
   }                                                                                                \
   extern "C" __attribute__((visibility("default"))) int32_t OpbridgeCheckCall(                     \
       const char* name, const ::opbridge::ort::CheckTensor* inputs, int64_t n_inputs,              \

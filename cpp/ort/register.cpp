@@ -9,6 +9,7 @@
 //
 // Registering again on options that already have the ops is a no-op: ORT refuses (1.31: "Domain
 // already set in registry") or, in some versions, crashes on two domains of one name in a session.
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -67,6 +68,39 @@ bool has_optional_input(const OpSpec& spec) {
   return false;
 }
 
+// The stand-in registered for a misdeclared op (one per op name): a node of it passes model
+// loading (any inputs and outputs; its outputs typed like its first input) and fails kernel
+// creation, that is session creation, with the declaration's error. The library's other ops are
+// registered as usual.
+OpSpec refused_op(const OpSpec& spec) {
+  OpSpec p;
+  p.name = spec.name;
+  p.decl = spec.decl;
+  p.any_arity = true;
+  p.inputs = {ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED};
+  p.optional_inputs = {false};
+  p.outputs = {ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED};
+  p.create = [](const OpSpec& s, const OrtKernelInfo* info) -> void* {
+    fail(ORT_NOT_IMPLEMENTED, node_label(info, s.name) + ": op " + s.decl->name() +
+                                  " is misdeclared, so this library does not run it: " + s.decl->error());
+  };
+  p.compute = [](void*, OrtKernelContext*) {};
+  p.destroy = [](void*) {};
+  p.infer_shape = [](const OpSpec&, const InferIO& io) {
+    // ORT gives no output count here: every output until one is refused (an op has at most 64).
+    for (size_t k = 0; k < 64; ++k) {
+      try {
+        io.set_output_like_input(k, 0);
+      } catch (const Error&) {
+        return;
+      }
+    }
+  };
+  p.start_version = std::max(1, spec.decl->since_version());
+  p.end_version = INT_MAX;
+  return p;
+}
+
 // Fills the OrtCustomOp part of `op` (whose spec is set) for the negotiated API `version`.
 void fill(CustomOp* op, uint32_t version) {
   OrtCustomOp& c = *op;
@@ -86,18 +120,21 @@ void fill(CustomOp* op, uint32_t version) {
     return i < v.size() ? v[i] : ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
   };
   c.GetInputCharacteristic = [](const OrtCustomOp* o, size_t i) {
+    if (spec_of(o).any_arity) return INPUT_OUTPUT_VARIADIC;
     const auto& opt = spec_of(o).optional_inputs;
     return i < opt.size() && opt[i] ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
   };
-  c.GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+  c.GetOutputCharacteristic = [](const OrtCustomOp* o, size_t) {
+    return spec_of(o).any_arity ? INPUT_OUTPUT_VARIADIC : INPUT_OUTPUT_REQUIRED;
+  };
   c.GetInputMemoryType = [](const OrtCustomOp* o, size_t i) {
     const auto& mem = spec_of(o).input_mem;
     return i < mem.size() ? mem[i] : OrtMemTypeDefault;
   };
   c.GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
-  c.GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
+  c.GetVariadicInputHomogeneity = [](const OrtCustomOp* o) { return spec_of(o).any_arity ? 0 : 1; };
   c.GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
-  c.GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
+  c.GetVariadicOutputHomogeneity = [](const OrtCustomOp* o) { return spec_of(o).any_arity ? 0 : 1; };
   // V1 callbacks: ORT uses them only for ops without the V2 ones, which ours always have; they
   // still behave (no exception escapes; an error is printed since V1 cannot return it).
   c.CreateKernel = [](const OrtCustomOp* o, const OrtApi*, const OrtKernelInfo* info) -> void* {
@@ -260,10 +297,14 @@ OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* bas
       // does not by itself refuse a model of a newer version: opbridge.InferenceSession and
       // `opbridge check` do (opbridge/onnx/_declared.py, attribute_problems).
       const int newest = declared_domain_version(library);
-      for (const OpSpec& spec : library_specs(library)) {
+      std::vector<const OpDecl*> refused;
+      for (const OpSpec& library_spec : library_specs(library)) {
+        OpSpec spec = library_spec;
         if (spec.decl != nullptr && !spec.decl->error().empty()) {
-          fail(ORT_INVALID_ARGUMENT, "opbridge: misdeclared op in domain '" + std::string(domain_name) +
-                                         "': " + spec.decl->error());
+          // One stand-in per misdeclared op, for all its element types and providers.
+          if (std::find(refused.begin(), refused.end(), spec.decl) != refused.end()) continue;
+          refused.push_back(spec.decl);
+          spec = refused_op(spec);
         }
         for (const auto& other : ops) {
           const OpSpec& o = other->spec;

@@ -336,13 +336,29 @@ std::string float_literal(double v) {
   return s;
 }
 
+// A string literal of torch's schema lexer: quotes, backslashes, tabs and newlines escaped (a raw
+// newline ends the literal there; the declaration refuses a NUL, which ends the whole schema).
+std::string string_literal(const std::string& v) {
+  std::string s = "\"";
+  for (char c : v) {
+    switch (c) {
+      case '"': s += "\\\""; break;
+      case '\\': s += "\\\\"; break;
+      case '\n': s += "\\n"; break;
+      case '\t': s += "\\t"; break;
+      default: s += c;
+    }
+  }
+  return s + "\"";
+}
+
 std::string default_literal(const ArgDecl& a) {
   const AttrValue& v = a.default_value;
   switch (a.attr_type) {
     case AttrType::kInt: return std::to_string(v.i);
     case AttrType::kBool: return v.i ? "True" : "False";
     case AttrType::kFloat: return float_literal(v.f);
-    case AttrType::kString: return "\"" + v.s + "\"";
+    case AttrType::kString: return string_literal(v.s);
     case AttrType::kInts: {
       std::string s = "[";
       for (size_t i = 0; i < v.ints.size(); ++i) s += (i ? ", " : "") + std::to_string(v.ints[i]);
@@ -379,14 +395,9 @@ std::string torch_schema(const OpDecl& decl) {
   return s + ")";
 }
 
-std::string checked_schema(const OpDecl& decl) {
-  if (!decl.error().empty()) throw std::runtime_error("opbridge: misdeclared op: " + decl.error());
-  return torch_schema(decl);
-}
-
 void define_op(torch::stable::detail::StableLibrary& m, const OpDecl& decl) {
-  const std::string schema = checked_schema(decl);
-  m.def(schema.c_str());
+  if (!decl.error().empty()) return;
+  m.def(torch_schema(decl).c_str());
 }
 
 TorchCall::TorchCall(const OpDecl& decl, std::string_view qualname, StableIValue* stack, uint64_t num_args)

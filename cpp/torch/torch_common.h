@@ -152,10 +152,9 @@ class BoxedArgs {
 };
 
 // ---- declared ops (opbridge/op_decl.h) ---------------------------------------------------------
-// The torch schema of a declaration, e.g. "group_norm(Tensor x, int num_groups, Tensor? weight=None, ...) -> Tensor".
+// The torch schema of a declaration, e.g. "group_norm(Tensor x, int num_groups, Tensor? weight=None, ...) -> Tensor"
+// (of a declaration without error(): the declaration refuses what torch's schema parser would).
 std::string torch_schema(const OpDecl& decl);
-// Throws for a misdeclared op (at library load); returns torch_schema(decl).
-std::string checked_schema(const OpDecl& decl);
 
 // One call of a declared op, unboxed from torch's stack and checked by the declaration: the
 // tensors by name, the OpCall the checks passed (attributes with their values), host copies of
@@ -214,8 +213,9 @@ class LibraryOps {
   static constexpr size_t kMaxOps = 64;
 
  private:
-  static void add(const OpKernel& kernel, void* self);
   struct State;
+  static void add(const OpKernel& kernel, void* self);
+  static void add_op(const OpKernel& kernel, State& state);
   State* state_;
 };
 #define OPBRIDGE_TORCH_LIBRARY(ns, library) \
@@ -254,9 +254,10 @@ inline std::string qualname(std::string_view op) { return std::string(torch_name
                                                &::opbridge::torch_adapter::torch_namespace>)
 #endif
 
-// m.def(schema of the declaration). Throws (at library load) for a misdeclared op. (torch 2.11's
-// stable ABI has no def with tags: the ops carry no pt2_compliant tag, which nothing in torch
-// requires by default.)
+// m.def(schema of the declaration); nothing for a misdeclared op (decl.error()), which never
+// reaches torch's library-definition call: it would end the process there, during static
+// initialization. (torch 2.11's stable ABI has no def with tags: the ops carry no pt2_compliant
+// tag, which nothing in torch requires by default.)
 void define_op(torch::stable::detail::StableLibrary& m, const OpDecl& decl);
 
 // Calls f(T{}) with T the opbridge element type matching the dtype.

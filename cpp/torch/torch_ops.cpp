@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -171,14 +172,28 @@ using Library = torch::stable::detail::StableLibrary;
 struct LibraryOps::State {
   std::string ns;
   const char* library = nullptr;
-  std::unique_ptr<Library> fragment, cpu, cuda;
+  // The schemas' library, through the C shim itself: StableLibrary::def throws where torch refuses
+  // a schema, which during static initialization (where this runs) ends the process.
+  TorchLibraryHandle fragment = nullptr;
+  std::unique_ptr<Library> cpu, cuda;
   std::vector<std::unique_ptr<Entry>> entries;
+  ~State() {
+    cpu.reset();
+    cuda.reset();
+    if (fragment != nullptr) aoti_torch_delete_library_object(fragment);
+  }
 };
 
 LibraryOps::LibraryOps(const char* ns, const char* library) : state_(new State) {
   state_->ns = ns;
   state_->library = library;
-  state_->fragment = std::make_unique<Library>(Library::Kind::FRAGMENT, state_->ns.c_str(), nullptr, __FILE__, __LINE__);
+  if (aoti_torch_library_init_fragment(state_->ns.c_str(), __FILE__, __LINE__, &state_->fragment) !=
+      AOTI_TORCH_SUCCESS) {
+    state_->fragment = nullptr;
+    std::fprintf(stderr, "opbridge: torch refused a library fragment for namespace %s; its ops are not registered\n",
+                 ns);
+    return;
+  }
   on_kernel(&LibraryOps::add, this);
 }
 
@@ -188,10 +203,23 @@ LibraryOps::~LibraryOps() {
 }
 
 void LibraryOps::add(const OpKernel& kernel, void* self_ptr) {
+  // During static initialization: an exception escaping would end the process. An op that
+  // cannot be registered is left out (the library's others still are), said on stderr.
   auto* self = static_cast<LibraryOps*>(self_ptr);
-  State& st = *self->state_;
+  try {
+    add_op(kernel, *self->state_);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "opbridge: an op of torch namespace %s is not registered: %s\n", self->state_->ns.c_str(),
+                 e.what());
+  }
+}
+
+void LibraryOps::add_op(const OpKernel& kernel, State& st) {
   if (!in_library(kernel, st.library)) return;
   const OpDecl& decl = kernel.decl();
+  // A misdeclared op never reaches torch's library-definition call (the declaration refuses every
+  // schema torch would): the build's check (opbridge_add_op) and Python's import report it.
+  if (!decl.error().empty()) return;
   Entry* e = nullptr;
   size_t index = 0;
   for (; index < st.entries.size(); ++index) {
@@ -202,14 +230,17 @@ void LibraryOps::add(const OpKernel& kernel, void* self_ptr) {
   }
   if (e == nullptr) {
     if (st.entries.size() == kMaxOps) {
-      throw std::runtime_error("opbridge: a torch library holds at most " + std::to_string(kMaxOps) + " ops (" +
-                               decl.name() + " is one more)");
+      throw std::runtime_error("a torch library holds at most " + std::to_string(kMaxOps) + " ops (" + decl.name() +
+                               " is one more)");
     }
     auto entry = std::make_unique<Entry>();
     entry->decl = &decl;
     entry->qualname = st.ns + "::" + decl.name();
-    // (checked_schema first: it completes the declaration, output rules included.)
-    st.fragment->def(checked_schema(decl).c_str());
+    const std::string schema = torch_schema(decl);
+    if (aoti_torch_library_def(st.fragment, schema.c_str()) != AOTI_TORCH_SUCCESS) {
+      // What the declaration cannot know: another library's op of the same name, say.
+      throw std::runtime_error("torch refused its schema " + schema + " (is there another op of that name?)");
+    }
     for (size_t i = 0; i < decl.outputs().size(); ++i) {
       const OutputDecl& o = decl.outputs()[i];
       if (o.keeps_memory_format && o.like_input >= 0) entry->layout_input = o.like_input;
@@ -223,7 +254,7 @@ void LibraryOps::add(const OpKernel& kernel, void* self_ptr) {
   std::unique_ptr<Library>& lib = kernel.device == Device::kCuda ? st.cuda : st.cpu;
   ComputeFn& fn = kernel.device == Device::kCuda ? e->cuda : e->cpu;
   if (fn != nullptr) {
-    throw std::runtime_error("opbridge: " + e->qualname + " has two " + device_name(kernel.device) + " kernels");
+    throw std::runtime_error(e->qualname + " has two " + device_name(kernel.device) + " kernels");
   }
   fn = kernel.compute;
   if (!lib) {

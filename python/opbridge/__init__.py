@@ -13,6 +13,7 @@ import importlib
 import sys
 
 from ._cmake import cmake_dir
+from ._decl import MisdeclaredOpError
 from ._library import DOMAIN, build_info, get_library_path, torch_library_path
 from ._session import InferenceSession, session_options
 from ._version import __version__
@@ -20,6 +21,7 @@ from ._version import __version__
 __all__ = [
     "DOMAIN",
     "InferenceSession",
+    "MisdeclaredOpError",
     "__version__",
     "build_info",
     "cmake_dir",

@@ -124,7 +124,11 @@ def classify(model: Any, providers: Sequence[str], stock: bool = False) -> list[
             lib = libs[domain]
             decl = lib.by_onnx_type(op)
             who = "opbridge" if domain == DOMAIN else f"library {os.path.basename(lib.path)}"
-            if decl is None:
+            refused = next((error for onnx_type, error in lib.refused.values() if onnx_type == op), None)
+            if refused is not None:
+                use.note = (f"misdeclared in {'this opbridge' if domain == DOMAIN else 'the ' + who}, which does "
+                            f"not run it: {refused}")
+            elif decl is None:
                 names = ", ".join(sorted(d.onnx_type for d in lib.ops.values())) or "no ops"
                 use.note = f"{'this opbridge' if domain == DOMAIN else 'the ' + who} provides {names} in {domain}"
             elif opsets.get(domain, 1) > lib.domain_version:
@@ -232,7 +236,10 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
     if report.missing:
         names = ", ".join(u.name for u in report.missing)
         print(f"\nFAILED: no implementation here for {names}.", file=out)
-        domains = sorted({u.domain for u in report.missing if u.domain not in (DOMAIN, *_STANDARD_DOMAINS)})
+        domains = sorted({u.domain for u in report.missing if u.domain not in (DOMAIN, *_STANDARD_DOMAINS)
+                          and not u.note.startswith("misdeclared")})
+        if any(u.note.startswith("misdeclared") for u in report.missing):
+            print("  Fix the declaration of a misdeclared op and rebuild its library.", file=out)
         if domains:
             print(f"  Register the custom-op library that implements domain(s) {', '.join(domains)} "
                   "(SessionOptions.register_custom_ops_library) before running this model.", file=out)

@@ -29,6 +29,7 @@ __all__ = [
     "AttrDecl",
     "CheckError",
     "InputDecl",
+    "MisdeclaredOpError",
     "OpDecl",
     "OpLibrary",
     "OutputDecl",
@@ -66,6 +67,15 @@ class CheckError(Exception):
     def exception(self, prefix: str) -> Exception:
         """The exception torch raises for this verdict, with torch's prefix ("opbridge::op: ")."""
         return STATUS_EXCEPTIONS.get(self.code, RuntimeError)(f"{prefix}: {self.message}")
+
+
+class MisdeclaredOpError(ValueError):
+    """An op whose declaration its library refuses (its ``error``): it has no torch op and no ORT
+    kernel; the library's other ops are unaffected. ``ops``: op name -> what is wrong with it."""
+
+    def __init__(self, message: str, ops: Mapping[str, str]) -> None:
+        super().__init__(message)
+        self.ops = dict(ops)
 
 
 @dataclass(frozen=True)
@@ -201,6 +211,9 @@ class OpDecl:
     library: "OpLibrary" = field(repr=False)
     # Of a backward op: (the forward op's name, the forward inputs whose gradients it returns).
     gradient_of: tuple | None = None
+    # The op whose checks run on this op's arguments before its own (its C++ declaration's
+    # gradient_of or args_of), or None.
+    forward: str | None = None
 
     @property
     def inputs(self) -> list[InputDecl]:
@@ -352,15 +365,21 @@ class OpLibrary:
         self._check.restype = ctypes.c_int32
         self._check.argtypes = [ctypes.c_char_p, ctypes.POINTER(_Tensor), ctypes.c_int64, ctypes.POINTER(_Attr),
                                 ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
-        info = json.loads(describe().decode())
+        # Text the declarations hold (docs) is the user's: one op's stray byte must not make the
+        # whole library unreadable.
+        info = json.loads(describe().decode(errors="replace"))
         self.domain: str = info["domain"]
         self.domain_version: int = int(info["domain_version"])
         self.namespace = namespace
         self.torch_path = os.fspath(torch_path) if torch_path is not None else None
         self.ops: dict[str, OpDecl] = {}
+        # Misdeclared ops (name -> (ONNX op type, what is wrong)): refused here as in torch and ORT,
+        # where they have neither a torch op nor a kernel; the library's other ops work.
+        self.refused: dict[str, tuple[str, str]] = {}
         for o in info["ops"]:
             if o.get("error"):
-                raise ValueError(f"{self.path}: misdeclared op: {o['error']}")
+                self.refused[o["name"]] = (o["onnx_type"], o["error"])
+                continue
             args: list = []
             n_in = n_attr = 0
             for a in o["args"]:
@@ -378,7 +397,8 @@ class OpLibrary:
             grad = o.get("gradient_of")
             self.ops[o["name"]] = OpDecl(o["name"], o["onnx_type"], o["since"], o["doc"], args,
                                          {k: list(v) for k, v in o["types"].items()}, outputs, self,
-                                         (grad["op"], tuple(grad["wrt"])) if grad else None)
+                                         (grad["op"], tuple(grad["wrt"])) if grad else None,
+                                         o.get("forward", grad["op"] if grad else None))
 
     def __repr__(self) -> str:
         return f"OpLibrary({self.path!r}, domain={self.domain!r}, ops={sorted(self.ops)})"
@@ -397,6 +417,20 @@ class OpLibrary:
 
     def by_onnx_type(self, onnx_type: str) -> OpDecl | None:
         return next((op for op in self.ops.values() if op.onnx_type == onnx_type), None)
+
+    def misdeclared(self, names: Iterable[str] | None = None) -> MisdeclaredOpError | None:
+        """The error for the library's misdeclared ops (those among ``names``, op names or ONNX op
+        types, where given), or None where there is none."""
+        wanted = None if names is None else set(names)
+        ops = {name: error for name, (onnx_type, error) in self.refused.items()
+               if wanted is None or name in wanted or onnx_type in wanted}
+        if not ops:
+            return None
+        lines = "\n".join(f"  {error}" for error in ops.values())
+        return MisdeclaredOpError(
+            f"{self.path}: {len(ops)} misdeclared op{'s' if len(ops) > 1 else ''} ({', '.join(ops)}), which "
+            f"neither torch nor ONNX Runtime can run; the library's other ops can. Fix the declaration"
+            f"{'s' if len(ops) > 1 else ''}:\n{lines}", ops)
 
     def check_call(self, op: OpDecl, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> None:
         keep: list = []  # buffers ctypes points into, alive until the call returns

@@ -25,15 +25,16 @@ def session_options(so: Any = None) -> Any:
 
 
 def _check_attributes(model: Any) -> None:
-    """Unknown attribute names (ORT ignores them silently) and attributes newer than the op
-    version the model imports, in nodes of declared ops, then static shapes and types that already
-    fail a declared op's checks (ORT would fail only at run): a ValueError naming them. Needs onnx;
-    without it the check is skipped."""
+    """Nodes of ops their library refuses as misdeclared (MisdeclaredOpError), unknown attribute
+    names (ORT ignores them silently) and attributes newer than the op version the model imports,
+    in nodes of declared ops, then static shapes and types that already fail a declared op's
+    checks (ORT would fail only at run): a ValueError naming them. Needs onnx; without it the
+    check is skipped."""
     try:
         import onnx
     except ImportError:
         return
-    from .onnx._declared import attribute_problems, static_shape_problems
+    from .onnx._declared import attribute_problems, misdeclared_ops, static_shape_problems
 
     try:
         if isinstance(model, (bytes, bytearray)):
@@ -42,6 +43,9 @@ def _check_attributes(model: Any) -> None:
             proto = onnx.load(model, load_external_data=False)
     except Exception:  # unreadable: ONNX Runtime reports that in its own words
         return
+    error = misdeclared_ops(proto)
+    if error is not None:
+        raise error
     problems = attribute_problems(proto)
     if problems:
         raise ValueError("opbridge: the model has attributes ONNX Runtime would ignore:\n  " + "\n  ".join(problems))

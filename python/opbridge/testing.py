@@ -109,6 +109,9 @@ def _resolve(op: Any) -> tuple[Any, Any]:
         discover()
         decl = find()
     if decl is None:
+        refused = next((lib for lib in libraries() if lib.namespace == ns and name in lib.refused), None)
+        if refused is not None:
+            raise refused.misdeclared([name])
         known = sorted(o.qualname for lib in libraries() if lib.namespace for o in lib.ops.values())
         raise ValueError(f"{qualname} is not a declared op of any library opbridge knows ({', '.join(known)}); "
                          "register its library first (opbridge._decl.register_library, or import the package "

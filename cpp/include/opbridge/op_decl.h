@@ -33,6 +33,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "opbridge/dtype.h"
@@ -250,6 +251,14 @@ class OpDecl {
   OpDecl& attr_string(std::string name, std::string default_value, std::string doc = "");
   OpDecl& attr_ints(std::string name, std::vector<int64_t> default_value, std::string doc = "");
   OpDecl& attr_floats(std::string name, std::vector<double> default_value, std::string doc = "");
+  // A default of another type does not compile, rather than converting silently (attr_int("k",
+  // 2.5) would be 2, attr_bool("flag", "no") true, attr_string("mode", 0) a null pointer).
+  template <class V, std::enable_if_t<std::is_floating_point_v<V> || std::is_same_v<V, bool>, int> = 0>
+  OpDecl& attr_int(std::string name, V default_value, std::string doc = "") = delete;
+  template <class V, std::enable_if_t<!std::is_same_v<V, bool>, int> = 0>
+  OpDecl& attr_bool(std::string name, V default_value, std::string doc = "") = delete;
+  template <class V, std::enable_if_t<std::is_arithmetic_v<V>, int> = 0>
+  OpDecl& attr_string(std::string name, V default_value, std::string doc = "") = delete;
   OpDecl& optional();                      // input may be omitted (torch: Tensor? = None)
   OpDecl& required();                      // attribute without default
   OpDecl& onnx_name(std::string name);     // ONNX name differs from the torch name
@@ -268,13 +277,16 @@ class OpDecl {
   // opbridge.ops.register_fake / opbridge.onnx.register_shape_inference.
   OpDecl& output_shape_fn(OutputShapeFn fn);
   // Every argument of `forward`, in its order, with its types (a backward op takes them all, so
-  // an argument added to the forward reaches the backward without another edit).
+  // an argument added to the forward reaches the backward without another edit). `forward`'s
+  // checks then run on them before this op's own, in every adapter: a backward op's kernel never
+  // sees arguments its forward would refuse.
   OpDecl& args_of(const OpDecl& forward);
   // This op is the backward of `forward`: its inputs other than forward's arguments are the
   // gradients of forward's outputs (in order), its outputs the gradients of forward's inputs
   // named in `wrt` (in order). Autograd is derived from it (opbridge.ops registers forward's
   // backward from this op), and the checks take a forward argument, not a gradient, as the
-  // reference for dtypes and devices ("grad must have the dtype of x").
+  // reference for dtypes and devices ("grad must have the dtype of x"). It must take every
+  // argument of `forward` (args_of()), whose checks run on them as with args_of().
   OpDecl& gradient_of(const OpDecl& forward, std::vector<std::string> wrt);
 
   // ---- reading ----
@@ -306,6 +318,9 @@ class OpDecl {
   OutputShapeFn output_shape_function() const { return output_shape_; }
   // The forward op of a backward op (nullptr for others), and the inputs whose gradients it gives.
   const OpDecl* gradient_of() const { return gradient_of_; }
+  // The op whose checks run on this op's arguments before its own (check_call): gradient_of()'s
+  // forward, else the op args_of() took the arguments of; nullptr for others.
+  const OpDecl* forward() const { return gradient_of_ != nullptr ? gradient_of_ : args_of_; }
   const std::vector<std::string>& gradient_wrt() const { return gradient_wrt_; }
   // The inputs in the order checks compare them: forward arguments before gradients (for most
   // ops simply inputs()).
@@ -315,7 +330,9 @@ class OpDecl {
   }
 
   // Empty when the declaration is consistent, else what is wrong with it ("op group_norm:
-  // attribute eps: ..."): a misdeclared op fails registration with this message.
+  // argument eps: ..."). A misdeclared op is refused with this message: the build's check
+  // (opbridge_add_op) fails, torch and ONNX Runtime leave it out of the library (its other ops
+  // load), Python raises MisdeclaredOpError. It covers every schema torch's parser would refuse.
   const std::string& error() const;
 
  private:
@@ -335,6 +352,7 @@ class OpDecl {
   ValidateFn validate_ = nullptr;
   OutputShapeFn output_shape_ = nullptr;
   const OpDecl* gradient_of_ = nullptr;
+  const OpDecl* args_of_ = nullptr;
   std::vector<std::string> gradient_wrt_;
   std::vector<std::string> build_errors_;
   // Derived from the above by finish(); pointers into args_, so a copy starts afresh.
@@ -354,12 +372,13 @@ class OpDecl {
 };
 
 // Generic checks from the declaration (required inputs present, element types allowed and
-// consistent per type variable, ranks, string choices), then the op's own validation. For a
-// backward op (gradient_of()) also the forward's own validation, on the forward's arguments, and
-// each gradient input against the shape its forward output has.
+// consistent per type variable, ranks, string choices), then the op's own validation. For an op
+// with a forward() (a backward op), first every check of the forward on the forward's arguments
+// (check_call of forward_call(call)), and for a gradient_of() op, after its own validation, each
+// gradient input against the shape its forward output has.
 // The message of an error is the part after the op label ("x must have rank >= 2 ...").
 Status check_call(const OpCall& call);
-// The forward call a backward op's call (gradient_of()) holds: the forward's arguments, by name.
+// The call of the forward (forward()) that a backward op's call holds: the forward's arguments, by name.
 OpCall forward_call(const OpCall& backward);
 // The checks of check_call that need only attribute values (string choices): ORT runs them when
 // it creates a kernel, so a bad value fails session creation, naming the node.

@@ -238,13 +238,8 @@ def stamp_versions(proto: onnx.ModelProto, requested: dict[str, int], nodes: Ite
         imp.version = int(want) if want is not None else version
 
 
-def attribute_problems(model: onnx.ModelProto) -> list[str]:
-    """Nodes of declared ops with attributes their op does not have (e.g. a misspelled
-    ``epsilion``), or that need a newer op version than the model imports. ORT cannot see these:
-    it reads attributes by name and ignores the rest."""
-    imports = {i.domain: i.version for i in model.opset_import}
-    problems = []
-    known = {lib.domain for lib in libraries()}
+def _nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """Every node of the model: its graph's, their subgraphs', its functions'."""
 
     def walk(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
         for n in graph.node:
@@ -256,12 +251,36 @@ def attribute_problems(model: onnx.ModelProto) -> list[str]:
                     for g in a.graphs:
                         yield from walk(g)
 
-    nodes = list(walk(model.graph)) + [n for f in model.functions for n in f.node]
-    for node in nodes:
-        if node.domain not in known:
+    return list(walk(model.graph)) + [n for f in model.functions for n in f.node]
+
+
+def misdeclared_ops(model: onnx.ModelProto) -> Exception | None:
+    """The MisdeclaredOpError for the ops of the model's nodes that their library refuses (their
+    declaration is bad: ONNX Runtime would fail at session creation), or None."""
+    used: dict[str, set] = {}
+    for node in _nodes(model):
+        used.setdefault(node.domain, set()).add(node.op_type)
+    for lib in libraries():
+        error = lib.misdeclared(used[lib.domain]) if lib.refused and lib.domain in used else None
+        if error is not None:
+            return error
+    return None
+
+
+def attribute_problems(model: onnx.ModelProto) -> list[str]:
+    """Nodes of declared ops with attributes their op does not have (e.g. a misspelled
+    ``epsilion``), or that need a newer op version than the model imports. ORT cannot see these:
+    it reads attributes by name and ignores the rest."""
+    imports = {i.domain: i.version for i in model.opset_import}
+    problems = []
+    libs = {lib.domain: lib for lib in libraries()}
+    for node in _nodes(model):
+        if node.domain not in libs:
             continue
         op = find_op(node.domain, node.op_type)
         label = f"{node.domain}::{node.op_type} (node {node.name!r})"
+        if op is None and libs[node.domain].misdeclared([node.op_type]) is not None:
+            continue  # no attributes to compare: misdeclared_ops reports it
         if op is None:
             problems.append(f"{label}: the library of domain {node.domain!r} has no op {node.op_type!r}")
             continue

@@ -186,11 +186,15 @@ def register_autograd(qualname: str, backward: Callable, *, setup_context: Calla
     the indices ``backward_op_grads``, in order, the autograd graph is built in C++ and that op
     is called directly, with no Python in either pass (the formula still serves
     ``create_graph=True``, through a recomputation of the op, and devices the C++ kernel does
-    not cover). ``backward`` must compute the same gradients.
+    not cover). ``backward`` must compute the same gradients. Of a declared op, the backward op
+    must be declared from it (``args_of`` or ``gradient_of``): the op's checks then run on its
+    arguments before its kernel, in torch, its fake kernel, ONNX Runtime and opbridge._core;
+    another is refused (ValueError naming both ops).
     """
     if backward_op is not None and backward_op_grads is None:
         raise TypeError(f"register_autograd({qualname!r}): backward_op needs backward_op_grads, the indices of "
                         "the arguments whose gradients it returns")
+    _check_backward_op(f"register_autograd({qualname!r})", qualname, backward_op)
     if callable(double_backward):
         _register_with_differentiable_form(qualname, backward, setup_context, double_backward)
         _differentiable[qualname] = double_backward
@@ -222,6 +226,49 @@ def register_autograd(qualname: str, backward: Callable, *, setup_context: Calla
     if backward_op is not None:
         if hasattr(torch.ops.opbridge, "_cpp_autograd"):
             torch.ops.opbridge._cpp_autograd(qualname, backward_op, [int(i) for i in backward_op_grads])
+
+
+def _declared(qualname: str) -> tuple[OpLibrary | None, OpDecl | None]:
+    """(the library, the declaration) of op ``namespace::name`` among the libraries opbridge
+    knows: (lib, None) for an op its library refuses as misdeclared, (None, None) for one no
+    library declares."""
+    ns, _, name = qualname.rpartition("::")
+    for lib in _libraries():
+        if lib.namespace == ns and (name in lib.ops or name in lib.refused):
+            return lib, lib.ops.get(name)
+    return None, None
+
+
+def _check_backward_op(where: str, qualname: str, backward_op: str | None) -> None:
+    """Refuses a backward op of a declared op that would not run the op's checks on its arguments:
+    every adapter (ONNX Runtime's too) learns which op a backward is of from the backward's
+    declaration alone (args_of or gradient_of), so one declared otherwise would let a bad argument
+    through to its kernel wherever it is called directly."""
+    lib, fwd = _declared(qualname)
+    if lib is None:
+        return  # not a declared op: nothing opbridge checks
+    if fwd is None:
+        raise lib.misdeclared([qualname.rpartition("::")[2]])
+    if backward_op is None:
+        return
+    blib, bwd = _declared(backward_op)
+    if blib is not None and bwd is None:
+        raise blib.misdeclared([backward_op.rpartition("::")[2]])
+    how = f"declare it from {fwd.name}'s declaration with .args_of(...) (or .gradient_of(...)), which adds them all"
+    if bwd is None:
+        raise ValueError(f"{where}: backward_op {backward_op} is not an op a library opbridge knows declares, so "
+                         f"{qualname}'s checks cannot run on its arguments before its kernel: {how}")
+    if blib is lib and bwd.forward == fwd.name:
+        return
+    missing = [a.name for a in fwd.args if not any(b.name == a.name and type(b) is type(a) for b in bwd.args)]
+    if missing:
+        raise ValueError(f"{where}: backward_op {backward_op} cannot be checked as the backward of {qualname}: "
+                         f"its arguments do not include {fwd.name}'s {', '.join(missing)}, so {fwd.name}'s checks "
+                         f"cannot run on them before its kernel; {how}")
+    raise ValueError(f"{where}: backward_op {backward_op} does not run {qualname}'s checks on its arguments: its "
+                     f"declaration takes them, but not from {fwd.name} ({backward_op} declares "
+                     f"{'no forward' if bwd.forward is None else 'the forward ' + bwd.forward}); {how}, so that "
+                     f"torch, its fake kernel, ONNX Runtime and opbridge._core check them before its kernel runs")
 
 
 def register_formula(qualname: str, backward: Callable, setup_context: Callable) -> None:
@@ -324,10 +371,11 @@ def register_gradient(qualname: str, *, differentiable: Callable | None = None) 
         (create_graph=True), so that gradients of every order exist. Arguments of the declaration
         it does not take must have their default values there (else NotImplementedError)."""
     ns, name = qualname.split("::", 1)
-    lib = next((lib for lib in _libraries() if lib.namespace == ns and name in lib.ops), None)
+    lib, op = _declared(qualname)
     if lib is None:
         raise ValueError(f"register_gradient: no library opbridge knows declares {qualname}")
-    op = lib.ops[name]
+    if op is None:
+        raise lib.misdeclared([name])
     bwd = lib.backward_of(name)
     if bwd is None:
         raise ValueError(f"register_gradient: {qualname} has no declared backward op (an op whose declaration is "
@@ -384,13 +432,15 @@ def register_library_ops(lib: OpLibrary, *, modules: dict[str, Any] | None = Non
     """Registers, for every declared op of ``lib`` whose torch op exists, the fake kernel from
     its declaration and — where nothing registered a gradient formula — a backward that raises.
     Loads the library's torch extension first where it has one (``torch_path``). Idempotent.
-    ``modules``: op name -> the Python module that registered its formula (ours)."""
+    ``modules``: op name -> the Python module that registered its formula (ours). Where the
+    library refuses an op's declaration, raises MisdeclaredOpError naming it, after the others
+    are registered (they work)."""
     if lib.namespace is None:
         return
     if lib.torch_path is not None:
         lib.load_torch()
         ns = getattr(torch.ops, lib.namespace)
-        if not any(hasattr(ns, op.name) for op in lib.ops.values()):
+        if lib.ops and not any(hasattr(ns, op.name) for op in lib.ops.values()):
             raise ValueError(f"{lib.torch_path} defines none of its library's ops ({', '.join(sorted(lib.ops))}) in "
                              f"torch namespace {lib.namespace!r}: is the namespace the one the library was built "
                              "with (opbridge_add_op's NAMESPACE)?")
@@ -409,3 +459,7 @@ def register_library_ops(lib: OpLibrary, *, modules: dict[str, Any] | None = Non
             else:
                 _no_gradient(qual)
         _done.add(qual)
+    # After the others: they work in torch (and ONNX Runtime) whatever one declaration says.
+    error = lib.misdeclared()
+    if error is not None:
+        raise error

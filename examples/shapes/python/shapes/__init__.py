@@ -42,9 +42,20 @@ def session_options(so: Any = None) -> Any:
 # Torch only when used, as in opbridge: importing torch takes seconds, and the ONNX Runtime side
 # needs none of it. The torch side loads on first use (shapes.<op>, shapes.ops), or here in a
 # process that has already imported torch (so that torch.ops.shapes.* exist for an export or
-# torch.export.load).
+# torch.export.load). A misdeclared op only warns here, so that the other ops (and the ONNX
+# Runtime side) stay usable; ``import shapes.ops`` raises it (opbridge.MisdeclaredOpError).
 if sys.modules.get("torch") is not None and torch_library_path() is not None:
-    from . import ops  # noqa: F401
+    try:
+        from . import ops  # noqa: F401
+    except ValueError as _e:
+        from opbridge import MisdeclaredOpError
+
+        if not isinstance(_e, MisdeclaredOpError):
+            raise
+        import warnings
+
+        warnings.warn(str(_e), RuntimeWarning, stacklevel=2)
+        del _e
 
 
 def __getattr__(name: str) -> Any:
