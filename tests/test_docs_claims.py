@@ -89,6 +89,18 @@ def test_torch_version_error_message():
     assert "opbridge: torch ops not registered." in _text(DOC / "install.md")
 
 
+def test_no_onnxruntime_message(monkeypatch):
+    """docs/install.md quotes the error of what needs ONNX Runtime where none is installed."""
+    from opbridge._ort import import_onnxruntime
+
+    quoted = [t for t in _output_blocks(DOC / "install.md") if "needs ONNX Runtime" in t]
+    assert len(quoted) == 1
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` fails as if absent
+    with pytest.raises(ModuleNotFoundError) as info:
+        import_onnxruntime()
+    assert str(info.value) == " ".join(quoted[0].split())
+
+
 def test_export_load_without_the_ops_message(tmp_path):
     """docs/install.md quotes what torch says when a saved program uses opbridge's ops and nothing
     registered them: the torch release it names, the exception and the warning before it."""

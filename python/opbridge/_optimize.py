@@ -36,6 +36,8 @@ from typing import Any, Iterator, Mapping, Sequence, TextIO
 
 import numpy as np
 
+from ._ort import import_onnxruntime, missing_message
+
 # What the command shares with opbridge.onnx (the rules; writing files), under the names it had here.
 from .onnx._external_data import (AUTO_EXTERNAL_BYTES, EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, PROTOBUF_LIMIT,
                                    WriteError, data_file_name, tensor_bytes, write_file, writing)  # noqa: F401
@@ -406,7 +408,7 @@ class Report:
 
 
 def _session(path: str, providers: Sequence[str]) -> Any:
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     from ._session import InferenceSession
 
@@ -437,7 +439,7 @@ def check_against(original: str, rewritten: str, *, providers: Sequence[str], di
     One ONNX Runtime session at a time: the original runs on every input first and its outputs
     are kept; its session is released before the rewritten model's is made, so that the weights
     are never held twice."""
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     from ._check import random_inputs
 
@@ -638,10 +640,11 @@ def main(input_path: str, output_path: str, *, silu: bool = True, providers: Seq
         print(f"opbridge optimize: {input_path}: no such file", file=sys.stderr)
         return 2
     try:
+        import_onnxruntime()  # before the rewrite, whose result could not be checked without it
         report = optimize(input_path, output_path, silu=silu, providers=providers, dims=parsed, runs=runs,
                           tolerance=tolerance, seed=seed, max_memory=limit)
     except ImportError as e:
-        print(f"opbridge optimize needs onnx, onnxscript and onnxruntime: {e}", file=sys.stderr)
+        print(missing_message("optimize", e), file=sys.stderr)
         return 2
     except (UnreadableModel, MemoryError, WriteError) as e:
         print(f"opbridge optimize: {e}", file=sys.stderr)

@@ -55,6 +55,11 @@ __all__ = [
     "translation_table",
 ]
 
+# The schemas carry Python shape-inference functions: onnx 1.19-1.22 hang or crash the interpreter
+# at exit once one is registered, and older onnx cannot carry them.
+if tuple(int(p) for p in onnx.__version__.split(".")[:2]) < (1, 23):
+    raise ImportError(f"opbridge.onnx needs onnx>=1.23, but onnx {onnx.__version__} is installed: "
+                      'pip install -U "opbridge[tools]"')
 register_schemas()
 # Libraries registered later (users' ops) get their schemas when they are registered.
 _decl_on_register(lambda _library: register_schemas())
