@@ -29,7 +29,7 @@ if [ $# -gt 0 ]; then versions=("$@"); else versions=(2.11.0 2.14.1); fi
 tests=(tests/test_stable_abi.py tests/test_torch_import.py tests/test_group_norm.py tests/test_group_norm_backward.py
        tests/test_group_norm_edge_cases.py tests/test_group_norm_layouts.py tests/test_inverse.py
        tests/test_inverse_on_singular.py tests/test_ms_deform_attn.py tests/test_ms_deform_attn_errors.py
-       tests/test_no_grad_fast_path.py tests/test_export_dynamic.py tests/test_testing.py)
+       tests/test_no_grad_fast_path.py tests/test_export_dynamic.py tests/test_testing.py tests/test_nn_dropins.py)
 mkdir -p "$cache"
 t_start=$SECONDS
 
