@@ -307,3 +307,24 @@ def test_group_norm_cuda_paragraph():
     decl = (REPO / "cpp" / "ops" / "group_norm" / "group_norm_decl.cpp").read_text()
     assert 'attr_string("activation")' in decl
     assert "uses_channels_last(" in (REPO / "cpp" / "torch" / "torch_ops.cpp").read_text()
+
+
+def test_export_memory_refusal_message(monkeypatch):
+    """docs/optimize.md quotes export's refusal of a model the memory available cannot hold: the
+    model that mixes every kind of large tensor at 0.6 GB, TorchScript exporter, a limit of 1G."""
+    pytest.importorskip("torch")
+    import importlib.util
+
+    import opbridge.onnx
+    from opbridge import _memory
+
+    spec = importlib.util.spec_from_file_location("_large_model", REPO / "benchmarks" / "benchmarks" / "_large_model.py")
+    large = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, large)
+    spec.loader.exec_module(large)
+    (quoted,) = [t for t in _output_blocks(DOC / "optimize.md") if t.startswith("opbridge.onnx.export: exporting")]
+    model, inputs = large.build_kind("mixed", 0.6)
+    monkeypatch.setenv(_memory.ENV, "1G")
+    with pytest.raises(MemoryError) as e:
+        opbridge.onnx.export(model, inputs, "never-written.onnx", dynamo=False)
+    assert str(e.value) == " ".join(quoted.split())
