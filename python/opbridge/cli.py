@@ -18,7 +18,10 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+if TYPE_CHECKING:
+    from . import _check, _optimize
 
 # Version of the JSON documents the commands print (their "format_version"): raised when a field
 # is removed or changes meaning, not when one is added.
@@ -115,7 +118,7 @@ class ModelHeader:
         return sorted({d for _, dims in self.inputs for d in dims if isinstance(d, str)})
 
 
-def _varint(buf: Any, pos: int) -> tuple[int, int]:
+def _varint(buf: bytes | mmap.mmap, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         b = buf[pos]
@@ -128,7 +131,7 @@ def _varint(buf: Any, pos: int) -> tuple[int, int]:
             raise ValueError("malformed varint")
 
 
-def _fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+def _fields(buf: bytes | mmap.mmap, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
     """(field number, varint value or 0, start, end) of each field of the message in buf[start:end];
     length-delimited fields are skipped over, not parsed."""
     pos = start
@@ -252,7 +255,7 @@ def _header_or_none(path: str) -> ModelHeader | None:
         return None
 
 
-def _print_json(doc: dict[str, Any]) -> None:
+def _print_json(doc: dict[str, object]) -> None:
     sys.stdout.write(json.dumps(doc, indent=1) + "\n")
 
 
@@ -261,7 +264,7 @@ def _print_json(doc: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def info() -> dict[str, Any]:
+def _info() -> dict[str, Any]:
     """What ``opbridge info`` reports, as the JSON document of ``opbridge info --json``."""
     import importlib.util
 
@@ -340,7 +343,7 @@ def _info_text(doc: dict[str, Any]) -> str:
 
 def _cmd_info(args: argparse.Namespace) -> int:
     with _Stage("info"):
-        doc = info()
+        doc = _info()
     if args.json:
         _print_json(doc)
     elif args.verbosity >= 0:
@@ -353,8 +356,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def check_json(path: str, report: Any, header: ModelHeader | None, providers: Sequence[str],
-               stock: bool) -> dict[str, Any]:
+def check_json(path: str, report: _check.Report, header: ModelHeader | None, providers: Sequence[str],
+               stock: bool) -> dict[str, object]:
     """The JSON document of ``opbridge check --json`` (docs/schemas/check.schema.json)."""
     from ._ort import import_onnxruntime
     from ._version import __version__
@@ -414,7 +417,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def optimize_json(input_path: str, output_path: str, report: Any, runs: int) -> dict[str, Any]:
+def optimize_json(input_path: str, output_path: str, report: _optimize.Report, runs: int) -> dict[str, object]:
     """The JSON document of ``opbridge optimize --json`` (docs/schemas/optimize.schema.json)."""
     result = report.result
     changed = bool(result is not None and result.changed)
@@ -434,7 +437,8 @@ def optimize_json(input_path: str, output_path: str, report: Any, runs: int) -> 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
     try:
-        from ._optimize import UnreadableModel, WriteError, available_memory, optimize, parse_size
+        from ._optimize import UnreadableModel, available_memory, optimize, parse_size
+        from .onnx._external_data import WriteError
     except ImportError as e:
         return _missing("optimize", e)
     try:
