@@ -39,8 +39,8 @@ def test_marker_and_core_stub_are_installed():
     # run's signature is written in the pattern file: its parameters must still be the binding's.
     run = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run")
     signature = _core.run.__nb_signature__[0][0]
-    assert [a.arg for a in run.args.args] == [p.split(":")[0].strip()
-                                             for p in signature[signature.index("(") + 1:signature.rindex(")")].split(",")]
+    params = signature[signature.index("(") + 1:signature.rindex(")")].split(",")
+    assert [a.arg for a in run.args.args] == [p.split(":")[0].strip() for p in params]
 
 
 def test_mypy_strict():
