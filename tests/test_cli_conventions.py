@@ -186,6 +186,26 @@ def test_optimize_json(tmp_path, capsys):
     assert code == 0 and doc["rewritten"] == {} and doc["checked_runs"] == 0
 
 
+# ---- pt2 --json ----------------------------------------------------------------------------
+
+
+def test_pt2_json(tmp_path, capsys):
+    """A package that calls an op of no known library (the test of a package opbridge's ops can
+    run, which needs an AOTInductor build, is tests/test_aoti.py's)."""
+    import zipfile
+
+    pkg = tmp_path / "other.pt2"
+    node = {"name": "buf0", "node": {"target": "nosuchns::frob", "inputs": [], "outputs": []}}
+    with zipfile.ZipFile(pkg, "w") as z:
+        z.writestr("other/data/aotinductor/model/x.wrapper.json", json.dumps({"nodes": [node]}))
+        z.writestr("other/data/aotinductor/model/x.wrapper_metadata.json", "{}")
+    code, doc, _ = _json(capsys, "pt2", str(pkg), "--no-load")
+    assert code == 1 and not doc["ok"] and doc["ops"] == ["nosuchns::frob"]
+    assert doc["libraries"] == {"nosuchns": None} and doc["loads"] is None and doc["problems"]
+    code, out, err = _main(capsys, "pt2", str(tmp_path / "gn.onnx"), "--json")
+    assert code == 2 and out == "" and "gn.onnx" in err
+
+
 # ---- arguments checked before any work -----------------------------------------------------
 
 

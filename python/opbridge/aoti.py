@@ -170,15 +170,3 @@ def format_report(r: PackageOps) -> str:
                      "opbridge::load_torch_ops(" + ", ".join(f'"{p}"' for p in r.library_paths()[1:]) + ")")
     return "\n".join(lines)
 
-
-def _main_pt2(path: str, as_json: bool, libraries_only: bool, check_load: bool) -> int:
-    try:
-        r = inspect_package(path, check_load=check_load and not libraries_only)
-    except ValueError as e:
-        print(f"opbridge pt2: {e}", file=sys.stderr)
-        return 2
-    if libraries_only:
-        print("\n".join(r.library_paths()))
-        return 0 if all(v is not None for v in r.libraries.values()) else 1
-    print(json.dumps(r.to_dict(), indent=1) if as_json else format_report(r))
-    return 0 if not r.problems else 1

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 if TYPE_CHECKING:
-    from . import _check, _optimize
+    from . import _check, _optimize, aoti
 
 # Version of the JSON documents the commands print (their "format_version"): raised when a field
 # is removed or changes meaning, not when one is added.
@@ -55,7 +55,9 @@ class _StderrHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             kind = {logging.WARNING: "warning: ", logging.DEBUG: "debug: "}.get(record.levelno, "")
-            sys.stderr.write(f"{self.prog}: {kind}{record.getMessage()}\n")
+            # A message that names the command itself ("opbridge check needs ONNX Runtime ...").
+            prefix = "" if getattr(record, "bare", False) else f"{self.prog}: {kind}"
+            sys.stderr.write(f"{prefix}{record.getMessage()}\n")
         except BrokenPipeError:
             raise
         except Exception:
@@ -387,10 +389,8 @@ def check_json(path: str, report: _check.Report, header: ModelHeader | None, pro
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    try:
-        from ._check import check
-    except ImportError as e:
-        return _missing("check", e)
+    from ._check import check
+
     path = _existing_file(args.model)
     with _Stage("read the model's header"):
         header = _header_or_none(path)
@@ -436,11 +436,9 @@ def optimize_json(input_path: str, output_path: str, report: _optimize.Report, r
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
-    try:
-        from ._optimize import UnreadableModel, available_memory, optimize, parse_size
-        from .onnx._external_data import WriteError
-    except ImportError as e:
-        return _missing("optimize", e)
+    from ._optimize import UnreadableModel, available_memory, optimize, parse_size
+    from .onnx._external_data import WriteError
+
     try:
         limit = parse_size(args.max_memory) if args.max_memory is not None else available_memory()
     except ValueError as e:
@@ -483,7 +481,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _missing(command: str, e: ImportError) -> int:
     from ._ort import missing_message
 
-    log.error("%s", missing_message(command, e).removeprefix(f"opbridge {command}: "))
+    log.error("%s", missing_message(command, e), extra={"bare": True})
     return 2
 
 
@@ -500,10 +498,30 @@ def _cmd_new_op(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_pt2(args: argparse.Namespace) -> int:
-    from .aoti import _main_pt2
+def pt2_json(report: aoti.PackageOps) -> dict[str, object]:
+    """The JSON document of ``opbridge pt2 --json`` (docs/schemas/pt2.schema.json)."""
+    return {"format_version": JSON_FORMAT_VERSION, "command": "pt2", **report.to_dict(), "ok": not report.problems}
 
-    return int(_main_pt2(args.package, args.json, args.libraries, not args.no_load))
+
+def _cmd_pt2(args: argparse.Namespace) -> int:
+    from .aoti import format_report, inspect_package
+
+    try:
+        with _Stage("inspect the package"):
+            report = inspect_package(args.package, check_load=not args.no_load and not args.libraries)
+    except ValueError as e:  # not an AOTInductor package; the message names the file
+        raise UsageError(str(e)) from None
+    if args.libraries:
+        if args.verbosity >= 0:
+            print("\n".join(report.library_paths()))
+        return 0 if all(v is not None for v in report.libraries.values()) else 1
+    if args.json:
+        _print_json(pt2_json(report))
+    elif args.verbosity >= 0:
+        print(format_report(report))
+    elif report.problems:
+        log.error("%s: %s", args.package, "; ".join(report.problems))
+    return 0 if not report.problems else 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -613,7 +631,7 @@ def build_parser() -> argparse.ArgumentParser:
         "load into this torch (exit status 1 when one is missing or does not load); see docs/deploy.md",
     )
     a.add_argument("package", help="path of the .pt2 file (torch._inductor.aoti_compile_and_package)")
-    a.add_argument("--json", action="store_true", help="print the report as JSON")
+    _json_option(a, "pt2")
     a.add_argument("--libraries", action="store_true",
                    help="print only the op libraries to load before the package, one path per line (for "
                         "OPBRIDGE_TORCH_LIBRARIES or opbridge::load_torch_ops)")
@@ -644,6 +662,8 @@ def _run(argv: Sequence[str] | None) -> int:
         except UsageError as e:
             log.error("%s", e)
             return 2
+        except ImportError as e:  # what the command needs is not installed: say what to install
+            return _missing(args.cmd, e)
         finally:
             sys.stdout.flush()  # here, so that a closed pipe is seen while main() can still end quietly
 
