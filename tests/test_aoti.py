@@ -164,6 +164,9 @@ def test_pt2_command_names_the_libraries(package):
                          text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((REPO / "docs" / "schemas" / "pt2.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(report)  # docs/cli.md
     want = {"opbridge::group_norm", "opbridge::inverse", "opbridge::ms_deform_attn"}
     if user:
         want.add(f"{user[0]}::scaled_mul")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import types
 
 from ._cmake import cmake_dir
 from ._decl import MisdeclaredOpError
@@ -49,7 +50,7 @@ if sys.modules.get("torch") is not None and torch_library_path() is not None:
         del _e
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> types.ModuleType:
     # nn / ops need torch (opbridge.onnx needs onnx; its export needs torch): import them on
     # first use so that a torch-free deployment can still `import opbridge`, and fail there with
     # the loader's helpful message.

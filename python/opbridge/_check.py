@@ -8,15 +8,19 @@ failed to load or run; 2 the file could not be read. Needs onnx and onnxruntime,
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence, TextIO
 
 import numpy as np
 
 from ._library import DOMAIN
-from ._ort import import_onnxruntime, missing_message
+from ._ort import import_onnxruntime
+
+log = logging.getLogger(__name__)  # stage timings at the command's -v
 
 # Domains of the ONNX standard, whose ops onnx itself defines.
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
@@ -42,8 +46,8 @@ _NP_TYPES = {
 }
 
 
-class UnreadableModel(Exception):
-    pass
+class UnreadableModel(ValueError):
+    """The file is not an ONNX model (the message names it and says why)."""
 
 
 @dataclass
@@ -67,6 +71,9 @@ class Report:
     error: str = ""
     # opbridge.libraries entry points of installed packages that were not registered (not fatal)
     skipped: list = field(default_factory=list)
+    # of the run: {"name", "dtype", "shape"} per input; per output also "non_finite" (floats; else None)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -217,7 +224,9 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
         model = onnx.load(os.fspath(path), load_external_data=False)
     except Exception as e:  # protobuf's DecodeError and friends
         raise UnreadableModel(f"cannot read {os.fspath(path)} as an ONNX model: {e}") from e
+    start = time.perf_counter()
     report = Report(ops=classify(model, providers, stock=stock), skipped=skipped)
+    log.info("ops and who provides them: %.3f s", time.perf_counter() - start)
     report.missing = [u for u in report.ops if not u.provider]
     problems = [] if stock else _attribute_problems(model)
 
@@ -248,7 +257,7 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
             if skipped:
                 print(f"  Skipped above: the op libraries of {', '.join(sorted({x.package for x in skipped}))}; "
                       "one of them may provide it.", file=out)
-        if any(u.domain == DOMAIN for u in report.missing):
+        if not stock and any(u.domain == DOMAIN for u in report.missing):
             print("  The model needs a newer opbridge, or was exported by a different one.", file=out)
         print("  The model was not run.", file=out)
         return report
@@ -263,6 +272,7 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
         print("\nOK: every op is provided (not run).", file=out)
         return report
 
+    start = time.perf_counter()
     try:
         if stock:
             session = ort.InferenceSession(os.fspath(path), providers=providers)
@@ -272,9 +282,12 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
         report.error = f"onnxruntime {ort.__version__} could not load the model: {e}"
         print(f"\nFAILED: {report.error}", file=out)
         return report
+    log.info("onnxruntime session: %.3f s", time.perf_counter() - start)
+    start = time.perf_counter()
     try:
         feeds = random_inputs(session, dims)
         outputs = session.run(None, feeds)
+        log.info("run: %.3f s", time.perf_counter() - start)
     except Exception as e:
         report.error = f"running the model failed: {e}"
         print(f"\nFAILED: {report.error}", file=out)
@@ -283,12 +296,15 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
     print("\nran once on random inputs:", file=out)
     for arg, value in feeds.items():
         print(f"  input  {arg}: {value.dtype} {list(value.shape)}", file=out)
+        report.inputs.append({"name": arg, "dtype": str(value.dtype), "shape": list(value.shape)})
     for meta, value in zip(session.get_outputs(), outputs):
         value = np.asarray(value)
-        finite = ""
+        finite, bad = "", None
         if np.issubdtype(value.dtype, np.floating):
             bad = int(value.size - np.count_nonzero(np.isfinite(value)))
             finite = f", {bad} non-finite" if bad else ", all finite"
+        report.outputs.append({"name": meta.name, "dtype": str(value.dtype), "shape": list(value.shape),
+                               "non_finite": bad})
         print(f"  output {meta.name}: {value.dtype} {list(value.shape)}{finite}", file=out)
     print("\nOK", file=out)
     return report
@@ -299,26 +315,3 @@ def _attribute_problems(model: Any) -> list[str]:
 
     return attribute_problems(model)
 
-
-def main(path: str, providers: Sequence[str] | None = None, dims: Sequence[str] = (), run: bool = True,
-         libraries: Sequence[str] = (), discover: bool = True, stock: bool = False) -> int:
-    parsed = {}
-    for item in dims:
-        name, sep, value = item.partition("=")
-        if not sep or not value.strip().lstrip("-").isdigit() or int(value) < 0:
-            print(f"opbridge check: --dim expects NAME=SIZE with SIZE >= 0, got {item!r}", file=sys.stderr)
-            return 2
-        parsed[name] = int(value)
-    if not os.path.isfile(path):
-        print(f"opbridge check: {path}: no such file", file=sys.stderr)
-        return 2
-    try:
-        report = check(path, providers=providers, dims=parsed, run=run, libraries=libraries, discover=discover,
-                       stock=stock)
-    except ImportError as e:
-        print(missing_message("check", e), file=sys.stderr)
-        return 2
-    except (UnreadableModel, OSError, ValueError) as e:
-        print(f"opbridge check: {e}", file=sys.stderr)
-        return 2
-    return 0 if report.ok else 1

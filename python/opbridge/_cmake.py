@@ -7,7 +7,6 @@ folder on ``CMAKE_PREFIX_PATH``, where CMake finds ``share/cmake/opbridge/opbrid
 from __future__ import annotations
 
 import importlib.resources
-import os
 from pathlib import Path
 
 _CONFIG = "opbridgeConfig.cmake"
@@ -20,7 +19,7 @@ def cmake_dir() -> str:
     # package directory.
     candidates = []
     try:
-        candidates.append(Path(os.fspath(importlib.resources.files("opbridge") / "share" / "cmake" / "opbridge")))
+        candidates.append(Path(str(importlib.resources.files("opbridge") / "share" / "cmake" / "opbridge")))
     except (FileNotFoundError, TypeError):
         pass
     candidates.append(Path(__file__).resolve().parent / "share" / "cmake" / "opbridge")

@@ -14,6 +14,7 @@ from pathlib import Path
 ORT_LIBRARY = "libopbridge_ort.so"
 TORCH_LIBRARY = "libopbridge_torch.so"
 DOMAIN = "ai.opbridge"
+"""The ONNX domain of opbridge's ops (the nodes torch's exporters write, the ops ONNX Runtime registers)."""
 
 
 def _find(name: str) -> Path | None:
@@ -22,7 +23,7 @@ def _find(name: str) -> Path | None:
     try:
         p = importlib.resources.files("opbridge") / name
         if p.is_file():
-            return Path(os.fspath(p)).resolve()
+            return Path(str(p)).resolve()
     except (FileNotFoundError, TypeError):
         pass
     here = Path(__file__).resolve().parent / name
@@ -141,7 +142,7 @@ def fastpath_library_path(torch_version: str) -> str | None:
     if os.environ.get("OPBRIDGE_NO_FASTPATH"):
         return None
     p = _find(TORCH_FASTPATH_LIBRARY)
-    built = build_info().get("torch_version", "")
+    built = str(build_info().get("torch_version", ""))
     if p is None or not built or _public(built) != _public(torch_version):
         return None
     return str(p)
@@ -163,7 +164,7 @@ def load_fastpath_library(torch_version: str) -> bool:
     return True
 
 
-def build_info() -> dict:
+def build_info() -> dict[str, str | int | bool]:
     """Build information of the native code (versions, CUDA), from opbridge._core."""
     try:
         from . import _core

@@ -27,17 +27,19 @@ from __future__ import annotations
 import dataclasses
 import errno
 import gc
+import logging
 import math
 import os
 import shutil
 import sys
 import tempfile
+import time
 from typing import Any, Iterator, Mapping, Sequence, TextIO
 
 import numpy as np
 
 from . import _memory
-from ._ort import import_onnxruntime, missing_message
+from ._ort import import_onnxruntime
 
 # What the command shares with opbridge.onnx (the rules; writing files), under the names it had here.
 from .onnx._external_data import (AUTO_EXTERNAL_BYTES, EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, PROTOBUF_LIMIT,
@@ -52,6 +54,8 @@ from .onnx._fusion import (ACTIVATION_DOMAIN_VERSION, DOMAIN, EXPORT_SOURCES, LA
 #   max |rewritten - original| <= tol * max(1, max |original|)
 # GroupNorm is reassociated (statistics in another order, scale and bias folded), so the outputs
 # differ by rounding; a normalized max error keeps the test meaningful for outputs of any scale.
+log = logging.getLogger(__name__)  # stage timings at the command's -v
+
 TOLERANCE = {"float64": 1e-3, "float32": 1e-3, "float16": 2e-2, "bfloat16": 5e-2}
 DEFAULT_RUNS = 2
 
@@ -533,6 +537,7 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
     input_path, output_path = os.fspath(input_path), os.fspath(output_path)
     report = Report()
     preflight(input_path, output_path, max_memory)
+    start = time.perf_counter()
     try:
         model = load(input_path)
         check_external_files(model)
@@ -544,7 +549,10 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
     external = uses_external_data(model)
     check_memory(input_path, tensor_bytes(model), external, max_memory)  # exact now
     external = external or tensor_bytes(model) > AUTO_EXTERNAL_BYTES
+    log.info("read %s: %.3f s", input_path, time.perf_counter() - start)
+    start = time.perf_counter()
     result = report.result = rewrite_model(model, silu=silu)
+    log.info("rewrite: %.3f s", time.perf_counter() - start)
 
     print(f"opbridge optimize: {input_path} -> {output_path}", file=out)
     if result.changed:
@@ -572,13 +580,17 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
         scratch = tempfile.mkdtemp(prefix=".opbridge-optimize-", dir=folder)
     try:
         tmp_model = os.path.join(scratch, os.path.basename(output_path))
+        start = time.perf_counter()
         with writing(output_path):
             save(model, tmp_model, external)
+        log.info("write: %.3f s", time.perf_counter() - start)
         model = None
         gc.collect()  # the model's graph forms cycles: its tensors go now, before the check
         if result.changed:
+            start = time.perf_counter()
             failure = check_against(input_path, tmp_model, providers=providers, dims=dims or {}, runs=runs,
                                     tol=tolerance, out=out, seed=seed)
+            log.info("check against the original: %.3f s", time.perf_counter() - start)
             if failure:
                 report.error = failure
                 print(f"\nFAILED: {failure}", file=out)
@@ -598,47 +610,3 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-
-def parse_dims(items: Sequence[str]) -> dict[str, int]:
-    """NAME=SIZE strings (``--dim``) -> {name: size}; ValueError naming the bad item."""
-    parsed = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name or not value.strip().isdigit():
-            raise ValueError(f"--dim expects NAME=SIZE with SIZE >= 0, got {item!r}")
-        parsed[name] = int(value)
-    return parsed
-
-
-def main(input_path: str, output_path: str, *, silu: bool = True, providers: Sequence[str] | None = None,
-         dims: Sequence[str] = (), runs: int = DEFAULT_RUNS, tolerance: float | None = None, seed: int = 0,
-         max_memory: str | None = None) -> int:
-    """The ``opbridge optimize`` command. Exit status: 0 written; 1 the check failed (nothing
-    written); 2 bad arguments, an unreadable input, a model too large for the memory allowed, or
-    an output that could not be written."""
-    try:
-        parsed = parse_dims(dims)
-        limit = parse_size(max_memory) if max_memory is not None else available_memory()
-    except ValueError as e:
-        print(f"opbridge optimize: {e}", file=sys.stderr)
-        return 2
-    if runs < 1:
-        print(f"opbridge optimize: --runs must be >= 1, got {runs}", file=sys.stderr)
-        return 2
-    if tolerance is not None and not (tolerance > 0):
-        print(f"opbridge optimize: --tolerance must be > 0, got {tolerance}", file=sys.stderr)
-        return 2
-    if not os.path.isfile(input_path):
-        print(f"opbridge optimize: {input_path}: no such file", file=sys.stderr)
-        return 2
-    try:
-        import_onnxruntime()  # before the rewrite, whose result could not be checked without it
-        report = optimize(input_path, output_path, silu=silu, providers=providers, dims=parsed, runs=runs,
-                          tolerance=tolerance, seed=seed, max_memory=limit)
-    except ImportError as e:
-        print(missing_message("optimize", e), file=sys.stderr)
-        return 2
-    except (UnreadableModel, MemoryError, WriteError) as e:
-        print(f"opbridge optimize: {e}", file=sys.stderr)
-        return 2
-    return 0 if report.ok else 1

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ._library import get_library_path
 from ._ort import import_onnxruntime
 
+if TYPE_CHECKING:  # neither is a dependency (docs/install.md); their types are named, not imported
+    import onnx
+    import onnxruntime
 
-def session_options(so: Any = None) -> Any:
+
+def session_options(so: onnxruntime.SessionOptions | None = None) -> onnxruntime.SessionOptions:
     """Returns ``so`` (or a new ``onnxruntime.SessionOptions``) with opbridge's ops registered,
     and those of the libraries registered with opbridge (``register_library``, or announced by
     installed packages and found by ``discover``)."""
@@ -57,11 +61,11 @@ def _check_attributes(model: Any) -> None:
 
 
 def InferenceSession(
-    model: str | bytes | os.PathLike,
-    sess_options: Any = None,
-    providers: Sequence[Any] | None = None,
-    **kwargs: Any,
-) -> Any:
+    model: str | bytes | os.PathLike[str] | onnx.ModelProto,
+    sess_options: onnxruntime.SessionOptions | None = None,
+    providers: Sequence[str | tuple[str, dict[str, object]]] | None = None,
+    **kwargs: object,
+) -> onnxruntime.InferenceSession:
     """An ``onnxruntime.InferenceSession`` that can run ``ai.opbridge`` nodes.
 
     ``model`` is a path or serialized ModelProto bytes (an ``onnx.ModelProto`` is serialized

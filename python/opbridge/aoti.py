@@ -49,12 +49,12 @@ class PackageOps:
                 seen.append(p)
         return seen
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {"path": self.path, "ops": self.ops, "libraries": self.libraries, "loads": self.loads,
                 "problems": self.problems}
 
 
-def package_ops(path: str | os.PathLike) -> list[str]:
+def package_ops(path: str | os.PathLike[str]) -> list[str]:
     """The custom ops (``namespace::op``) an AOTInductor package calls by name, read from the
     extern-kernel lists the package keeps beside each compiled model; no torch needed.
     Raises ValueError naming the file where it is not an AOTInductor package."""
@@ -122,7 +122,7 @@ print(json.dumps(errors))
 """
 
 
-def inspect_package(path: str | os.PathLike, check_load: bool = True, timeout: float = 120.0) -> PackageOps:
+def inspect_package(path: str | os.PathLike[str], check_load: bool = True, timeout: float = 120.0) -> PackageOps:
     """The ops a package calls, the library of each, and (check_load) whether those libraries
     load and register every op in a fresh process of this Python (this process loads nothing).
     Raises ValueError naming the file where it is not an AOTInductor package."""
@@ -170,15 +170,3 @@ def format_report(r: PackageOps) -> str:
                      "opbridge::load_torch_ops(" + ", ".join(f'"{p}"' for p in r.library_paths()[1:]) + ")")
     return "\n".join(lines)
 
-
-def _main_pt2(path: str, as_json: bool, libraries_only: bool, check_load: bool) -> int:
-    try:
-        r = inspect_package(path, check_load=check_load and not libraries_only)
-    except ValueError as e:
-        print(f"opbridge pt2: {e}", file=sys.stderr)
-        return 2
-    if libraries_only:
-        print("\n".join(r.library_paths()))
-        return 0 if all(v is not None for v in r.libraries.values()) else 1
-    print(json.dumps(r.to_dict(), indent=1) if as_json else format_report(r))
-    return 0 if not r.problems else 1

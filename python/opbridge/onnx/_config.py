@@ -8,8 +8,11 @@ from typing import Mapping, Optional, Union
 from .._library import DOMAIN
 
 DOMAIN_VERSION = 1
+"""The lowest version of the ``ai.opbridge`` domain; an exported model imports it unless an op or an
+attribute it uses needs a later one (``custom_opsets`` names one explicitly)."""
 
 LOWERINGS = ("custom", "standard")
+"""How an op is exported: ``"custom"`` (one ``ai.opbridge`` node) or ``"standard"`` (standard ONNX ops)."""
 
 # Default-domain opset when the caller names none. TorchScript exporter: 17 (the oldest opset the
 # project tests, loads on every ONNX Runtime >= 1.17). Dynamo exporter: torch's own default.
