@@ -122,26 +122,33 @@ def read_graph(path: str | os.PathLike) -> onnx.ModelProto:
 
 
 def _check_names(proto: onnx.ModelProto, path: str) -> None:
-    """Names, op types and domains are text (protobuf hands out bytes for a string field that is not
-    UTF-8) and opset versions are versions: what every reader after this one takes for granted."""
+    """Every string field is text (protobuf hands out bytes for one that is not UTF-8, and onnx,
+    onnx_ir and onnxscript take text for granted: a graph's name, a node's op type, an external
+    data entry) and opset versions are versions."""
+    stack: list[tuple[Any, str]] = [(proto, "the model")]
+    while stack:  # iterative: a model nested as deep as protobuf allows
+        message, where = stack.pop()
+        for field, value in message.ListFields():
+            repeated = _is_repeated(field)
+            if field.type == field.TYPE_STRING:
+                for i, text in enumerate(value if repeated else (value,)):
+                    if not isinstance(text, str):
+                        name = f"{where}.{field.name}" + (f"[{i}]" if repeated else "")
+                        raise UnreadableModel(f"{path}: {name} is not UTF-8 text ({bytes(text[:60])!r})")
+            elif field.type == field.TYPE_MESSAGE:
+                if repeated:
+                    stack.extend((m, f"{where}.{field.name}[{i}]") for i, m in enumerate(value))
+                else:
+                    stack.append((value, f"{where}.{field.name}"))
     for imp in proto.opset_import:
-        if not isinstance(imp.domain, str) or not 1 <= imp.version < 2**31:
+        if not 1 <= imp.version < 2**31:
             raise UnreadableModel(f"{path}: the model imports domain {imp.domain!r} at version {imp.version}, which is "
                                   "not an opset version (1 to 2**31 - 1)")
-    for graph in graphs(proto):
-        for node in graph.node:
-            texts = [node.op_type, node.domain, node.name, *node.input, *node.output, *(a.name for a in node.attribute)]
-            if not all(isinstance(x, str) for x in texts):
-                raise UnreadableModel(f"{path}: a {node.op_type!r} node has a name, op type, domain or input that is not "
-                                      "UTF-8 text")
-        names = [vi.name for vi in (*graph.input, *graph.output, *graph.value_info)]
-        names += [t.name for t in graph.initializer]
-        if not all(isinstance(x, str) for x in names):
-            raise UnreadableModel(f"{path}: graph {graph.name!r} has a value name that is not UTF-8 text")
-    for fn in proto.functions:
-        if not all(isinstance(x, str) for x in (fn.name, fn.domain, *(n.op_type for n in fn.node),
-                                                *(n.domain for n in fn.node))):
-            raise UnreadableModel(f"{path}: function {fn.name!r} has a name, op type or domain that is not UTF-8 text")
+
+
+def _is_repeated(field: Any) -> bool:
+    repeated = getattr(field, "is_repeated", None)  # protobuf >= 5.28; `label` is gone in 7
+    return bool(repeated) if repeated is not None else field.label == field.LABEL_REPEATED
 
 
 def short(e: BaseException) -> str:
