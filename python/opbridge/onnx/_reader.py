@@ -125,25 +125,44 @@ def _check_names(proto: onnx.ModelProto, path: str) -> None:
     """Every string field is text (protobuf hands out bytes for one that is not UTF-8, and onnx,
     onnx_ir and onnxscript take text for granted: a graph's name, a node's op type, an external
     data entry) and opset versions are versions."""
-    stack: list[tuple[Any, str]] = [(proto, "the model")]
+    # (message, where): where is (parent's where, field, index), spelled out only for a refusal.
+    stack: list[tuple[Any, Any]] = [(proto, None)]
     while stack:  # iterative: a model nested as deep as protobuf allows
         message, where = stack.pop()
         for field, value in message.ListFields():
-            repeated = _is_repeated(field)
-            if field.type == field.TYPE_STRING:
+            kind = _KINDS.get(field)
+            if kind is None:
+                kind = _KINDS[field] = (field.type == _STRING, field.type == _MESSAGE, _is_repeated(field))
+            string, submessage, repeated = kind
+            if string:
                 for i, text in enumerate(value if repeated else (value,)):
                     if not isinstance(text, str):
-                        name = f"{where}.{field.name}" + (f"[{i}]" if repeated else "")
+                        name = _spell((where, field.name, i if repeated else None))
                         raise UnreadableModel(f"{path}: {name} is not UTF-8 text ({bytes(text[:60])!r})")
-            elif field.type == field.TYPE_MESSAGE:
+            elif submessage:
                 if repeated:
-                    stack.extend((m, f"{where}.{field.name}[{i}]") for i, m in enumerate(value))
+                    stack.extend((m, (where, field.name, i)) for i, m in enumerate(value))
                 else:
-                    stack.append((value, f"{where}.{field.name}"))
+                    stack.append((value, (where, field.name, None)))
     for imp in proto.opset_import:
         if not 1 <= imp.version < 2**31:
             raise UnreadableModel(f"{path}: the model imports domain {imp.domain!r} at version {imp.version}, which is "
                                   "not an opset version (1 to 2**31 - 1)")
+
+
+_STRING = onnx.ModelProto.DESCRIPTOR.fields_by_name["producer_name"].TYPE_STRING
+_MESSAGE = onnx.ModelProto.DESCRIPTOR.fields_by_name["producer_name"].TYPE_MESSAGE
+
+
+_KINDS: dict[Any, tuple[bool, bool, bool]] = {}  # field descriptor: (string, message, repeated)
+
+
+def _spell(where: Any) -> str:
+    parts = []
+    while where is not None:
+        where, name, index = where
+        parts.append(name if index is None else f"{name}[{index}]")
+    return ".".join(["the model", *reversed(parts)])
 
 
 def _is_repeated(field: Any) -> bool:
