@@ -405,8 +405,8 @@ def _patched(model, old: bytes, new: bytes, path):
 
 def test_what_the_fuzzer_found_is_refused_cleanly(tmp_path, rng, capsys):
     """Cases the fuzzer found, each once a traceback or a disagreement of the two tools: an op type,
-    an external data entry, a graph name that is not UTF-8 (protobuf hands out bytes), an opbridge node whose
-    attribute has another type than its op declares, a Constant whose value is not a tensor."""
+    an external data entry, a graph name that is not UTF-8 (protobuf hands out bytes), an attribute
+    named twice, an opbridge node whose attribute has another type than its op declares."""
     model, _ = _model(rng)
     model.graph.node[0].op_type = "Softmax"
     bad_op = _patched(model, b"Softmax", b"Softma\xf8", tmp_path / "op.onnx")
@@ -429,6 +429,15 @@ def test_what_the_fuzzer_found_is_refused_cleanly(tmp_path, rng, capsys):
         assert opbridge.cli.main(argv) == 2
         err = capsys.readouterr().err
         assert ".initializer[0].external_data[1].value is not UTF-8 text (b'\\xff000')" in err, err
+
+    # An attribute named twice: ONNX Runtime ran the first, optimize's reader failed on the last.
+    twice = _constant_model({"value": numpy_helper.from_array(np.ones(2, np.float32))})
+    twice.graph.node[0].attribute.append(helper.make_attribute("value", 1))
+    path = tmp_path / "twice.onnx"
+    onnx.save(twice, path)
+    for argv in (["check", str(path)], ["optimize", str(path), str(tmp_path / "o.onnx")]):
+        assert opbridge.cli.main(argv) == 2
+        assert f"{path}: node 'Constant' has attribute 'value' twice" in capsys.readouterr().err
 
     gn = helper.make_node("GroupNorm", ["x", "s", "b"], ["y"], domain=opbridge.DOMAIN, num_groups=2,
                           epsilon=[1.0, 2.0])

@@ -118,7 +118,20 @@ def read_graph(path: str | os.PathLike) -> onnx.ModelProto:
         raise UnreadableModel(f"cannot read {path}: it is not an ONNX model (it parses as protobuf but has no "
                               f"{'graph' if not proto.HasField('graph') else 'IR version'})")
     _check_names(proto, path)
+    _check_attribute_names(proto, path)
     return proto
+
+
+def _check_attribute_names(proto: onnx.ModelProto, path: str) -> None:
+    """No node names an attribute twice: ONNX Runtime takes the first, onnx_ir the last, so the
+    model `check` runs would not be the model `optimize` rewrites."""
+    nodes = [n for g in graphs(proto) for n in g.node] + [n for fn in proto.functions for n in fn.node]
+    for node in nodes:
+        if len(node.attribute) > 1:
+            names = [a.name for a in node.attribute]
+            twice = next((name for name in names if names.count(name) > 1), None)
+            if twice is not None:
+                raise UnreadableModel(f"{path}: node {node.name or node.op_type!r} has attribute {twice!r} twice")
 
 
 def _check_names(proto: onnx.ModelProto, path: str) -> None:
