@@ -485,6 +485,8 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
     external = external or tensor_bytes(model) > AUTO_EXTERNAL_BYTES
     try:
         result = report.result = rewrite_model(model, silu=silu)
+    except MemoryError:
+        raise
     except Exception as e:  # noqa: BLE001 - the rewriter's failure on a malformed graph, whatever its type
         return _not_written(report, f"cannot rewrite {input_path}: its graph is malformed ({type(e).__name__}: "
                                     f"{_reader.short(e)})", output_path, out)
