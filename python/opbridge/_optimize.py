@@ -40,6 +40,7 @@ import numpy as np
 
 from . import _memory
 from ._ort import import_onnxruntime
+from .onnx import _reader
 
 # What the command shares with opbridge.onnx (the rules; writing files), under the names it had here.
 from .onnx._external_data import (AUTO_EXTERNAL_BYTES, EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, PROTOBUF_LIMIT,
@@ -91,7 +92,6 @@ def ms_group_norm_reference(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, 
 def _reference_outputs(path: str, feeds: Mapping[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
     """Runs the model at ``path`` with onnx's reference evaluator, com.microsoft::GroupNorm from
     ms_group_norm_reference (ONNX Runtime has no CPU kernel for it)."""
-    import onnx
     from onnx.reference import ReferenceEvaluator
     from onnx.reference.op_run import OpRun
 
@@ -107,7 +107,7 @@ def _reference_outputs(path: str, feeds: Mapping[str, np.ndarray], names: Sequen
                                             activation=int(activation or 0),
                                             channels_last=1 if channels_last is None else int(channels_last)),)
 
-    evaluator = ReferenceEvaluator(onnx.load(path), new_ops=[GroupNorm])
+    evaluator = ReferenceEvaluator(_reader.load_with_data(path), new_ops=[GroupNorm])
     return [np.asarray(v) for v in evaluator.run(list(names), dict(feeds))]
 
 
@@ -143,31 +143,15 @@ def compare(got: np.ndarray, ref: np.ndarray, tol: float | None) -> tuple[float,
 # --------------------------------------------------------------------------------------------
 
 
-class UnreadableModel(Exception):
-    """The input cannot be read as an ONNX model; the message names the file and why."""
-
-
-
-
-
-
+# The input cannot be read as an ONNX model (the file, and for a tensor which and why): the one
+# reader's (onnx/_reader.py), which `opbridge check` and opbridge.InferenceSession share.
+UnreadableModel = _reader.UnreadableModel
 
 
 def load(path: str) -> Any:
-    """The model at ``path`` as an onnx_ir Model; external data stays on disk (memory-mapped)."""
-    ir = _ir()
-    return ir.load(path)
-
-
-def _external_entries(proto: Any) -> Iterator[tuple[Any, dict[str, str]]]:
-    """(TensorProto, its external_data entries) for every tensor of the model kept in external data."""
-    import onnx
-
-    from .onnx._external_data import _tensors
-
-    for t in _tensors(proto.graph):
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            yield t, {e.key: e.value for e in t.external_data}
+    """The model at ``path`` as an onnx_ir Model, every tensor checked (onnx/_reader.py); external
+    data stays on disk (memory-mapped from the checked files)."""
+    return _reader.load(path)
 
 
 @dataclasses.dataclass
@@ -190,46 +174,18 @@ class ModelFiles:
 
 
 def model_files(path: str) -> ModelFiles:
-    """Reads the graph of the model at ``path`` (not its external data) and checks every external
-    data reference: the file exists beside the model and holds offset + length bytes.
-    UnreadableModel naming the file and the reason otherwise."""
-    import onnx
-    from google.protobuf.message import DecodeError
-
+    """Reads the graph of the model at ``path`` (not its external data) and checks every tensor
+    (onnx/_reader.py: external data inside the model's folder, offsets and lengths within its
+    files). UnreadableModel naming the file, the tensor and the reason otherwise."""
     path = os.fspath(path)
-    try:
-        proto = onnx.load(path, load_external_data=False)
-    except (DecodeError, RuntimeError, ValueError) as e:
-        raise UnreadableModel(f"cannot read {path}: it is not an ONNX model (protobuf cannot parse it: {e})") from e
-    except OSError as e:
-        raise UnreadableModel(f"cannot read {path}: {e.strerror or e}") from e
-    if not proto.HasField("graph") or proto.ir_version <= 0:
-        raise UnreadableModel(f"cannot read {path}: it is not an ONNX model (it parses as protobuf but has no "
-                              f"{'graph' if not proto.HasField('graph') else 'IR version'})")
-    folder = os.path.dirname(os.path.abspath(path))
-    files: dict[str, int] = {}
-    external = 0
-    for t, info in _external_entries(proto):
-        location = info.get("location", "")
-        if not location or os.path.isabs(location) or ".." in location.replace("\\", "/").split("/"):
-            raise UnreadableModel(f"{path}: tensor {t.name!r} refers to external data at {location!r}, which is not a "
-                                  "file in the model's folder")
-        data = os.path.join(folder, location)
-        if data not in files:
-            if not os.path.isfile(data):
-                raise UnreadableModel(f"{path}: tensor {t.name!r}: its external data file {data} does not exist")
-            files[data] = os.path.getsize(data)
-        offset = int(info.get("offset", 0) or 0)
-        length = int(info["length"]) if info.get("length") else files[data] - offset
-        if offset + length > files[data]:
-            raise UnreadableModel(f"{path}: tensor {t.name!r}: its external data file {data} is truncated "
-                                  f"({files[data]} bytes, the tensor needs bytes {offset} to {offset + length})")
-        external += length
+    proto = _reader.read_graph(path)
+    external = _reader.check(proto, path)
     file_bytes = os.path.getsize(path)
     # Stored inline: what the file holds beyond the graph, which the tensors dwarf when it matters.
     inline = sum(t.ByteSize() for t in _inline_tensors(proto))
-    return ModelFiles(path=path, file_bytes=file_bytes, inline_bytes=inline, external_bytes=external,
-                      data_files=sorted(files))
+    return ModelFiles(path=path, file_bytes=file_bytes, inline_bytes=inline,
+                      external_bytes=sum(data.length for _, data in external),
+                      data_files=sorted({data.file for _, data in external}))
 
 
 def _inline_tensors(proto: Any) -> Iterator[Any]:
@@ -238,21 +194,6 @@ def _inline_tensors(proto: Any) -> Iterator[Any]:
     from .onnx._external_data import _tensors
 
     return (t for t in _tensors(proto.graph) if t.data_location != onnx.TensorProto.EXTERNAL)
-
-
-def check_external_files(model: Any) -> None:
-    """FileNotFoundError/ValueError naming the first external tensor whose data is not there."""
-    ir = _ir()
-    for graph in (model.graph, *model.graph.subgraphs()):
-        for value in graph.initializers.values():
-            t = value.const_value
-            if isinstance(t, ir.ExternalTensor):
-                path = t.path
-                if not os.path.isfile(path):
-                    raise FileNotFoundError(f"tensor {value.name!r}: its external data file {path} does not exist")
-                if t.offset is not None and t.length is not None and os.path.getsize(path) < t.offset + t.length:
-                    raise ValueError(f"tensor {value.name!r}: {path} is shorter than offset + length "
-                                     f"({t.offset} + {t.length})")
 
 
 def uses_external_data(model: Any) -> bool:
@@ -419,11 +360,9 @@ def _session(path: str, providers: Sequence[str]) -> Any:
 
 def _missing_ops(path: str, providers: Sequence[str]) -> list[str]:
     """Ops of the model at ``path`` that nothing here runs (see opbridge check)."""
-    import onnx
-
     from ._check import classify
 
-    proto = onnx.load(path, load_external_data=False)
+    proto = _reader.read_graph(path)
     return [u.name for u in classify(proto, providers) if not u.provider]
 
 
@@ -538,23 +477,28 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
     report = Report()
     preflight(input_path, output_path, max_memory)
     start = time.perf_counter()
+    print(f"opbridge optimize: {input_path} -> {output_path}", file=out)
+    # A file the reader refuses is exit status 2, as in `opbridge check`; a graph that is read but
+    # malformed fails like a model ONNX Runtime cannot load (check's verdict for it): status 1.
     try:
         model = load(input_path)
-        check_external_files(model)
-    except Exception as e:  # protobuf's DecodeError, a missing external data file, ...
-        raise UnreadableModel(f"cannot read {input_path} as an ONNX model: {e}") from e
-    if model.ir_version is None or model.ir_version <= 0:
-        raise UnreadableModel(f"cannot read {input_path}: it is not an ONNX model (it parses as protobuf but has no "
-                              "IR version)")
+    except _reader.MalformedGraph as e:
+        return _not_written(report, f"cannot rewrite {input_path}: its graph is malformed "
+                                    f"({_reader.short(e.__cause__ or e)})", output_path, out)
     external = uses_external_data(model)
     check_memory(input_path, tensor_bytes(model), external, max_memory)  # exact now
     external = external or tensor_bytes(model) > AUTO_EXTERNAL_BYTES
     log.info("read %s: %.3f s", input_path, time.perf_counter() - start)
     start = time.perf_counter()
-    result = report.result = rewrite_model(model, silu=silu)
+    try:
+        result = report.result = rewrite_model(model, silu=silu)
+    except MemoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the rewriter's failure on a malformed graph, whatever its type
+        return _not_written(report, f"cannot rewrite {input_path}: its graph is malformed ({type(e).__name__}: "
+                                    f"{_reader.short(e)})", output_path, out)
     log.info("rewrite: %.3f s", time.perf_counter() - start)
 
-    print(f"opbridge optimize: {input_path} -> {output_path}", file=out)
     if result.changed:
         print(f"rewritten into {DOMAIN}::{OP_TYPE}:", file=out)
         width = max(len(k) for k in result.counts)
@@ -592,10 +536,7 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
                                     tol=tolerance, out=out, seed=seed)
             log.info("check against the original: %.3f s", time.perf_counter() - start)
             if failure:
-                report.error = failure
-                print(f"\nFAILED: {failure}", file=out)
-                print(f"  {output_path} was not written.", file=out)
-                return report
+                return _not_written(report, failure, output_path, out)
         moved = []
         data = os.path.join(scratch, data_file_name(output_path))
         with writing(output_path):
@@ -610,3 +551,9 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
+
+def _not_written(report: Report, failure: str, output_path: str, out: TextIO) -> Report:
+    report.error = failure
+    print(f"\nFAILED: {failure}", file=out)
+    print(f"  {output_path} was not written.", file=out)
+    return report

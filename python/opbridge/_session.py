@@ -30,24 +30,29 @@ def session_options(so: onnxruntime.SessionOptions | None = None) -> onnxruntime
 
 
 def _check_attributes(model: Any) -> None:
-    """Nodes of ops their library refuses as misdeclared (MisdeclaredOpError), unknown attribute
+    """For a model file: every tensor checked before ONNX Runtime reads any (external data inside
+    the model's folder, offsets and lengths within its files: opbridge/onnx/_reader.py), an
+    UnreadableModel (a ValueError) naming the file, the tensor and the reason otherwise. Then
+    nodes of ops their library refuses as misdeclared (MisdeclaredOpError), unknown attribute
     names (ORT ignores them silently) and attributes newer than the op version the model imports,
     in nodes of declared ops, then static shapes and types that already fail a declared op's
     checks (ORT would fail only at run): a ValueError naming them. Needs onnx; without it the
-    check is skipped."""
+    checks are skipped."""
     try:
         import onnx
     except ImportError:
         return
+    from .onnx import _reader
     from .onnx._declared import attribute_problems, misdeclared_ops, static_shape_problems
 
-    try:
-        if isinstance(model, (bytes, bytearray)):
+    if isinstance(model, (bytes, bytearray)):
+        try:
             proto = onnx.load_from_string(bytes(model))
-        else:
-            proto = onnx.load(model, load_external_data=False)
-    except Exception:  # unreadable: ONNX Runtime reports that in its own words
-        return
+        except Exception:  # unreadable: ONNX Runtime reports that in its own words
+            return
+    else:
+        proto = _reader.read_graph(model)
+        _reader.check(proto, model)
     error = misdeclared_ops(proto)
     if error is not None:
         raise error

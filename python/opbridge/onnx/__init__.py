@@ -189,10 +189,12 @@ def check_attributes(model: Any) -> list[str]:
     attribute names and attributes newer than the op version the model imports. ``model``: a
     ModelProto or a path. Empty when there are none. opbridge.InferenceSession and `opbridge
     check` run it; onnx.checker finds unknown attributes through our OpSchemas too."""
+    from . import _reader
     from ._declared import attribute_problems
 
     if not isinstance(model, onnx.ModelProto):
-        model = onnx.load(os.fspath(model), load_external_data=False)
+        path, model = model, _reader.read_graph(model)
+        _reader.check(model, path)
     return attribute_problems(model)
 
 
@@ -398,7 +400,7 @@ def _write(model: Any, f: str | None, external: bool, cfg: ExportConfig, *, fuse
         if fuse:
             from ._fusion import fuse_exported
 
-            proto = fuse_exported(proto, base_dir=None if f is None else os.path.dirname(os.path.abspath(f)))
+            proto = fuse_exported(proto, path=f)
     _finalize(proto, cfg)
     if f is not None:
         _external_data.save(proto, f, external_data)

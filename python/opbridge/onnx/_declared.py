@@ -288,6 +288,8 @@ def attribute_problems(model: onnx.ModelProto) -> list[str]:
             if a.name not in names:
                 problems.append(f"{label}: unknown attribute {a.name!r}; {op.onnx_type} has "
                                 f"{', '.join(sorted(names)) or 'no attributes'}")
+        if _loadable_attributes(op, node) is None:
+            continue  # a required attribute missing or one of another type: ORT refuses the node at load
         version = imports.get(node.domain)
         need = node_version(op, node)
         if version is not None and need > version:

@@ -301,8 +301,6 @@ def map_inline_tensors(path: str | os.PathLike, threshold: int = EXTERNAL_THRESH
     must stay in place while the model is used."""
     import mmap
 
-    import onnx_ir as ir
-
     path = os.path.abspath(os.fspath(path))
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         size = len(buf)
@@ -336,9 +334,9 @@ def map_inline_tensors(path: str | os.PathLike, threshold: int = EXTERNAL_THRESH
         for key, value in (("location", os.path.basename(path)), ("offset", str(offset)), ("length", str(length))):
             entry = t.external_data.add()
             entry.key, entry.value = key, value
-    model = ir.serde.deserialize_model(proto)
-    ir.external_data.set_base_dir(model.graph, os.path.dirname(path))
-    return model
+    from . import _reader
+
+    return _reader.to_ir(proto, path)
 
 
 def _tensors(graph: onnx.GraphProto):

@@ -632,15 +632,19 @@ def _finish(model: Any) -> None:
         imports[DOMAIN] = max(int(imports[DOMAIN]), ACTIVATION_DOMAIN_VERSION)
 
 
-def fuse_exported(proto: Any, *, silu: bool = True, base_dir: str | os.PathLike | None = None) -> Any:
+def fuse_exported(proto: Any, *, silu: bool = True, path: str | os.PathLike | None = None) -> Any:
     """The fusion of ``opbridge.onnx.export(fuse=True)``: an onnx ModelProto with torch's GroupNorm
     forms (decomposition, GroupNormalization-21) made ``ai.opbridge::GroupNorm`` and SiLU fused
-    into it. Tensors stay where they are (inline, or external references into ``base_dir``, the
-    folder of the model file, which the rules read small constants from)."""
+    into it. Tensors stay where they are (inline, or external references beside ``path``, where
+    the model is written, which the rules read small constants from: through the checked reader,
+    onnx/_reader.py)."""
     ir = _ir()
-    model = ir.serde.deserialize_model(proto)
-    if base_dir is not None:
-        ir.external_data.set_base_dir(model.graph, os.fspath(base_dir))
+    if path is not None:
+        from . import _reader
+
+        model = _reader.to_ir(proto, path, pin=False)
+    else:
+        model = ir.serde.deserialize_model(proto)
     result = rewrite_model(model, silu=silu, sources=EXPORT_SOURCES)
     if not result.changed:
         return proto
