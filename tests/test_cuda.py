@@ -106,8 +106,21 @@ def _run_check(*paths) -> subprocess.CompletedProcess:
 
 
 def test_no_default_stream_launches_in_cuda_sources():
-    result = _run_check(ROOT / "cuda")
+    result = _run_check(ROOT / "cuda", ROOT / "ops")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_default_stream_check_writes_a_depfile_of_what_it_read(tmp_path):
+    # The build re-runs the check when a file it read changes: the depfile names each one.
+    (tmp_path / "a.cu").write_text("void f(cudaStream_t s) { k<<<1, 1, 0, s>>>(); }\n")
+    (tmp_path / "b.cuh").write_text("#pragma once\n")
+    (tmp_path / "notes.txt").write_text("cudaMemcpy(\n")
+    dep, stamp = tmp_path / "check.d", tmp_path / "check.stamp"
+    result = subprocess.run([sys.executable, str(CHECK_STREAMS), "--depfile", str(dep), "--target", str(stamp),
+                             str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    target, _, deps = dep.read_text().partition(":")
+    assert target == str(stamp) and deps.replace("\\\n", " ").split() == [str(tmp_path / "a.cu"), str(tmp_path / "b.cuh")]
 
 
 BAD_SNIPPETS = {
@@ -194,7 +207,7 @@ def _torch_cuda_headers():
 @pytest.mark.torch
 @pytest.mark.parametrize("op", ["group_norm", "inverse", "ms_deform_attn", "ms_deform_attn_backward"])
 def test_torch_ops_have_their_cuda_kernels(op):
-    """The ops' CUDA compute functions (cuda/ops/<op>/<op>_kernel.cu, OPBRIDGE_KERNEL) are served by
+    """The ops' CUDA compute functions (ops/<op>/<op>_kernel.cu, OPBRIDGE_KERNEL) are served by
     the generic torch kernel: registered for torch's CUDA dispatch key in every build with CUDA,
     whether or not this torch has CUDA (the stable ABI asks torch for the stream at run time)."""
     import torch

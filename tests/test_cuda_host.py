@@ -48,7 +48,7 @@ def _flags(sim: bool) -> list[str]:
     flags = ["-std=c++20" if sim else "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror"]
     if sim:
         flags += ["-pthread", "-Wno-unknown-pragmas", f"-I{SIM}"]
-    flags += [f"-I{ROOT / 'cuda'}", f"-I{ROOT / 'cpp' / 'include'}"]
+    flags += [f"-I{ROOT}", f"-I{ROOT / 'cuda'}", f"-I{ROOT / 'cpp' / 'include'}"]
     if _sanitized():
         flags += ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
     return flags
@@ -242,7 +242,7 @@ def test_group_norm_nhwc_kernel_decomposition(host_programs, tmp_path, rng, dtyp
 
 # ---- The kernel files themselves, on an emulated device ----------------------------------------
 #
-# tests/cuda_host/simt_ops.cpp links cuda/ops/*/*_kernel.cu, compiled with the host compiler
+# tests/cuda_host/simt_ops.cpp links ops/*/*_kernel.cu, compiled with the host compiler
 # against tests/cuda_host/sim/ (a CPU emulation of the CUDA runtime: every CUDA thread a fiber
 # with its own stack, __syncthreads and warp shuffles as real barriers between them, clusters
 # with distributed shared memory, shared memory as exact-size heap buffers; see sim/simt.h), and
@@ -251,10 +251,10 @@ def test_group_norm_nhwc_kernel_decomposition(host_programs, tmp_path, rng, dtyp
 # any access outside a buffer (device or shared memory) fails the test, as compute-sanitizer's
 # memcheck would on a GPU.
 
-KERNEL_FILES = [ROOT / "cuda" / "ops" / op / f"{op}_kernel.cu" for op in ("inverse", "group_norm", "ms_deform_attn")]
+KERNEL_FILES = [ROOT / "ops" / op / f"{op}_kernel.cu" for op in ("inverse", "group_norm", "ms_deform_attn")]
 # What the kernel files' compute functions use: the declarations (and the kernels' arguments from
 # a checked call) and the framework-free op machinery.
-DECL_FILES = [ROOT / "cpp" / "ops" / op / f"{op}_decl.cpp" for op in ("inverse", "group_norm", "ms_deform_attn")]
+DECL_FILES = [ROOT / "ops" / op / f"{op}_decl.cpp" for op in ("inverse", "group_norm", "ms_deform_attn")]
 COMMON_FILES = [ROOT / "cpp" / "common" / name for name in ("op_decl.cpp", "kernel.cpp")]
 # The emulated device: few SMs, so that launches use small grids and the grid-stride loops wrap.
 SIM_SMS = 1
@@ -469,13 +469,13 @@ def test_inverse_kernels_emulated_block_path_wraps(simt_ops, tmp_path, rng):
 
 def test_inverse_emulation_catches_the_gpu_read(simt_ops, tmp_path, rng):
     """The emulation finds what compute-sanitizer found on an H200: with the pivot search's key
-    taken through fabs again (the code before the fix in cuda/ops/inverse/inverse_kernel.cu),
+    taken through fabs again (the code before the fix in ops/inverse/inverse_kernel.cu),
     the zero-column matrix at n = 40 reads the shared-memory vectors past their end. A copy of
     the kernel file with that one change is built with AddressSanitizer and must fail; the real
     file passes the same input in test_inverse_kernels_emulated_singular."""
     if not _sanitized():
         pytest.skip("needs OPBRIDGE_CUDA_HOST_SANITIZE=1 (the read is found by AddressSanitizer)")
-    src = (ROOT / "cuda" / "ops" / "inverse" / "inverse_kernel.cu").read_text()
+    src = (ROOT / "ops" / "inverse" / "inverse_kernel.cu").read_text()
     fixed = ["return static_cast<long long>(__float_as_uint(v) & 0x7fffffffu);",
              "return __double_as_longlong(v) & 0x7fffffffffffffffLL;"]
     before = ["return static_cast<long long>(__float_as_uint(fabsf(v)));", "return __double_as_longlong(fabs(v));"]
@@ -485,7 +485,8 @@ def test_inverse_emulation_catches_the_gpu_read(simt_ops, tmp_path, rng):
     reverted = tmp_path / "inverse" / "inverse_kernel.cu"
     reverted.parent.mkdir()
     reverted.write_text(src)
-    (reverted.parent / "inverse.cuh").write_text((ROOT / "cuda" / "ops" / "inverse" / "inverse.cuh").read_text())
+    for header in ("inverse.cuh", "inverse.h"):
+        (reverted.parent / header).write_text((ROOT / "ops" / "inverse" / header).read_text())
     cxx = _compiler()
     objdir = Path(simt_ops).parent
     obj = tmp_path / "inverse_reverted.o"
@@ -779,7 +780,7 @@ def test_ms_deform_attn_compute_function_checks_the_level_tables(simt_ops, tmp_p
 
 
 def test_every_kernel_launched_in_emulation(simt_ops, request):
-    """Every __global__ function of cuda/ops (each instantiation the launchers can choose, as
+    """Every __global__ function of ops/ (each instantiation the launchers can choose, as
     linked into simt_ops) was launched by the emulated tests above: no kernel path goes untested
     on the host. Measured over this file's tests, so it runs last and only with all of them."""
     emulated = [it for it in request.session.items

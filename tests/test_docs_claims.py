@@ -253,13 +253,13 @@ def test_cuda_check_stages_exist():
 # ---- CUDA: the launchers' signatures and GroupNorm's CUDA paragraph -----------------------------
 
 def _launcher_params(name: str) -> list[tuple[str, str]]:
-    """(type, name) of each parameter of `cudaError_t name(...)` as a cuda/ops/*/*.cuh declares it."""
-    for header in sorted((REPO / "cuda" / "ops").glob("*/*.cuh")):
+    """(type, name) of each parameter of `cudaError_t name(...)` as an ops/*/*.cuh declares it."""
+    for header in sorted((REPO / "ops").glob("*/*.cuh")):
         m = re.search(rf"cudaError_t\s+{name}\s*\(([^)]*)\)\s*;", header.read_text())
         if m:
             params = [" ".join(p.split()) for p in m.group(1).split(",")]
             return [(p.rsplit(" ", 1)[0], p.rsplit(" ", 1)[1]) for p in params]
-    raise AssertionError(f"no declaration of {name} in cuda/ops/*/*.cuh")
+    raise AssertionError(f"no declaration of {name} in ops/*/*.cuh")
 
 
 def test_cuda_launcher_signatures():
@@ -287,11 +287,11 @@ def test_group_norm_cuda_paragraph():
     assert m, "docs/group_norm.md no longer states the launcher's arguments in the form this test reads"
     types = {t for t, _ in _launcher_params("launch_group_norm")}
     assert f"const {m.group(1)}&" in types, types
-    cpu = (REPO / "cpp" / "include" / "opbridge" / "group_norm.h").read_text()
+    cpu = (REPO / "ops" / "group_norm" / "group_norm.h").read_text()
     params = re.search(rf"struct {m.group(1)} {{(.*?)}};", cpu, flags=re.S)
     assert params and all(re.search(rf"\b{t}\b", params.group(1)) for t in m.groups()[1:]), "the struct holds both"
-    kernel = (REPO / "cuda" / "ops" / "group_norm" / "group_norm_kernel.cu").read_text()
+    kernel = (REPO / "ops" / "group_norm" / "group_norm_kernel.cu").read_text()
     assert "group_norm_params(k)" in kernel and "OPBRIDGE_KERNEL(opbridge::group_norm_decl, kCuda" in kernel
-    decl = (REPO / "cpp" / "ops" / "group_norm" / "group_norm_decl.cpp").read_text()
+    decl = (REPO / "ops" / "group_norm" / "group_norm_decl.cpp").read_text()
     assert 'attr_string("activation")' in decl
     assert "uses_channels_last(" in (REPO / "cpp" / "torch" / "torch_ops.cpp").read_text()

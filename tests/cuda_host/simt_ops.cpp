@@ -1,4 +1,4 @@
-// Runs opbridge's CUDA launchers on the CPU: the kernel files themselves (cuda/ops/*/*_kernel.cu,
+// Runs opbridge's CUDA launchers on the CPU: the kernel files themselves (ops/*/*_kernel.cu,
 // compiled with the host compiler against the runtime emulation in tests/cuda_host/sim/), called
 // directly, or through the ops' CUDA compute functions as the generic torch and ORT kernels call
 // them (OP_compute: a KernelCall of the checked call, opbridge/kernel.h), for
@@ -42,12 +42,12 @@
 #include <vector>
 
 #include "common/launch.cuh"
+#include "opbridge/dtype.h"
+#include "opbridge/kernel.h"
 #include "ops/group_norm/group_norm.cuh"
 #include "ops/inverse/inverse.cuh"
+#include "ops/inverse/inverse.h"
 #include "ops/ms_deform_attn/ms_deform_attn.cuh"
-#include "opbridge/dtype.h"
-#include "opbridge/inverse.h"
-#include "opbridge/kernel.h"
 
 namespace {
 

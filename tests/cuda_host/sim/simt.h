@@ -1,5 +1,5 @@
 // A host emulation of the parts of the CUDA runtime and device language that opbridge's kernels
-// use, so that the kernel files themselves (cuda/ops/*/*_kernel.cu, their launchers included)
+// use, so that the kernel files themselves (ops/*/*_kernel.cu, their launchers included)
 // compile with the host compiler and run on the CPU under AddressSanitizer and
 // UndefinedBehaviorSanitizer (tests/test_cuda_host.py). Only for tests: nothing here is built
 // into opbridge.

@@ -1,6 +1,6 @@
 // opbridge Inverse on CUDA: the framework-free launcher, called by the torch and ORT adapters
 // with their own stream. Plain C++ (needs the CUDA runtime API header, not nvcc), so the
-// adapters compile with the host compiler. Semantics and layout: see opbridge/inverse.h (Gauss-
+// adapters compile with the host compiler. Semantics and layout: see inverse.h (Gauss-
 // Jordan with partial pivoting; "singular" means an exactly zero pivot U[k,k]; NaN inputs give
 // NaN outputs, not an error).
 #pragma once

@@ -1,6 +1,6 @@
 // Inverse CUDA kernels and their launcher (see inverse.cuh).
 //
-// The arithmetic is the CPU kernel's (cpp/ops/inverse): in-place Gauss-Jordan with partial
+// The arithmetic is the CPU kernel's (inverse_cpu.cpp): in-place Gauss-Jordan with partial
 // pivoting. Pivot step k, pivot row p (largest |U[i,k]| for i >= k, the first on ties, NaN
 // above everything), pivot a:
 //   row p takes row k's old contents (the interchange);
@@ -28,7 +28,7 @@
 
 #include "common/launch.cuh"
 #include "inverse.cuh"
-#include "opbridge/inverse.h"
+#include "inverse.h"
 
 namespace opbridge::cuda {
 namespace {

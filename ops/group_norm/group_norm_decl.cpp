@@ -2,11 +2,11 @@
 // (ai.opbridge::GroupNorm), ORT shape inference, the fake kernel, the OpSchema and the exporters
 // are all derived from this declaration and its validation; so is its backward's. The kernels'
 // arguments come from a checked call through group_norm_params, the one place that reads the
-// call for them (the compute functions: group_norm_cpu.cpp, cuda/ops/group_norm/group_norm_kernel.cu).
+// call for them (the compute functions: group_norm_cpu.cpp, group_norm_kernel.cu).
 #include <cmath>
 #include <string>
 
-#include "opbridge/group_norm.h"
+#include "group_norm.h"
 #include "opbridge/op_decl.h"
 
 namespace opbridge {

@@ -14,7 +14,7 @@
 #include "group_norm_backward_simd.h"
 #include "opbridge/cpu_isa.h"
 #include "opbridge/dtype.h"
-#include "opbridge/group_norm.h"
+#include "group_norm.h"
 
 namespace opbridge {
 

@@ -16,7 +16,7 @@
 // Backward, per unit (n, m, level): for each query and sample, the dot products of grad_output
 // with the (up to 4) tap rows give the attention-weight and location gradients, and each tap row
 // of grad_value gets grad_output * weight added. Units never share a grad_value row (see
-// opbridge/ms_deform_attn.h), so the result is deterministic.
+// ms_deform_attn.h), so the result is deterministic.
 #pragma once
 
 #include <algorithm>

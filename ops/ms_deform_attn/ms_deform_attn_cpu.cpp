@@ -15,7 +15,7 @@
 #include "ms_deform_attn_isa.h"
 #include "ms_deform_attn_simd.h"
 #include "opbridge/cpu_isa.h"
-#include "opbridge/ms_deform_attn.h"
+#include "ms_deform_attn.h"
 
 namespace opbridge {
 

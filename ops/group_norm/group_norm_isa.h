@@ -7,12 +7,12 @@
 #include <cstdint>
 
 #include "opbridge/dtype.h"
-#include "opbridge/group_norm.h"
+#include "group_norm.h"
 #include "opbridge/parallel.h"
 
 namespace opbridge::group_norm_isa {
 
-// The arguments of group_norm_cpu (see opbridge/group_norm.h), already checked.
+// The arguments of group_norm_cpu (see group_norm.h), already checked.
 template <class T>
 struct Args {
   const T* x;

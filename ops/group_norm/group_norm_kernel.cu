@@ -48,7 +48,7 @@ __device__ __forceinline__ A rstd_of(double var, double eps) {
 
 // ---- element types and the activation --------------------------------------------------------
 
-// y = act(v): the activation fused into every store of y (see Activation in opbridge/group_norm.h).
+// y = act(v): the activation fused into every store of y (see Activation in group_norm.h).
 // SiLU as torch computes it, v / (1 + exp(-v)), in the accumulation type. The float division is
 // __fdividef (2 ulp; 0 when 1 + exp(-v) overflows, the limit): an IEEE division's slow path is a
 // call, which would make these register-resident kernels spill.

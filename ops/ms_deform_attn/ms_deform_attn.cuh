@@ -1,7 +1,7 @@
 // opbridge MultiScaleDeformableAttention on CUDA: the framework-free launchers, called by the
 // torch and ORT adapters with their own stream. Plain C++ (needs the CUDA runtime API header,
 // not nvcc), so the adapters compile with the host compiler. Semantics: see
-// opbridge/ms_deform_attn.h.
+// ms_deform_attn.h.
 //
 // Shapes (all device tensors contiguous): value [N, S, M, D]; sampling_locations
 // [N, Lq, M, L, P, 2] as (x, y) in [0, 1]; attention_weights [N, Lq, M, L, P]; output
@@ -16,7 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "opbridge/ms_deform_attn.h"
+#include "ms_deform_attn.h"
 
 namespace opbridge::cuda {
 

@@ -1,7 +1,7 @@
 // opbridge GroupNorm on CUDA: the framework-free launcher, called by the op's CUDA compute
 // function (group_norm_kernel.cu) with the framework's stream (torch's current stream, ORT's
 // compute stream). Plain C++ (needs the CUDA runtime API header, not nvcc). Semantics and
-// layout: see opbridge/group_norm.h.
+// layout: see group_norm.h.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "opbridge/dtype.h"
-#include "opbridge/group_norm.h"
+#include "group_norm.h"
 
 namespace opbridge::cuda {
 

@@ -2,7 +2,7 @@
 // the kernels' arguments from a checked call.
 #include <string>
 
-#include "opbridge/inverse.h"
+#include "inverse.h"
 #include "opbridge/op_decl.h"
 
 namespace opbridge {

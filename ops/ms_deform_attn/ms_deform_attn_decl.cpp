@@ -6,7 +6,7 @@
 #include <initializer_list>
 #include <string>
 
-#include "opbridge/ms_deform_attn.h"
+#include "ms_deform_attn.h"
 #include "opbridge/op_decl.h"
 
 namespace opbridge {

@@ -7,12 +7,12 @@
 #include <cstdint>
 
 #include "opbridge/dtype.h"
-#include "opbridge/ms_deform_attn.h"
+#include "ms_deform_attn.h"
 #include "opbridge/parallel.h"
 
 namespace opbridge::msda_isa {
 
-// The arguments of ms_deform_attn_cpu (see opbridge/ms_deform_attn.h), already checked.
+// The arguments of ms_deform_attn_cpu (see ms_deform_attn.h), already checked.
 template <class T>
 struct FwdArgs {
   const T* value;

@@ -34,7 +34,7 @@
 #include <utility>
 #include <vector>
 
-#include "opbridge/inverse.h"
+#include "inverse.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
