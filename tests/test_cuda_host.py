@@ -251,10 +251,12 @@ def test_group_norm_nhwc_kernel_decomposition(host_programs, tmp_path, rng, dtyp
 # any access outside a buffer (device or shared memory) fails the test, as compute-sanitizer's
 # memcheck would on a GPU.
 
-KERNEL_FILES = [ROOT / "ops" / op / f"{op}_kernel.cu" for op in ("inverse", "group_norm", "ms_deform_attn")]
+EMULATED_OPS = ("inverse", "group_norm", "ms_deform_attn", "furthest_point_sample", "ball_query", "knn", "three_nn",
+                 "grouping_operation", "three_interpolate")
+KERNEL_FILES = [ROOT / "ops" / op / f"{op}_kernel.cu" for op in EMULATED_OPS]
 # What the kernel files' compute functions use: the declarations (and the kernels' arguments from
 # a checked call) and the framework-free op machinery.
-DECL_FILES = [ROOT / "ops" / op / f"{op}_decl.cpp" for op in ("inverse", "group_norm", "ms_deform_attn")]
+DECL_FILES = [ROOT / "ops" / op / f"{op}_decl.cpp" for op in EMULATED_OPS]
 COMMON_FILES = [ROOT / "cpp" / "common" / name for name in ("op_decl.cpp", "kernel.cpp")]
 # The emulated device: few SMs, so that launches use small grids and the grid-stride loops wrap.
 SIM_SMS = 1
@@ -774,6 +776,96 @@ def test_ms_deform_attn_compute_function_checks_the_level_tables(simt_ops, tmp_p
     assert (np.frombuffer(raw[:16], dtype=np.int64) == 1).all()
     assert f"level_start_index[1] must be {starts[1] - 1} (the sum of H * W of the levels before it)" in err
     assert "launches=0" in err
+
+
+# -- The point-cloud ops, through their CUDA compute functions (simt_ops' generic runner) ---------
+
+_ELEM = {"float32": 1, "float64": 11, "float16": 10, "bfloat16": 16, "int64": 7, "int32": 6}
+
+
+def _run_declared(exe, tmp_path, op, inputs, attrs, outputs):
+    """Runs op's CUDA compute function on (name of dtype, array) inputs and attribute values;
+    returns its status and its outputs, shaped like `outputs` (arrays)."""
+    payload = np.array([len(inputs)], np.int64).tobytes()
+    for dtype, a in inputs:
+        payload += np.array([_ELEM[dtype], a.ndim, *a.shape], np.int64).tobytes() + a.astype(np.float64).tobytes()
+    payload += np.array([len(attrs)], np.int64).tobytes() + np.array(attrs, np.float64).tobytes()
+    raw, err = _simt(exe, tmp_path, op, "float", payload)
+    status = int(np.frombuffer(raw[:8], np.int64)[0])
+    got, at = [], 8
+    for o in outputs:
+        got.append(np.frombuffer(raw[at:at + 8 * o.size], np.float64).reshape(o.shape))
+        at += 8 * o.size
+    return status, got, err
+
+
+_POINT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
+
+
+def _grid(rng, *shape):
+    return rng.integers(-32, 33, size=(*shape, 3)) / 16.0  # exact in every dtype, with ties
+
+
+@pytest.mark.parametrize("dtype", _POINT_DTYPES)
+def test_point_cloud_search_kernels(simt_ops, tmp_path, rng, dtype):
+    """furthest_point_sample, ball_query, knn and three_nn on the emulated device give the CPU
+    kernels' indices exactly (same rounding, ties to the lowest index, a NaN distance as +inf),
+    and three_nn's distances."""
+    torch = pytest.importorskip("torch")
+    import opbridge.ops  # noqa: F401
+
+    tdt = getattr(torch, dtype)
+    xyz, centers = _grid(rng, 2, 37), _grid(rng, 2, 9)
+    xyz[1, 5, 2] = np.nan
+    xt, ct = torch.from_numpy(xyz).to(tdt), torch.from_numpy(centers).to(tdt)
+    cases = [
+        ("furthest_point_sample", [xyz], [9], torch.ops.opbridge.furthest_point_sample(xt, 9)),
+        ("ball_query", [xyz, centers], [0.25, 1.0, 6], torch.ops.opbridge.ball_query(0.25, 1.0, 6, xt, ct)),
+        ("knn", [xyz, centers], [7], torch.ops.opbridge.knn(7, xt, ct)),
+        ("three_nn", [centers, xyz], [], torch.ops.opbridge.three_nn(ct, xt)),
+    ]
+    for op, arrays, attrs, want in cases:
+        want = [w.double().numpy() for w in (want if isinstance(want, tuple) else (want,))]
+        status, got, err = _run_declared(simt_ops, tmp_path, op, [(dtype, a) for a in arrays], attrs, want)
+        assert status == 0, err
+        np.testing.assert_array_equal(got[-1], want[-1], err_msg=op)
+        if op == "three_nn":
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-6, err_msg=op)
+
+
+@pytest.mark.parametrize("index", ["int64", "int32"])
+@pytest.mark.parametrize("dtype", _POINT_DTYPES)
+def test_point_cloud_gather_kernels(simt_ops, tmp_path, rng, dtype, index):
+    """gather_points, grouping_operation, three_interpolate and their backwards on the emulated
+    device against the CPU kernels (the backwards add with atomics: another summation order)."""
+    torch = pytest.importorskip("torch")
+    import opbridge.ops  # noqa: F401
+
+    tdt, tol = getattr(torch, dtype), {"float32": 1e-5, "float64": 1e-12, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
+    ops = torch.ops.opbridge
+    f = rng.standard_normal((2, 3, 11))
+    i2, i3 = rng.integers(0, 11, (2, 5)), rng.integers(0, 11, (2, 4, 3))
+    w = rng.uniform(0.1, 1, (2, 4, 3))
+    g2, g3, g4 = rng.standard_normal((2, 3, 5)), rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4, 3))
+    t = {k: torch.from_numpy(v).to(tdt) for k, v in dict(f=f, w=w, g2=g2, g3=g3, g4=g4).items()}
+    it = {k: torch.from_numpy(v).to(getattr(torch, index)) for k, v in dict(i2=i2, i3=i3).items()}
+    cases = [
+        ("gather_points", [(dtype, f), (index, i2)], ops.gather_points(t["f"], it["i2"])),
+        ("gather_points_backward", [(dtype, g2), (dtype, f), (index, i2)],
+         ops.gather_points_backward(t["g2"], t["f"], it["i2"])),
+        ("grouping_operation", [(dtype, f), (index, i3)], ops.grouping_operation(t["f"], it["i3"])),
+        ("grouping_operation_backward", [(dtype, g4), (dtype, f), (index, i3)],
+         ops.grouping_operation_backward(t["g4"], t["f"], it["i3"])),
+        ("three_interpolate", [(dtype, f), (index, i3), (dtype, w)], ops.three_interpolate(t["f"], it["i3"], t["w"])),
+        ("three_interpolate_backward", [(dtype, g3), (dtype, f), (index, i3), (dtype, w)],
+         ops.three_interpolate_backward(t["g3"], t["f"], it["i3"], t["w"])),
+    ]
+    for op, inputs, want in cases:
+        want = [x.double().numpy() for x in (want if isinstance(want, (tuple, list)) else (want,))]
+        status, got, err = _run_declared(simt_ops, tmp_path, op, inputs, [], want)
+        assert status == 0, err
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=op)
 
 
 # -- Every kernel ran --------------------------------------------------------------------------

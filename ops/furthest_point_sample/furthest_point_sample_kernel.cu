@@ -46,7 +46,7 @@ __global__ void fps_kernel(const D* __restrict__ points, int64_t* __restrict__ o
     best_v[threadIdx.x] = bv;
     best_i[threadIdx.x] = bi;
     __syncthreads();
-    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
       if (threadIdx.x < s) {
         const C ov = best_v[threadIdx.x + s];
         const int64_t oi = best_i[threadIdx.x + s];

@@ -57,7 +57,8 @@ Status compute(const KernelCall& k) {
       using T = decltype(tag);
       using D = typename DeviceType<T>::type;
       using A = acc<D>;
-      const int64_t out_total = d.B * d.C * d.J, in_total = d.B * d.C * d.N;
+      const int64_t out_total = d.B * d.C * d.J;
+      [[maybe_unused]] const int64_t in_total = d.B * d.C * d.N;
       if constexpr (!kBackward) {
         if (out_total == 0) return Status::Ok();
         return cuda_status(launch(gather_kernel<D, I>, LaunchShape{dim3(blocks_for(out_total)), dim3(kThreads)}, stream,

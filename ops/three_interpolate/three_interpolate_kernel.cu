@@ -90,7 +90,8 @@ Status compute(const KernelCall& k) {
       using A = acc<D>;
       const D* f = reinterpret_cast<const D*>(k.in<T>("features"));
       const D* w = reinterpret_cast<const D*>(k.in<T>("weight"));
-      const int64_t out_total = d.B * d.C * d.N, f_total = d.B * d.C * d.M, w_total = d.B * d.N * 3;
+      const int64_t out_total = d.B * d.C * d.N;
+      [[maybe_unused]] const int64_t f_total = d.B * d.C * d.M, w_total = d.B * d.N * 3;
       if constexpr (!kBackward) {
         if (out_total == 0) return Status::Ok();
         return cuda_status(launch(forward_kernel<D, I>, LaunchShape{dim3(blocks_for(out_total)), dim3(kThreads)}, stream,

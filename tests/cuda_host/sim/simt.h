@@ -546,6 +546,13 @@ T ptx_abs(T v) {
 #define fabs(v) ::simt::ptx_abs<double>(v)
 #define fabsf(v) ::simt::ptx_abs<float>(v)
 
+// Explicitly rounded arithmetic (the kernels use it where a fused multiply-add would round
+// differently from the CPU kernels).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+
 // ---- atomics ---------------------------------------------------------------------------------
 
 inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
