@@ -847,8 +847,8 @@ def test_point_cloud_gather_kernels(simt_ops, tmp_path, rng, dtype, index):
     i2, i3 = rng.integers(0, 11, (2, 5)), rng.integers(0, 11, (2, 4, 3))
     w = rng.uniform(0.1, 1, (2, 4, 3))
     g2, g3, g4 = rng.standard_normal((2, 3, 5)), rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4, 3))
-    t = {k: torch.from_numpy(v).to(tdt) for k, v in dict(f=f, w=w, g2=g2, g3=g3, g4=g4).items()}
-    it = {k: torch.from_numpy(v).to(getattr(torch, index)) for k, v in dict(i2=i2, i3=i3).items()}
+    t = {k: torch.from_numpy(v).to(tdt) for k, v in {"f": f, "w": w, "g2": g2, "g3": g3, "g4": g4}.items()}
+    it = {k: torch.from_numpy(v).to(getattr(torch, index)) for k, v in {"i2": i2, "i3": i3}.items()}
     cases = [
         ("gather_points", [(dtype, f), (index, i2)], ops.gather_points(t["f"], it["i2"])),
         ("gather_points_backward", [(dtype, g2), (dtype, f), (index, i2)],

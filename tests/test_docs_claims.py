@@ -165,6 +165,32 @@ def test_ms_deform_attn_messages():
     assert ort_line in str(info.value)
 
 
+def test_point_cloud_messages():
+    """docs/point_cloud.md quotes one torch and one ONNX Runtime message, word for word."""
+    torch = pytest.importorskip("torch")
+    from onnx import TensorProto, helper
+
+    import opbridge
+    import opbridge.ops
+
+    quoted = [t for t in _output_blocks(DOC / "point_cloud.md") if "must" in t]
+    assert len(quoted) == 1
+    torch_line, ort_line = quoted[0].strip().splitlines()
+    with pytest.raises(ValueError) as info:
+        opbridge.ops.knn(6, torch.rand(2, 5, 3), torch.rand(2, 3, 3))
+    assert f"ValueError: {info.value}" == torch_line
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)
+    node = helper.make_node("FurthestPointSample", ["x"], ["y"], domain="ai.opbridge", name="n", num_points=6)
+    graph = helper.make_graph([node], "fps", [x], [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.opbridge", 3)],
+                              ir_version=9)
+    sess = opbridge.InferenceSession(model.SerializeToString())
+    with pytest.raises(Exception) as info:
+        sess.run(None, {"x": np.random.default_rng(0).random((2, 5, 3), dtype=np.float32)})
+    assert ort_line in str(info.value)
+
+
 def _group_norm_model(attrs: dict, version: int):
     from onnx import TensorProto, helper
 

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnxruntime as ort
+import opbridge
 import pytest
 import torch
 from onnx import TensorProto, helper
-
-import opbridge
-import opbridge.ops as ops
+from opbridge import ops
 from opbridge.testing import check_op
 
 
@@ -210,7 +209,7 @@ def test_nan_coordinates(rng):
     src = xyz[:, :5].clone()
     src[0, :3] = float("nan")  # only 2 finite points: the third neighbour is a NaN one, at +inf
     d, i = ops.three_nn(centers, src)
-    rd, ri = ref_three_nn(centers, src)
+    _, ri = ref_three_nn(centers, src)
     assert torch.equal(i, ri) and torch.isinf(d[..., 2]).all() and i.max() < 5
 
 
@@ -322,3 +321,89 @@ def test_bad_input_ort(case):
                                     providers=["CPUExecutionProvider"])
         sess.run(None, dict(zip(names, tensors)))
     assert type(info.value).__module__.startswith("onnxruntime")
+
+
+# ---- a PointNet++ written against mmcv's functions, end to end: torch -> ONNX -> ONNX Runtime ------
+
+
+class SetAbstraction(torch.nn.Module):
+    """PointNet++'s single-scale set abstraction, as mmcv-based code writes it."""
+
+    def __init__(self, npoint, radius, nsample, in_channels, out_channels):
+        super().__init__()
+        self.npoint, self.radius, self.nsample = npoint, radius, nsample
+        self.mlp = torch.nn.Sequential(torch.nn.Conv2d(in_channels + 3, out_channels, 1), torch.nn.ReLU(),
+                                       torch.nn.Conv2d(out_channels, out_channels, 1))
+
+    def forward(self, xyz, features):
+        xyz_t = xyz.transpose(1, 2).contiguous()
+        centers = ops.gather_points(xyz_t, ops.furthest_point_sample(xyz, self.npoint))  # (B, 3, npoint)
+        new_xyz = centers.transpose(1, 2).contiguous()
+        idx = ops.ball_query(0.0, self.radius, self.nsample, xyz, new_xyz)
+        grouped = ops.grouping_operation(xyz_t, idx) - centers.unsqueeze(-1)
+        if features is not None:
+            grouped = torch.cat([grouped, ops.grouping_operation(features, idx)], dim=1)
+        return new_xyz, self.mlp(grouped).max(dim=-1).values
+
+
+class FeaturePropagation(torch.nn.Module):
+    def __init__(self, in_channels, out_channels):
+        super().__init__()
+        self.mlp = torch.nn.Conv1d(in_channels, out_channels, 1)
+
+    def forward(self, xyz, known_xyz, skip, known_features):
+        dist, idx = ops.three_nn(xyz, known_xyz)
+        weight = 1.0 / (dist + 1e-8)
+        weight = weight / weight.sum(dim=2, keepdim=True)
+        up = ops.three_interpolate(known_features, idx, weight)
+        return self.mlp(torch.cat([up, skip], dim=1) if skip is not None else up)
+
+
+class PointNet2(torch.nn.Module):
+    """An SSG classifier and a segmentation head over the same two set abstractions, plus a kNN
+    edge feature (random init)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sa1 = SetAbstraction(32, 0.5, 8, 0, 16)
+        self.sa2 = SetAbstraction(8, 1.0, 4, 16, 32)
+        self.fp2 = FeaturePropagation(32 + 16, 16)
+        self.fp1 = FeaturePropagation(16, 8)
+        self.cls = torch.nn.Linear(32, 5)
+
+    def forward(self, xyz):
+        xyz1, f1 = self.sa1(xyz, None)
+        xyz2, f2 = self.sa2(xyz1, f1)
+        up1 = self.fp2(xyz1, xyz2, f1, f2)
+        seg = self.fp1(xyz, xyz1, None, up1)
+        neighbours = ops.knn(4, xyz1, xyz2)  # (B, 4, 8) indices into the 32 points of level 1
+        edge = ops.grouping_operation(f1, neighbours.transpose(1, 2).contiguous()).mean(dim=(2, 3))
+        return self.cls(f2.max(dim=-1).values) + edge.sum(dim=1, keepdim=True), seg
+
+
+@pytest.mark.parametrize("dynamo", [True, False], ids=["dynamo", "torchscript"])
+def test_pointnet2_exports_and_runs_in_onnxruntime(tmp_path, rng, dynamo):
+    """Exported with a dynamic batch and point count, then run in ONNX Runtime on other sizes."""
+    torch.manual_seed(0)
+    model = PointNet2().eval()
+    example = torch.from_numpy(rng.uniform(-1, 1, (2, 64, 3)).astype(np.float32))
+    path = tmp_path / "pointnet2.onnx"
+    if dynamo:
+        dims = {"xyz": {0: torch.export.Dim("batch"), 1: torch.export.Dim("points", min=32)}}
+        # optimize=False: onnxscript's optimizer (0.7.2) rewrites `dist + 1e-8` to `dist` (it takes
+        # a constant within 1e-8 of 0 for 0), and 1 / dist is then inf / inf = NaN where a point
+        # coincides with a source point (docs/point_cloud.md).
+        opbridge.onnx.export(model, (example,), path, dynamo=True, dynamic_shapes=dims, input_names=["xyz"],
+                             optimize=False)
+    else:
+        opbridge.onnx.export(model, (example,), path, dynamo=False, input_names=["xyz"],
+                             output_names=["logits", "seg"], dynamic_axes={"xyz": {0: "batch", 1: "points"}})
+    sess = opbridge.InferenceSession(str(path))
+    for b, n in [(2, 64), (3, 100)]:
+        xyz = rng.uniform(-1, 1, (b, n, 3)).astype(np.float32)
+        with torch.no_grad():
+            want = [t.numpy() for t in model(torch.from_numpy(xyz))]
+        got = sess.run(None, {sess.get_inputs()[0].name: xyz})
+        assert [g.shape for g in got] == [w.shape for w in want]
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
