@@ -37,11 +37,10 @@ def ref_fps(xyz, m):
     out = torch.zeros(xyz.shape[0], m, dtype=torch.int64)
     for b in range(xyz.shape[0]):
         pts = xyz[b].double()
-        d = sq_dist(pts, pts).nan_to_num(nan=float("inf"))
         best = torch.full((pts.shape[0],), float("inf"), dtype=torch.float64)
         last = 0
         for j in range(1, m):
-            best = torch.minimum(best, d[last])
+            best = torch.minimum(best, sq_dist(pts[last:last + 1], pts)[0].nan_to_num(nan=float("inf")))
             last = int(torch.argmax(best))  # the first maximum
             out[b, j] = last
     return out

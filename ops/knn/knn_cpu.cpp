@@ -14,34 +14,62 @@
 
 namespace opbridge {
 
+namespace {
+
+// Distances a block of points at a time from a structure-of-arrays copy of the clouds (one
+// vectorizable loop), then scanned against the k-th best so far (rarely inserted).
+constexpr int64_t kBlock = 512;
+
+}  // namespace
+
 template <class T>
 Status knn_cpu(const T* xyz, const T* centers, int64_t* out, const KnnParams& p, const ParallelFor& pf) {
   using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
   if (p.B == 0 || p.M == 0) return Status::Ok();
   const C inf = std::numeric_limits<C>::infinity();
+  std::vector<C> soa(static_cast<size_t>(3 * p.B * p.N));
+  pf(p.B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      C* x = soa.data() + 3 * b * p.N;
+      for (int64_t i = 0; i < p.N; ++i) {
+        const T* q = xyz + (b * p.N + i) * 3;
+        x[i] = to_float(q[0]), x[p.N + i] = to_float(q[1]), x[2 * p.N + i] = to_float(q[2]);
+      }
+    }
+  });
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, p.N));
   pf(p.B * p.M, grain, [&](int64_t begin, int64_t end) {
     std::vector<C> best_d(p.K);
     std::vector<int64_t> best_i(p.K);
+    C d[kBlock];
     for (int64_t bm = begin; bm < end; ++bm) {
       const int64_t b = bm / p.M, m = bm % p.M;
-      const T* pts = xyz + b * p.N * 3;
+      const C* __restrict sx = soa.data() + 3 * b * p.N;
+      const C* __restrict sy = sx + p.N;
+      const C* __restrict sz = sy + p.N;
       const C cx = to_float(centers[bm * 3]), cy = to_float(centers[bm * 3 + 1]), cz = to_float(centers[bm * 3 + 2]);
       int64_t filled = 0;
-      for (int64_t i = 0; i < p.N; ++i) {
-        const C dx = static_cast<C>(to_float(pts[3 * i])) - cx, dy = static_cast<C>(to_float(pts[3 * i + 1])) - cy,
-                dz = static_cast<C>(to_float(pts[3 * i + 2])) - cz;
-        C d = (dx * dx + dy * dy) + dz * dz;
-        if (std::isnan(d)) d = inf;
-        if (filled == p.K && !(d < best_d[p.K - 1])) continue;
-        int64_t at = filled < p.K ? filled++ : p.K - 1;
-        while (at > 0 && d < best_d[at - 1]) {
-          best_d[at] = best_d[at - 1];
-          best_i[at] = best_i[at - 1];
-          --at;
+      C worst = inf;
+      for (int64_t i0 = 0; i0 < p.N; i0 += kBlock) {
+        const int64_t len = std::min(kBlock, p.N - i0);
+        for (int64_t j = 0; j < len; ++j) {
+          const C dx = sx[i0 + j] - cx, dy = sy[i0 + j] - cy, dz = sz[i0 + j] - cz;
+          d[j] = (dx * dx + dy * dy) + dz * dz;
         }
-        best_d[at] = d;
-        best_i[at] = i;
+        for (int64_t j = 0; j < len; ++j) {
+          C v = d[j];
+          if (filled == p.K && !(v < worst)) continue;  // NaN counts as +inf: never nearer
+          if (std::isnan(v)) v = inf;
+          int64_t at = filled < p.K ? filled++ : p.K - 1;
+          while (at > 0 && v < best_d[at - 1]) {
+            best_d[at] = best_d[at - 1];
+            best_i[at] = best_i[at - 1];
+            --at;
+          }
+          best_d[at] = v;
+          best_i[at] = i0 + j;
+          worst = best_d[p.K - 1];
+        }
       }
       int64_t* o = out + b * p.K * p.M + m;
       for (int64_t j = 0; j < p.K; ++j) o[j * p.M] = best_i[j];
