@@ -406,3 +406,17 @@ def test_pointnet2_exports_and_runs_in_onnxruntime(tmp_path, rng, dynamo):
         assert [g.shape for g in got] == [w.shape for w in want]
         for g, w in zip(got, want):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_fps_same_indices_on_every_instruction_set(rng, torch_isa):
+    """The hot loop is compiled per instruction set without fused multiply-adds: random (not grid)
+    coordinates give the baseline's indices on each, and the float64 reference's on float64."""
+    xyz = torch.from_numpy(rng.standard_normal((2, 3000, 3)))
+    assert torch.equal(ops.furthest_point_sample(xyz, 200), ref_fps(xyz, 200))
+    x32 = xyz.float()
+    got = ops.furthest_point_sample(x32, 200)
+    torch.ops.opbridge._set_cpu_isa("baseline")
+    try:
+        assert torch.equal(got, ops.furthest_point_sample(x32, 200))
+    finally:
+        torch.ops.opbridge._set_cpu_isa(torch_isa)

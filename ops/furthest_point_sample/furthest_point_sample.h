@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "opbridge/cpu_isa.h"
 #include "opbridge/kernel.h"
 #include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
@@ -31,8 +32,10 @@ FurthestPointSampleParams furthest_point_sample_params(const KernelCall& k);
 
 // points: [B, N, 3] contiguous; out: [B, M]. T: float, double, Half, BFloat16 (the 16-bit types
 // are computed in float). Extra memory: 4 N values of the compute type per batch item in flight.
+// isa: the instruction-set variant of the hot loop (kAuto: the process-wide level); every
+// variant gives the same indices.
 template <class T>
 Status furthest_point_sample_cpu(const T* points, int64_t* out, const FurthestPointSampleParams& p,
-                                 const ParallelFor& pf);
+                                 const ParallelFor& pf, CpuIsa isa = CpuIsa::kAuto);
 
 }  // namespace opbridge

@@ -9,20 +9,26 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "furthest_point_sample.h"
+#include "furthest_point_sample_isa.h"
+#include "opbridge/cpu_isa.h"
 #include "opbridge/dtype.h"
 
 namespace opbridge {
 namespace {
 
 // From this many points, with fewer batch items than blocks of points, each step is split over
-// the threads (a step then costs one parallel-for dispatch, a few microseconds).
-constexpr int64_t kSplitMinPoints = 16384;
-constexpr int64_t kBlock = 4096;
+// the threads. A step then costs one parallel-for dispatch: a few microseconds on idle cores,
+// milliseconds on oversubscribed ones (N = 100k on 2 busy vCPUs ran 20x slower split than on one
+// thread), so only steps of ~100 us or more are split.
+constexpr int64_t kSplitMinPoints = 262144;
+constexpr int64_t kBlock = 65536;
 
 template <class C>
 struct Cloud {
@@ -42,27 +48,20 @@ void load(const T* p, int64_t n, Cloud<C>& c) {
 // Updates dist[begin, end) with the distances to (px, py, pz) and returns the largest and the
 // first index holding it. A NaN distance never replaces (counts as +inf), so dist is never NaN.
 template <class C>
-inline std::pair<C, int64_t> update_block(Cloud<C>& c, int64_t begin, int64_t end, C px, C py, C pz) {
-  C best = C(-1);
-  C* __restrict d = c.dist.data();
-  const C* __restrict x = c.x.data();
-  const C* __restrict y = c.y.data();
-  const C* __restrict z = c.z.data();
-  for (int64_t i = begin; i < end; ++i) {
-    const C dx = x[i] - px, dy = y[i] - py, dz = z[i] - pz;
-    const C v = (dx * dx + dy * dy) + dz * dz;
-    const C t = v < d[i] ? v : d[i];
-    d[i] = t;
-    best = t > best ? t : best;
+fps_isa::UpdateFn<C> update_for(CpuIsa isa) {
+  switch (cpu_isa_resolve(isa)) {
+#if defined(OPBRIDGE_X86_DISPATCH)
+    case CpuIsa::kAvx512: return &fps_isa::update_avx512<C>;
+    case CpuIsa::kAvx2: return &fps_isa::update_avx2<C>;
+#endif
+    default: return &fps_isa::update<C>;
   }
-  int64_t at = begin;
-  while (d[at] != best) ++at;
-  return {best, at};
 }
 
 template <class T>
-void sample_one(const T* p, int64_t n, int64_t m, int64_t* out, const ParallelFor* split) {
+void sample_one(const T* p, int64_t n, int64_t m, int64_t* out, const ParallelFor* split, CpuIsa isa) {
   using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  const fps_isa::UpdateFn<C> update = update_for<C>(isa);
   if (m == 0) return;
   Cloud<C> c(n);
   load(p, n, c);
@@ -73,10 +72,13 @@ void sample_one(const T* p, int64_t n, int64_t m, int64_t* out, const ParallelFo
   for (int64_t j = 1; j < m; ++j) {
     const C px = c.x[last], py = c.y[last], pz = c.z[last];
     if (split == nullptr) {
-      last = update_block(c, 0, n, px, py, pz).second;
+      last = update(c.x.data(), c.y.data(), c.z.data(), c.dist.data(), 0, n, px, py, pz).second;
     } else {
       (*split)(blocks, 1, [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; ++b) partial[b] = update_block(c, b * kBlock, std::min(n, (b + 1) * kBlock), px, py, pz);
+        for (int64_t b = b0; b < b1; ++b) {
+          partial[b] = update(c.x.data(), c.y.data(), c.z.data(), c.dist.data(), b * kBlock,
+                              std::min(n, (b + 1) * kBlock), px, py, pz);
+        }
       });
       std::pair<C, int64_t> best = partial[0];
       for (int64_t b = 1; b < blocks; ++b) {
@@ -92,23 +94,31 @@ void sample_one(const T* p, int64_t n, int64_t m, int64_t* out, const ParallelFo
 
 template <class T>
 Status furthest_point_sample_cpu(const T* points, int64_t* out, const FurthestPointSampleParams& p,
-                                 const ParallelFor& pf) {
+                                 const ParallelFor& pf, CpuIsa isa) {
+  if (!cpu_isa_supported(isa)) {
+    return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
+                                  " kernels are not available on this CPU or in this build");
+  }
   if (p.B == 0 || p.M == 0) return Status::Ok();
   const bool split = p.N >= kSplitMinPoints && p.B < (p.N + kBlock - 1) / kBlock;
   if (split) {
-    for (int64_t b = 0; b < p.B; ++b) sample_one(points + b * p.N * 3, p.N, p.M, out + b * p.M, &pf);
+    for (int64_t b = 0; b < p.B; ++b) sample_one(points + b * p.N * 3, p.N, p.M, out + b * p.M, &pf, isa);
     return Status::Ok();
   }
   pf(p.B, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) sample_one(points + b * p.N * 3, p.N, p.M, out + b * p.M, nullptr);
+    for (int64_t b = b0; b < b1; ++b) sample_one(points + b * p.N * 3, p.N, p.M, out + b * p.M, nullptr, isa);
   });
   return Status::Ok();
 }
 
-template Status furthest_point_sample_cpu<float>(const float*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&);
-template Status furthest_point_sample_cpu<double>(const double*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&);
-template Status furthest_point_sample_cpu<Half>(const Half*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&);
-template Status furthest_point_sample_cpu<BFloat16>(const BFloat16*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&);
+template Status furthest_point_sample_cpu<float>(const float*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&,
+                                                   CpuIsa);
+template Status furthest_point_sample_cpu<double>(const double*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&,
+                                                   CpuIsa);
+template Status furthest_point_sample_cpu<Half>(const Half*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&,
+                                                   CpuIsa);
+template Status furthest_point_sample_cpu<BFloat16>(const BFloat16*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&,
+                                                   CpuIsa);
 
 namespace {
 
@@ -116,7 +126,7 @@ Status compute(const KernelCall& k) {
   const FurthestPointSampleParams p = furthest_point_sample_params(k);
   return dispatch<float, double, Half, BFloat16>(k.type("points_xyz"), [&](auto tag) {
     using T = decltype(tag);
-    return furthest_point_sample_cpu<T>(k.in<T>("points_xyz"), k.out<int64_t>(0), p, k.parallel());
+    return furthest_point_sample_cpu<T>(k.in<T>("points_xyz"), k.out<int64_t>(0), p, k.parallel(), k.isa());
   });
 }
 

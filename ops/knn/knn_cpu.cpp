@@ -12,6 +12,13 @@
 #include "knn.h"
 #include "opbridge/dtype.h"
 
+// Distances must round alike on every device and instruction set: no fused multiply-adds.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
 namespace opbridge {
 
 namespace {
@@ -97,4 +104,7 @@ Status compute(const KernelCall& k) {
 
 OPBRIDGE_KERNEL(knn_decl, kCpu, compute);
 
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 }  // namespace opbridge
