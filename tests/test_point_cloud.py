@@ -313,8 +313,8 @@ def test_bad_input_ort(case):
         op, [TensorProto.INT64] if op in ("furthest_point_sample", "ball_query", "knn") else [TensorProto.FLOAT])
     graph = helper.make_graph([node], "bad", inputs, [helper.make_tensor_value_info(o, t, None)
                                                       for o, t in zip(outputs, types)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(opbridge.DOMAIN, 3)],
-                              ir_version=9)
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid(opbridge.DOMAIN, 3)]
+    model = helper.make_model(graph, opset_imports=opsets, ir_version=9)
     with pytest.raises(Exception, match=rf"ai\.opbridge::{onnx_type} \(node 'n'\): {message}") as info:
         sess = ort.InferenceSession(model.SerializeToString(), opbridge.session_options(),
                                     providers=["CPUExecutionProvider"])
