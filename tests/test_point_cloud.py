@@ -408,15 +408,24 @@ def test_pointnet2_exports_and_runs_in_onnxruntime(tmp_path, rng, dynamo):
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
+def _fps_float32_rounded(x, m):
+    """FPS in float32 numpy, every operation rounded on its own (no fused multiply-add)."""
+    best, last, out = np.full(x.shape[0], np.inf, np.float32), 0, [0]
+    for _ in range(1, m):
+        d = x - x[last]
+        best = np.minimum(best, (d[:, 0] * d[:, 0] + d[:, 1] * d[:, 1]) + d[:, 2] * d[:, 2])
+        last = int(np.argmax(best))
+        out.append(last)
+    return out
+
+
 def test_fps_same_indices_on_every_instruction_set(rng, torch_isa):
-    """The hot loop is compiled per instruction set without fused multiply-adds: random (not grid)
-    coordinates give the baseline's indices on each, and the float64 reference's on float64."""
-    xyz = torch.from_numpy(rng.standard_normal((2, 3000, 3)))
-    assert torch.equal(ops.furthest_point_sample(xyz, 200), ref_fps(xyz, 200))
-    x32 = xyz.float()
-    got = ops.furthest_point_sample(x32, 200)
-    torch.ops.opbridge._set_cpu_isa("baseline")
-    try:
-        assert torch.equal(got, ops.furthest_point_sample(x32, 200))
-    finally:
-        torch.ops.opbridge._set_cpu_isa(torch_isa)
+    """The hot loop is compiled per instruction set without fused multiply-adds. Points on a
+    sphere around point 0 are near-ties whose order a fused multiply-add changes (each AVX2 /
+    AVX-512 run differed from this reference when the loop was contracted)."""
+    for _ in range(3):
+        p = rng.standard_normal((4000, 3))
+        p = (3.3 * p / np.linalg.norm(p, axis=1, keepdims=True)).astype(np.float32)
+        p[0] = 0
+        got = ops.furthest_point_sample(torch.from_numpy(p)[None], 8)[0].tolist()
+        assert got == _fps_float32_rounded(p, 8)
