@@ -4,7 +4,7 @@
 #   OPBRIDGE_CUDA_VERSION   nvcc's version ("" when disabled)
 #   opbridge_cuda_kernels   (when enabled) object library of the framework-free launchers and
 #                           the ops' CUDA compute functions; opbridge_add_op() adds
-#                           cuda/ops/<op>/<op>_kernel.cu to it
+#                           ops/<op>/<op>_kernel.cu to it
 #   opbridge_link_cuda(<target>)  (when enabled) links the kernels and the static CUDA runtime
 #                           into an adapter library
 set(OPBRIDGE_CUDA_ENABLED OFF)
@@ -74,21 +74,22 @@ target_compile_options(opbridge_cuda_kernels PRIVATE
   $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra> $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
 
 # The default-stream check (cuda/check_streams.py) runs before the kernels compile, so a kernel
-# launched on the default stream fails the build. It re-runs when any checked file changes.
+# launched on the default stream fails the build. It reads cuda/common and the folder of every
+# op opbridge_add_op() adds (OPBRIDGE_CHECKED_DIRS), and re-runs when a file it read changes
+# (the depfile it writes lists them).
 set(_opbridge_stream_stamp ${CMAKE_CURRENT_BINARY_DIR}/opbridge_check_streams.stamp)
 add_custom_command(
   OUTPUT ${_opbridge_stream_stamp}
-  COMMAND ${Python_EXECUTABLE} ${PROJECT_SOURCE_DIR}/cuda/check_streams.py ${PROJECT_SOURCE_DIR}/cuda
+  COMMAND ${Python_EXECUTABLE} ${PROJECT_SOURCE_DIR}/cuda/check_streams.py
+          --depfile ${_opbridge_stream_stamp}.d --target ${_opbridge_stream_stamp}
+          "$<TARGET_PROPERTY:opbridge_cuda_kernels,OPBRIDGE_CHECKED_DIRS>"
   COMMAND ${CMAKE_COMMAND} -E touch ${_opbridge_stream_stamp}
   DEPENDS ${PROJECT_SOURCE_DIR}/cuda/check_streams.py
-          "$<TARGET_PROPERTY:opbridge_cuda_kernels,OPBRIDGE_CHECKED_SOURCES>"
-  COMMENT "Checking cuda/ for default-stream launches"
+  DEPFILE ${_opbridge_stream_stamp}.d
+  COMMENT "Checking the CUDA sources for default-stream launches"
   COMMAND_EXPAND_LISTS VERBATIM)
 add_custom_target(opbridge_check_streams DEPENDS ${_opbridge_stream_stamp})
-set_property(TARGET opbridge_cuda_kernels PROPERTY OPBRIDGE_CHECKED_SOURCES
-  ${PROJECT_SOURCE_DIR}/cuda/common/device.cpp ${PROJECT_SOURCE_DIR}/cuda/common/device.h
-  ${PROJECT_SOURCE_DIR}/cuda/common/launch.cuh ${PROJECT_SOURCE_DIR}/cuda/common/dtype.cuh
-)
+set_property(TARGET opbridge_cuda_kernels PROPERTY OPBRIDGE_CHECKED_DIRS ${PROJECT_SOURCE_DIR}/cuda/common)
 add_dependencies(opbridge_cuda_kernels opbridge_check_streams)
 
 # Static cudart (CMake's default runtime): the libraries load and run their CPU ops on machines

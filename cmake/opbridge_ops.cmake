@@ -3,9 +3,12 @@
 # part of the installed CMake package: find_package(opbridge) brings it).
 #
 #   opbridge_add_op(<op> [LIBRARY <lib>] [DOMAIN <domain>] [NAMESPACE <ns>]
-#                   [DIR <dir>] [CUDA_DIR <dir>] [NO_TORCH])
+#                   [DIR <dir>] [NO_TORCH])
 #
-# The op's files are found by name in DIR (default: <ops dir>/<op>, see below):
+# The op's files are found by name in one folder, DIR (default: <ops dir>/<op>, see below):
+#   <op>.h                        its header (the kernels' parameters, what a C++ program calls):
+#                                 recorded in the library's OPBRIDGE_OP_HEADERS property (the
+#                                 superbuild installs opbridge's as include/opbridge/<op>.h)
 #   <op>_decl.cpp                 its declarations (opbridge/op_decl.h) and the function from a
 #                                 checked call to its kernel's arguments     -> <lib>_kernels  required
 #   <op>_cpu.cpp                  framework-free CPU kernel and its compute functions
@@ -16,7 +19,7 @@
 #                                 opbridge/cpu_isa.h) and include it; the kernel picks one at run
 #                                 time with opbridge::cpu_isa()
 #   <op>_cpu_avx2.cpp, <op>_cpu_avx512.cpp  the same written by hand (one file per instruction set)
-# and, only where the project has enabled CUDA (enable_language(CUDA)), in CUDA_DIR (default DIR):
+# and, only where the project has enabled CUDA (enable_language(CUDA)):
 #   <op>_kernel.cu                CUDA launcher and its compute functions
 #                                 (OPBRIDGE_KERNEL)   -> <lib>_cuda_kernels if it exists, else <lib>_kernels
 # One generic adapter per framework serves every registered compute function: the library's torch
@@ -63,13 +66,13 @@ if(OPBRIDGE_CPU_DISPATCH AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd6
 endif()
 
 # opbridge_add_op_library(<lib> DOMAIN <domain> [NAMESPACE <ns>] [OPS_DIR <dir>]
-#                         [CUDA_OPS_DIR <dir>] [PY_MODULE <target>] [NO_TORCH])
+#                         [PY_MODULE <target>] [NO_TORCH])
 # Declares the library <lib>: its ONNX domain, torch namespace (default <lib>), the folder that
-# holds one folder per op (default ${CMAKE_CURRENT_SOURCE_DIR}/ops) and the one for CUDA files
-# (default OPS_DIR), the nanobind module that gets the ops' <op>_py.cpp (none by default).
+# holds one folder per op (default ${CMAKE_CURRENT_SOURCE_DIR}/ops), the nanobind module that
+# gets the ops' <op>_py.cpp (none by default).
 # Makes <lib>_kernels and <lib>_ort where they do not exist (<lib>_torch: on first need).
 function(opbridge_add_op_library lib)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_TORCH" "DOMAIN;NAMESPACE;OPS_DIR;CUDA_OPS_DIR;PY_MODULE" "")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_TORCH" "DOMAIN;NAMESPACE;OPS_DIR;PY_MODULE" "")
   if(arg_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "opbridge_add_op_library(${lib}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
   endif()
@@ -98,10 +101,6 @@ function(opbridge_add_op_library lib)
   if(arg_OPS_DIR)
     get_filename_component(ops_dir "${arg_OPS_DIR}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
   endif()
-  set(cuda_dir "${ops_dir}")
-  if(arg_CUDA_OPS_DIR)
-    get_filename_component(cuda_dir "${arg_CUDA_OPS_DIR}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
-  endif()
 
   if(TARGET ${lib}_ort)
     get_target_property(known ${lib}_ort OPBRIDGE_DOMAIN)
@@ -117,7 +116,7 @@ function(opbridge_add_op_library lib)
   endif()
   set_target_properties(${lib}_ort PROPERTIES
     OPBRIDGE_DOMAIN "${arg_DOMAIN}" OPBRIDGE_NAMESPACE "${ns}" OPBRIDGE_OPS_DIR "${ops_dir}"
-    OPBRIDGE_CUDA_OPS_DIR "${cuda_dir}" OPBRIDGE_PY_MODULE "${arg_PY_MODULE}" OPBRIDGE_NO_TORCH "${arg_NO_TORCH}")
+    OPBRIDGE_PY_MODULE "${arg_PY_MODULE}" OPBRIDGE_NO_TORCH "${arg_NO_TORCH}")
   if(TARGET ${lib}_torch)
     target_compile_definitions(${lib}_torch PRIVATE OPBRIDGE_TORCH_NAMESPACE=${ns})
   endif()
@@ -234,7 +233,7 @@ function(_opbridge_link_cudart lib)
 endfunction()
 
 function(opbridge_add_op op)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_TORCH" "LIBRARY;DOMAIN;NAMESPACE;DIR;CUDA_DIR" "")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_TORCH" "LIBRARY;DOMAIN;NAMESPACE;DIR" "")
   if(arg_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "opbridge_add_op(${op}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
   endif()
@@ -273,16 +272,9 @@ function(opbridge_add_op op)
   endif()
 
   get_target_property(ops_dir ${lib}_ort OPBRIDGE_OPS_DIR)
-  get_target_property(cuda_ops_dir ${lib}_ort OPBRIDGE_CUDA_OPS_DIR)
   set(dir "${ops_dir}/${op}")
   if(arg_DIR)
     get_filename_component(dir "${arg_DIR}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
-  endif()
-  set(cuda_dir "${cuda_ops_dir}/${op}")
-  if(arg_CUDA_DIR)
-    get_filename_component(cuda_dir "${arg_CUDA_DIR}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
-  elseif(arg_DIR AND cuda_ops_dir STREQUAL ops_dir)
-    set(cuda_dir "${dir}")
   endif()
 
   if(NOT EXISTS "${dir}/${op}_decl.cpp")
@@ -295,10 +287,14 @@ function(opbridge_add_op op)
   if("CUDA" IN_LIST langs)
     set(with_cuda ON)
   endif()
-  set(cu "${cuda_dir}/${op}_kernel.cu")
+  set(cu "${dir}/${op}_kernel.cu")
   if(NOT EXISTS "${dir}/${op}_cpu.cpp" AND NOT (with_cuda AND EXISTS "${cu}"))
     message(FATAL_ERROR "opbridge_add_op(${op}): no kernel: ${dir}/${op}_cpu.cpp does not exist"
                         " (nor, with CUDA enabled, ${cu})")
+  endif()
+
+  if(EXISTS "${dir}/${op}.h")
+    set_property(TARGET ${lib}_ort APPEND PROPERTY OPBRIDGE_OP_HEADERS "${dir}/${op}.h")
   endif()
 
   # ---- kernels, their compute functions and the declaration ----
@@ -374,17 +370,9 @@ function(opbridge_add_op op)
     endif()
     return()
   endif()
-  # Hand-written adapters: <op>_cuda_ort.cpp next to the CPU files; <op>_ort.cpp in a CUDA folder of its own.
-  set(cuda_ort "${cuda_dir}/${op}_cuda_ort.cpp")
-  set(cuda_torch "${cuda_dir}/${op}_cuda_torch.cpp")
-  if(NOT cuda_dir STREQUAL dir)
-    if(NOT EXISTS "${cuda_ort}")
-      set(cuda_ort "${cuda_dir}/${op}_ort.cpp")
-    endif()
-    if(NOT EXISTS "${cuda_torch}")
-      set(cuda_torch "${cuda_dir}/${op}_torch.cpp")
-    endif()
-  endif()
+  # Hand-written adapters (earlier projects): <op>_cuda_ort.cpp, <op>_cuda_torch.cpp.
+  set(cuda_ort "${dir}/${op}_cuda_ort.cpp")
+  set(cuda_torch "${dir}/${op}_cuda_torch.cpp")
   set(cuda_kernels ${kernels})
   if(TARGET ${lib}_cuda_kernels)
     set(cuda_kernels ${lib}_cuda_kernels)  # opbridge's own: own architectures, default-stream check
@@ -394,15 +382,10 @@ function(opbridge_add_op op)
   if(EXISTS "${cu}")
     target_sources(${cuda_kernels} PRIVATE "${cu}")
   endif()
-  # The default-stream check (opbridge's superbuild) re-runs when any of the op's CUDA files changes.
-  get_target_property(checked ${cuda_kernels} OPBRIDGE_CHECKED_SOURCES)
+  # The default-stream check (opbridge's superbuild: the property exists) reads the op's folder.
+  get_target_property(checked ${cuda_kernels} OPBRIDGE_CHECKED_DIRS)
   if(checked)
-    foreach(f "${cuda_dir}/${op}.cuh" "${cuda_dir}/${op}_math.cuh" "${cuda_dir}/${op}_nhwc.cuh" "${cu}" "${cuda_ort}"
-              "${cuda_torch}")
-      if(EXISTS "${f}")
-        set_property(TARGET ${cuda_kernels} APPEND PROPERTY OPBRIDGE_CHECKED_SOURCES "${f}")
-      endif()
-    endforeach()
+    set_property(TARGET ${cuda_kernels} APPEND PROPERTY OPBRIDGE_CHECKED_DIRS "${dir}")
   endif()
   if(EXISTS "${cuda_ort}")
     target_sources(${lib}_ort PRIVATE "${cuda_ort}")

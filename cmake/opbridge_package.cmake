@@ -3,7 +3,8 @@
 # Included at the end of the top-level CMakeLists.txt, after every target exists. Installs,
 # under the wheel's opbridge/ package (OPBRIDGE_INSTALL_PKGDIR):
 #   libopbridge_ort.so                opbridge::ort (also what opbridge.get_library_path() returns)
-#   include/opbridge/*.h              framework-free kernel headers          -> opbridge::kernels
+#   include/opbridge/*.h              framework-free kernel headers and the ops' headers
+#                                     (ops/<op>/<op>.h)                      -> opbridge::kernels
 #   include/opbridge/ort/*.h          ORT adapter layer + RegisterCustomOps   -> opbridge::ort_adapter
 #   include/opbridge/torch/*.h        torch adapter helpers                  -> opbridge::torch_adapter
 #   include/onnxruntime/              the ORT C/C++ API headers the library was built against, with
@@ -64,6 +65,12 @@ install(TARGETS ${_export_targets}
   RUNTIME DESTINATION "${_pkg}/bin")
 install(DIRECTORY "${PROJECT_SOURCE_DIR}/cpp/include/" DESTINATION "${_pkg}/include"
   FILES_MATCHING PATTERN "*.h" PATTERN "*.cuh")
+# The ops' headers (opbridge_add_op records each op's ops/<op>/<op>.h) beside them: #include
+# <opbridge/group_norm.h>.
+get_target_property(_op_headers opbridge_ort OPBRIDGE_OP_HEADERS)
+if(_op_headers)
+  install(FILES ${_op_headers} DESTINATION "${_pkg}/include/opbridge")
+endif()
 install(FILES "${PROJECT_SOURCE_DIR}/cpp/ort/ort_op.h" "${PROJECT_SOURCE_DIR}/cpp/ort/register_custom_ops.h"
   DESTINATION "${_pkg}/include/opbridge/ort")
 if(TARGET opbridge_torch_adapter)

@@ -14,7 +14,9 @@ check covers what the type system cannot see:
   omitted (C++ defaults it to 0) or is a null / legacy / per-thread default-stream literal;
 * opbridge launchers (``launch_<op>(stream, ...)``) called with a null stream literal.
 
-Usage: check_streams.py PATH... (folders are searched for .cu/.cuh/.cpp/.h/.hpp files).
+Usage: check_streams.py [--depfile FILE --target STAMP] PATH... (folders are searched for
+.cu/.cuh/.cpp/.h/.hpp files; the build passes cuda/common and each op's folder, and a depfile
+that lists the files read).
 Exit status 0 when clean, 1 with one ``file:line: message`` per finding otherwise.
 """
 
@@ -182,20 +184,38 @@ def iter_files(paths: list[str]):
             yield p
 
 
+def write_depfile(path: str, target: str, files: list[Path]) -> None:
+    """A Makefile-style depfile: `target` depends on every file read, so the build re-runs the
+    check when one of them changes."""
+    def esc(p: object) -> str:
+        return str(Path(p).resolve()).replace("\\", "\\\\").replace(" ", "\\ ").replace("#", "\\#").replace("$", "$$")
+
+    Path(path).write_text(f"{esc(target)}: " + " \\\n  ".join(esc(f) for f in files) + "\n")
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__.strip().splitlines()[0], file=sys.stderr)
-        print("usage: check_streams.py PATH...", file=sys.stderr)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("paths", nargs="*", metavar="PATH", help="folders (searched) or files to check")
+    parser.add_argument("--depfile", help="write a Makefile-style depfile listing the files checked")
+    parser.add_argument("--target", help="the depfile's target (the build's stamp file)")
+    args = parser.parse_args(argv)
+    if not args.paths:
+        parser.print_usage(sys.stderr)
         return 2
+    if args.depfile and not args.target:
+        parser.error("--depfile needs --target")
     problems = []
-    count = 0
-    for f in iter_files(argv):
-        count += 1
+    files = list(iter_files(args.paths))
+    for f in files:
         problems += check_text(str(f), f.read_text(encoding="utf-8", errors="replace"))
+    if args.depfile:
+        write_depfile(args.depfile, args.target, files)
     for p in problems:
         print(p)
     if problems:
-        print(f"check_streams: {len(problems)} default-stream problem(s) in {count} file(s)", file=sys.stderr)
+        print(f"check_streams: {len(problems)} default-stream problem(s) in {len(files)} file(s)", file=sys.stderr)
         return 1
     return 0
 

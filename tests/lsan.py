@@ -31,7 +31,8 @@ ENV_DIR = "OPBRIDGE_LSAN_DIR"
 
 # A stack frame in opbridge's native code: a symbol in namespace opbridge, or an address in the
 # ORT library or the _core extension (which also holds nanobind's code).
-_OURS = re.compile(r"\bopbridge::|libopbridge_ort\.so|/opbridge/_core[^/\s]*\.so|/cpp/(ops|ort|common|python)/")
+_OURS = re.compile(r"\bopbridge::|libopbridge_ort\.so|/opbridge/_core[^/\s]*\.so|/cpp/(ort|common|python)/"
+                   r"|/ops/\w+/\w+\.(cpp|h|cu|cuh)\b")
 _LEAK_START = re.compile(r"^(Direct|Indirect) leak of ")
 
 

@@ -84,8 +84,8 @@ def test_cuda_kernel_bench_compiles(tmp_path):
     if nvcc is None:
         pytest.skip("no nvcc on this machine")
     src = REPO / "benchmarks" / "cuda" / "kernel_bench.cu"
-    cmd = [nvcc, "-std=c++17", "-arch=sm_90", f"-I{REPO / 'cuda'}", f"-I{REPO / 'cpp' / 'include'}", "-c", str(src),
-           "-o", str(tmp_path / "kernel_bench.o")]
+    cmd = [nvcc, "-std=c++17", "-arch=sm_90", f"-I{REPO}", f"-I{REPO / 'cuda'}", f"-I{REPO / 'cpp' / 'include'}",
+           "-c", str(src), "-o", str(tmp_path / "kernel_bench.o")]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 

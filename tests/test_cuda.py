@@ -106,8 +106,21 @@ def _run_check(*paths) -> subprocess.CompletedProcess:
 
 
 def test_no_default_stream_launches_in_cuda_sources():
-    result = _run_check(ROOT / "cuda")
+    result = _run_check(ROOT / "cuda", ROOT / "ops")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_default_stream_check_writes_a_depfile_of_what_it_read(tmp_path):
+    # The build re-runs the check when a file it read changes: the depfile names each one.
+    (tmp_path / "a.cu").write_text("void f(cudaStream_t s) { k<<<1, 1, 0, s>>>(); }\n")
+    (tmp_path / "b.cuh").write_text("#pragma once\n")
+    (tmp_path / "notes.txt").write_text("cudaMemcpy(\n")
+    dep, stamp = tmp_path / "check.d", tmp_path / "check.stamp"
+    result = subprocess.run([sys.executable, str(CHECK_STREAMS), "--depfile", str(dep), "--target", str(stamp),
+                             str(tmp_path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    target, _, deps = dep.read_text().partition(":")
+    assert target == str(stamp) and deps.replace("\\\n", " ").split() == [str(tmp_path / "a.cu"), str(tmp_path / "b.cuh")]
 
 
 BAD_SNIPPETS = {
@@ -194,7 +207,7 @@ def _torch_cuda_headers():
 @pytest.mark.torch
 @pytest.mark.parametrize("op", ["group_norm", "inverse", "ms_deform_attn", "ms_deform_attn_backward"])
 def test_torch_ops_have_their_cuda_kernels(op):
-    """The ops' CUDA compute functions (cuda/ops/<op>/<op>_kernel.cu, OPBRIDGE_KERNEL) are served by
+    """The ops' CUDA compute functions (ops/<op>/<op>_kernel.cu, OPBRIDGE_KERNEL) are served by
     the generic torch kernel: registered for torch's CUDA dispatch key in every build with CUDA,
     whether or not this torch has CUDA (the stable ABI asks torch for the stream at run time)."""
     import torch
@@ -971,3 +984,51 @@ def test_transformers_layer_cuda_never_synchronizes(rng):
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+# ---- point-cloud ops: the CUDA kernels against the CPU kernels (torch and ORT's CUDA provider) ---
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_point_cloud_ops_cuda_match_cpu(dtype):
+    """Indices equal the CPU kernels' exactly (same rounding, ties to the lowest index), features
+    and gradients within rounding; the same for ONNX Runtime's CUDA provider (float32)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    import onnx_models
+
+    ops = torch.ops.opbridge
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(0)
+    xyz = (torch.randint(-32, 33, (2, 700, 3), generator=g) / 16.0).to(dt)
+    xyz[1, 5, 2] = float("nan")
+    centers = xyz[:, :40].clone()
+    f = torch.randn(2, 8, 700, generator=g).to(dt)
+    idx3 = torch.randint(0, 700, (2, 40, 5), generator=g)
+    w = torch.rand(2, 40, 3, generator=g).to(dt)
+    calls = [
+        (ops.furthest_point_sample, (xyz, 64)), (ops.ball_query, (0.25, 1.0, 6, xyz, centers)),
+        (ops.knn, (9, xyz, centers)), (ops.three_nn, (centers, xyz)), (ops.gather_points, (f, idx3[:, :, 0])),
+        (ops.grouping_operation, (f, idx3)), (ops.three_interpolate, (f, idx3[:, :, :3], w)),
+        (ops.grouping_operation_backward, (torch.randn(2, 8, 40, 5, generator=g).to(dt), f, idx3)),
+        (ops.three_interpolate_backward, (torch.randn(2, 8, 40, generator=g).to(dt), f, idx3[:, :, :3], w)),
+    ]
+    tol = {"float32": 1e-5, "float64": 1e-12, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
+    for op, args in calls:
+        cpu = op(*args)
+        gpu = op(*[a.cuda() if isinstance(a, torch.Tensor) else a for a in args])
+        both = [x if isinstance(x, (tuple, list)) else (x,) for x in (cpu, gpu)]
+        for c, d in zip(*both):
+            if c.dtype == torch.int64:
+                assert torch.equal(c, d.cpu()), op
+            else:
+                torch.testing.assert_close(d.cpu().double(), c.double(), rtol=tol, atol=tol)
+    if dtype == "float32":
+        x = xyz.numpy()
+        model = onnx_models.single_node_model("FurthestPointSample", opbridge.DOMAIN,
+                                              [("x", np.float32, list(x.shape))], {"num_points": 64},
+                                              out_dtype=np.int64, domain_version=3)
+        (got,) = _ort_cuda_session(onnx_models.serialize(model)).run(None, {"x": x})
+        np.testing.assert_array_equal(got, ops.furthest_point_sample(xyz, 64).numpy())

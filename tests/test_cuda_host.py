@@ -48,7 +48,7 @@ def _flags(sim: bool) -> list[str]:
     flags = ["-std=c++20" if sim else "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror"]
     if sim:
         flags += ["-pthread", "-Wno-unknown-pragmas", f"-I{SIM}"]
-    flags += [f"-I{ROOT / 'cuda'}", f"-I{ROOT / 'cpp' / 'include'}"]
+    flags += [f"-I{ROOT}", f"-I{ROOT / 'cuda'}", f"-I{ROOT / 'cpp' / 'include'}"]
     if _sanitized():
         flags += ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
     return flags
@@ -242,7 +242,7 @@ def test_group_norm_nhwc_kernel_decomposition(host_programs, tmp_path, rng, dtyp
 
 # ---- The kernel files themselves, on an emulated device ----------------------------------------
 #
-# tests/cuda_host/simt_ops.cpp links cuda/ops/*/*_kernel.cu, compiled with the host compiler
+# tests/cuda_host/simt_ops.cpp links ops/*/*_kernel.cu, compiled with the host compiler
 # against tests/cuda_host/sim/ (a CPU emulation of the CUDA runtime: every CUDA thread a fiber
 # with its own stack, __syncthreads and warp shuffles as real barriers between them, clusters
 # with distributed shared memory, shared memory as exact-size heap buffers; see sim/simt.h), and
@@ -251,10 +251,12 @@ def test_group_norm_nhwc_kernel_decomposition(host_programs, tmp_path, rng, dtyp
 # any access outside a buffer (device or shared memory) fails the test, as compute-sanitizer's
 # memcheck would on a GPU.
 
-KERNEL_FILES = [ROOT / "cuda" / "ops" / op / f"{op}_kernel.cu" for op in ("inverse", "group_norm", "ms_deform_attn")]
+EMULATED_OPS = ("inverse", "group_norm", "ms_deform_attn", "furthest_point_sample", "ball_query", "knn", "three_nn",
+                 "grouping_operation", "three_interpolate")
+KERNEL_FILES = [ROOT / "ops" / op / f"{op}_kernel.cu" for op in EMULATED_OPS]
 # What the kernel files' compute functions use: the declarations (and the kernels' arguments from
 # a checked call) and the framework-free op machinery.
-DECL_FILES = [ROOT / "cpp" / "ops" / op / f"{op}_decl.cpp" for op in ("inverse", "group_norm", "ms_deform_attn")]
+DECL_FILES = [ROOT / "ops" / op / f"{op}_decl.cpp" for op in EMULATED_OPS]
 COMMON_FILES = [ROOT / "cpp" / "common" / name for name in ("op_decl.cpp", "kernel.cpp")]
 # The emulated device: few SMs, so that launches use small grids and the grid-stride loops wrap.
 SIM_SMS = 1
@@ -469,13 +471,13 @@ def test_inverse_kernels_emulated_block_path_wraps(simt_ops, tmp_path, rng):
 
 def test_inverse_emulation_catches_the_gpu_read(simt_ops, tmp_path, rng):
     """The emulation finds what compute-sanitizer found on an H200: with the pivot search's key
-    taken through fabs again (the code before the fix in cuda/ops/inverse/inverse_kernel.cu),
+    taken through fabs again (the code before the fix in ops/inverse/inverse_kernel.cu),
     the zero-column matrix at n = 40 reads the shared-memory vectors past their end. A copy of
     the kernel file with that one change is built with AddressSanitizer and must fail; the real
     file passes the same input in test_inverse_kernels_emulated_singular."""
     if not _sanitized():
         pytest.skip("needs OPBRIDGE_CUDA_HOST_SANITIZE=1 (the read is found by AddressSanitizer)")
-    src = (ROOT / "cuda" / "ops" / "inverse" / "inverse_kernel.cu").read_text()
+    src = (ROOT / "ops" / "inverse" / "inverse_kernel.cu").read_text()
     fixed = ["return static_cast<long long>(__float_as_uint(v) & 0x7fffffffu);",
              "return __double_as_longlong(v) & 0x7fffffffffffffffLL;"]
     before = ["return static_cast<long long>(__float_as_uint(fabsf(v)));", "return __double_as_longlong(fabs(v));"]
@@ -485,7 +487,8 @@ def test_inverse_emulation_catches_the_gpu_read(simt_ops, tmp_path, rng):
     reverted = tmp_path / "inverse" / "inverse_kernel.cu"
     reverted.parent.mkdir()
     reverted.write_text(src)
-    (reverted.parent / "inverse.cuh").write_text((ROOT / "cuda" / "ops" / "inverse" / "inverse.cuh").read_text())
+    for header in ("inverse.cuh", "inverse.h"):
+        (reverted.parent / header).write_text((ROOT / "ops" / "inverse" / header).read_text())
     cxx = _compiler()
     objdir = Path(simt_ops).parent
     obj = tmp_path / "inverse_reverted.o"
@@ -775,11 +778,101 @@ def test_ms_deform_attn_compute_function_checks_the_level_tables(simt_ops, tmp_p
     assert "launches=0" in err
 
 
+# -- The point-cloud ops, through their CUDA compute functions (simt_ops' generic runner) ---------
+
+_ELEM = {"float32": 1, "float64": 11, "float16": 10, "bfloat16": 16, "int64": 7, "int32": 6}
+
+
+def _run_declared(exe, tmp_path, op, inputs, attrs, outputs):
+    """Runs op's CUDA compute function on (name of dtype, array) inputs and attribute values;
+    returns its status and its outputs, shaped like `outputs` (arrays)."""
+    payload = np.array([len(inputs)], np.int64).tobytes()
+    for dtype, a in inputs:
+        payload += np.array([_ELEM[dtype], a.ndim, *a.shape], np.int64).tobytes() + a.astype(np.float64).tobytes()
+    payload += np.array([len(attrs)], np.int64).tobytes() + np.array(attrs, np.float64).tobytes()
+    raw, err = _simt(exe, tmp_path, op, "float", payload)
+    status = int(np.frombuffer(raw[:8], np.int64)[0])
+    got, at = [], 8
+    for o in outputs:
+        got.append(np.frombuffer(raw[at:at + 8 * o.size], np.float64).reshape(o.shape))
+        at += 8 * o.size
+    return status, got, err
+
+
+_POINT_DTYPES = ["float32", "float64", "float16", "bfloat16"]
+
+
+def _grid(rng, *shape):
+    return rng.integers(-32, 33, size=(*shape, 3)) / 16.0  # exact in every dtype, with ties
+
+
+@pytest.mark.parametrize("dtype", _POINT_DTYPES)
+def test_point_cloud_search_kernels(simt_ops, tmp_path, rng, dtype):
+    """furthest_point_sample, ball_query, knn and three_nn on the emulated device give the CPU
+    kernels' indices exactly (same rounding, ties to the lowest index, a NaN distance as +inf),
+    and three_nn's distances."""
+    torch = pytest.importorskip("torch")
+    import opbridge.ops  # noqa: F401
+
+    tdt = getattr(torch, dtype)
+    xyz, centers = _grid(rng, 2, 37), _grid(rng, 2, 9)
+    xyz[1, 5, 2] = np.nan
+    xt, ct = torch.from_numpy(xyz).to(tdt), torch.from_numpy(centers).to(tdt)
+    cases = [
+        ("furthest_point_sample", [xyz], [9], torch.ops.opbridge.furthest_point_sample(xt, 9)),
+        ("ball_query", [xyz, centers], [0.25, 1.0, 6], torch.ops.opbridge.ball_query(0.25, 1.0, 6, xt, ct)),
+        ("knn", [xyz, centers], [7], torch.ops.opbridge.knn(7, xt, ct)),
+        ("three_nn", [centers, xyz], [], torch.ops.opbridge.three_nn(ct, xt)),
+    ]
+    for op, arrays, attrs, want in cases:
+        want = [w.double().numpy() for w in (want if isinstance(want, tuple) else (want,))]
+        status, got, err = _run_declared(simt_ops, tmp_path, op, [(dtype, a) for a in arrays], attrs, want)
+        assert status == 0, err
+        np.testing.assert_array_equal(got[-1], want[-1], err_msg=op)
+        if op == "three_nn":
+            np.testing.assert_allclose(got[0], want[0], rtol=1e-6, err_msg=op)
+
+
+@pytest.mark.parametrize("index", ["int64", "int32"])
+@pytest.mark.parametrize("dtype", _POINT_DTYPES)
+def test_point_cloud_gather_kernels(simt_ops, tmp_path, rng, dtype, index):
+    """gather_points, grouping_operation, three_interpolate and their backwards on the emulated
+    device against the CPU kernels (the backwards add with atomics: another summation order)."""
+    torch = pytest.importorskip("torch")
+    import opbridge.ops  # noqa: F401
+
+    tdt, tol = getattr(torch, dtype), {"float32": 1e-5, "float64": 1e-12, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
+    ops = torch.ops.opbridge
+    f = rng.standard_normal((2, 3, 11))
+    i2, i3 = rng.integers(0, 11, (2, 5)), rng.integers(0, 11, (2, 4, 3))
+    w = rng.uniform(0.1, 1, (2, 4, 3))
+    g2, g3, g4 = rng.standard_normal((2, 3, 5)), rng.standard_normal((2, 3, 4)), rng.standard_normal((2, 3, 4, 3))
+    t = {k: torch.from_numpy(v).to(tdt) for k, v in {"f": f, "w": w, "g2": g2, "g3": g3, "g4": g4}.items()}
+    it = {k: torch.from_numpy(v).to(getattr(torch, index)) for k, v in {"i2": i2, "i3": i3}.items()}
+    cases = [
+        ("gather_points", [(dtype, f), (index, i2)], ops.gather_points(t["f"], it["i2"])),
+        ("gather_points_backward", [(dtype, g2), (dtype, f), (index, i2)],
+         ops.gather_points_backward(t["g2"], t["f"], it["i2"])),
+        ("grouping_operation", [(dtype, f), (index, i3)], ops.grouping_operation(t["f"], it["i3"])),
+        ("grouping_operation_backward", [(dtype, g4), (dtype, f), (index, i3)],
+         ops.grouping_operation_backward(t["g4"], t["f"], it["i3"])),
+        ("three_interpolate", [(dtype, f), (index, i3), (dtype, w)], ops.three_interpolate(t["f"], it["i3"], t["w"])),
+        ("three_interpolate_backward", [(dtype, g3), (dtype, f), (index, i3), (dtype, w)],
+         ops.three_interpolate_backward(t["g3"], t["f"], it["i3"], t["w"])),
+    ]
+    for op, inputs, want in cases:
+        want = [x.double().numpy() for x in (want if isinstance(want, (tuple, list)) else (want,))]
+        status, got, err = _run_declared(simt_ops, tmp_path, op, inputs, [], want)
+        assert status == 0, err
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=op)
+
+
 # -- Every kernel ran --------------------------------------------------------------------------
 
 
 def test_every_kernel_launched_in_emulation(simt_ops, request):
-    """Every __global__ function of cuda/ops (each instantiation the launchers can choose, as
+    """Every __global__ function of ops/ (each instantiation the launchers can choose, as
     linked into simt_ops) was launched by the emulated tests above: no kernel path goes untested
     on the host. Measured over this file's tests, so it runs last and only with all of them."""
     emulated = [it for it in request.session.items

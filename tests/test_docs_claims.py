@@ -165,6 +165,32 @@ def test_ms_deform_attn_messages():
     assert ort_line in str(info.value)
 
 
+def test_point_cloud_messages():
+    """docs/point_cloud.md quotes one torch and one ONNX Runtime message, word for word."""
+    torch = pytest.importorskip("torch")
+    from onnx import TensorProto, helper
+
+    import opbridge
+    import opbridge.ops
+
+    quoted = [t for t in _output_blocks(DOC / "point_cloud.md") if "must" in t]
+    assert len(quoted) == 1
+    torch_line, ort_line = quoted[0].strip().splitlines()
+    with pytest.raises(ValueError) as info:
+        opbridge.ops.knn(6, torch.rand(2, 5, 3), torch.rand(2, 3, 3))
+    assert f"ValueError: {info.value}" == torch_line
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)
+    node = helper.make_node("FurthestPointSample", ["x"], ["y"], domain="ai.opbridge", name="n", num_points=6)
+    graph = helper.make_graph([node], "fps", [x], [helper.make_tensor_value_info("y", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("ai.opbridge", 3)],
+                              ir_version=9)
+    sess = opbridge.InferenceSession(model.SerializeToString())
+    with pytest.raises(Exception) as info:
+        sess.run(None, {"x": np.random.default_rng(0).random((2, 5, 3), dtype=np.float32)})
+    assert ort_line in str(info.value)
+
+
 def _group_norm_model(attrs: dict, version: int):
     from onnx import TensorProto, helper
 
@@ -265,13 +291,13 @@ def test_cuda_check_stages_exist():
 # ---- CUDA: the launchers' signatures and GroupNorm's CUDA paragraph -----------------------------
 
 def _launcher_params(name: str) -> list[tuple[str, str]]:
-    """(type, name) of each parameter of `cudaError_t name(...)` as a cuda/ops/*/*.cuh declares it."""
-    for header in sorted((REPO / "cuda" / "ops").glob("*/*.cuh")):
+    """(type, name) of each parameter of `cudaError_t name(...)` as an ops/*/*.cuh declares it."""
+    for header in sorted((REPO / "ops").glob("*/*.cuh")):
         m = re.search(rf"cudaError_t\s+{name}\s*\(([^)]*)\)\s*;", header.read_text())
         if m:
             params = [" ".join(p.split()) for p in m.group(1).split(",")]
             return [(p.rsplit(" ", 1)[0], p.rsplit(" ", 1)[1]) for p in params]
-    raise AssertionError(f"no declaration of {name} in cuda/ops/*/*.cuh")
+    raise AssertionError(f"no declaration of {name} in ops/*/*.cuh")
 
 
 def test_cuda_launcher_signatures():
@@ -299,12 +325,12 @@ def test_group_norm_cuda_paragraph():
     assert m, "docs/group_norm.md no longer states the launcher's arguments in the form this test reads"
     types = {t for t, _ in _launcher_params("launch_group_norm")}
     assert f"const {m.group(1)}&" in types, types
-    cpu = (REPO / "cpp" / "include" / "opbridge" / "group_norm.h").read_text()
+    cpu = (REPO / "ops" / "group_norm" / "group_norm.h").read_text()
     params = re.search(rf"struct {m.group(1)} {{(.*?)}};", cpu, flags=re.S)
     assert params and all(re.search(rf"\b{t}\b", params.group(1)) for t in m.groups()[1:]), "the struct holds both"
-    kernel = (REPO / "cuda" / "ops" / "group_norm" / "group_norm_kernel.cu").read_text()
+    kernel = (REPO / "ops" / "group_norm" / "group_norm_kernel.cu").read_text()
     assert "group_norm_params(k)" in kernel and "OPBRIDGE_KERNEL(opbridge::group_norm_decl, kCuda" in kernel
-    decl = (REPO / "cpp" / "ops" / "group_norm" / "group_norm_decl.cpp").read_text()
+    decl = (REPO / "ops" / "group_norm" / "group_norm_decl.cpp").read_text()
     assert 'attr_string("activation")' in decl
     assert "uses_channels_last(" in (REPO / "cpp" / "torch" / "torch_ops.cpp").read_text()
 

@@ -1,14 +1,15 @@
 """Every file the documentation names exists: the links of docs/*.md and README.md, and the paths
-and file names they quote as code (``cpp/ops/group_norm/group_norm_decl.cpp``,
+and file names they quote as code (``ops/group_norm/group_norm_decl.cpp``,
 ``torch_common.h``, the paths in a quoted command such as ``scripts/count_hand_lines.py
 examples/rms_norm``), so that a renamed or deleted file cannot leave the docs pointing at nothing.
 
 A quoted name is looked up as a path from the repository root, from the document's folder and
 from the folders the docs quote headers and modules relative to (cpp/include for
-``opbridge/op_decl.h``, python/ for ``opbridge/_decl.py``, ...); a bare file name must be the name
+``opbridge/op_decl.h``, python/ for ``opbridge/_decl.py``, ...), an op's header also by the path it
+is installed at (``opbridge/group_norm.h`` is ``ops/group_norm/group_norm.h``); a bare file name must be the name
 of a file in the repository. Names of files that are not ours (ONNX Runtime's headers, files a
 build or a user's project makes) are listed below. A path with a placeholder or a glob
-(``cpp/ops/<op>/<op>_decl.cpp``) must match some file; a bare file name with one
+(``ops/<op>/<op>_decl.cpp``) must match some file; a bare file name with one
 (``<op>_cuda_torch.cpp``) is a naming rule and is skipped.
 """
 
@@ -96,10 +97,14 @@ def _exists(name: str, doc: Path) -> bool:
         return True
     candidates = [ROOT / name, doc.parent / name] + [ROOT / b / name for b in BASES]
     if re.search(r"[<>*]", name):
-        # A path with a placeholder (`cpp/ops/<op>/<op>_decl.cpp`) or a glob: some file matches it.
+        # A path with a placeholder (`ops/<op>/<op>_decl.cpp`) or a glob: some file matches it.
         pattern = re.sub(r"<[^<>/]+>", "*", name)
         return any(glob.glob(str(base / pattern)) for base in [ROOT, doc.parent] + [ROOT / b for b in BASES])
     if any(c.exists() for c in candidates):
+        return True
+    # An op's header, by the include path it is installed at (opbridge_add_op: ops/<op>/<op>.h).
+    op_header = re.fullmatch(r"opbridge/(\w+)\.h", name)
+    if op_header and (ROOT / "ops" / op_header.group(1) / f"{op_header.group(1)}.h").is_file():
         return True
     return "/" not in name and (name in BASENAMES or name in NOT_OURS)
 
@@ -120,16 +125,16 @@ def test_every_named_file_exists(doc):
 
 def test_the_reader_finds_references(tmp_path):
     doc = tmp_path / "x.md"
-    doc.write_text("See [the kernel](../cpp/ops/nothing.cpp), `cuda/common/adapter_checks.h`, `ort_attr.h`,\n"
-                   "`cpp/ops/group_norm/group_norm_decl.cpp:12`, `<op>_decl.cpp` and `x = 1`.\n"
+    doc.write_text("See [the kernel](../ops/nothing.cpp), `cuda/common/adapter_checks.h`, `ort_attr.h`,\n"
+                   "`ops/group_norm/group_norm_decl.cpp:12`, `<op>_decl.cpp` and `x = 1`.\n"
                    "```\nnot/in/a/fence.h\n```\n"
-                   "Run `scripts/no_such.py examples/rms_norm`, `.ci/run`; see `cpp/ops/<op>/<op>_decl.cpp`,\n"
-                   "`cuda/ops/<op>/<op>_nothing.cu` and `examples/no_such_example`.\n")
+                   "Run `scripts/no_such.py examples/rms_norm`, `.ci/run`; see `ops/<op>/<op>_decl.cpp`,\n"
+                   "`ops/<op>/<op>_nothing.cu` and `examples/no_such_example`.\n")
     assert _references(doc.read_text()) == [
-        ("link", "../cpp/ops/nothing.cpp"), ("code", "cuda/common/adapter_checks.h"), ("code", "ort_attr.h"),
-        ("code", "cpp/ops/group_norm/group_norm_decl.cpp"), ("code", "scripts/no_such.py"),
-        ("code", "examples/rms_norm"), ("code", ".ci/run"), ("code", "cpp/ops/<op>/<op>_decl.cpp"),
-        ("code", "cuda/ops/<op>/<op>_nothing.cu"), ("code", "examples/no_such_example")]
+        ("link", "../ops/nothing.cpp"), ("code", "cuda/common/adapter_checks.h"), ("code", "ort_attr.h"),
+        ("code", "ops/group_norm/group_norm_decl.cpp"), ("code", "scripts/no_such.py"),
+        ("code", "examples/rms_norm"), ("code", ".ci/run"), ("code", "ops/<op>/<op>_decl.cpp"),
+        ("code", "ops/<op>/<op>_nothing.cu"), ("code", "examples/no_such_example")]
     missing = [name for kind, name in _references(doc.read_text()) if not _exists(name, ROOT / "docs" / "x.md")]
-    assert missing == ["../cpp/ops/nothing.cpp", "cuda/common/adapter_checks.h", "ort_attr.h", "scripts/no_such.py",
-                       "cuda/ops/<op>/<op>_nothing.cu", "examples/no_such_example"]
+    assert missing == ["../ops/nothing.cpp", "cuda/common/adapter_checks.h", "ort_attr.h", "scripts/no_such.py",
+                       "ops/<op>/<op>_nothing.cu", "examples/no_such_example"]

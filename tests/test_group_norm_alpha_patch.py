@@ -20,10 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PATCH = ROOT / "tests" / "fixtures" / "group_norm_alpha.patch"
 # The four files an argument of an op is written in (before the generic adapters: 13).
 TOUCHED = {
-    "cpp/ops/group_norm/group_norm_decl.cpp",  # the declaration (and the kernels' arguments from a call)
-    "cpp/include/opbridge/group_norm.h",  # the kernel's own header (GroupNormParams)
-    "cpp/ops/group_norm/group_norm_cpu.cpp",  # the CPU kernel
-    "cuda/ops/group_norm/group_norm_kernel.cu",  # the CUDA kernel
+    "ops/group_norm/group_norm_decl.cpp",  # the declaration (and the kernels' arguments from a call)
+    "ops/group_norm/group_norm.h",  # the kernel's own header (GroupNormParams)
+    "ops/group_norm/group_norm_cpu.cpp",  # the CPU kernel
+    "ops/group_norm/group_norm_kernel.cu",  # the CUDA kernel
 }
 
 

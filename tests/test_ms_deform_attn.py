@@ -53,7 +53,7 @@ CASE_IDS = [c[0] for c in CASES]
 
 
 def takes_packed_path(levels, Lq, P):
-    """Mirrors use_packed() in cpp/ops/ms_deform_attn/ms_deform_attn_simd.h (keeps the cases honest)."""
+    """Mirrors use_packed() in ops/ms_deform_attn/ms_deform_attn_simd.h (keeps the cases honest)."""
     S = sum(h * w for h, w in levels)
     return Lq * len(levels) * P * 4 >= 16 * S
 

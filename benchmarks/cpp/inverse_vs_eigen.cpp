@@ -2,13 +2,13 @@
 // baseline Gauss-Jordan) against Eigen's blocked PartialPivLU (lu.inverse()), one thread, side by
 // side in one process: rounds alternate between the two, and the medians are compared.
 //
-// Build against an opbridge build dir (its libopbridge_kernels.a) and Eigen (cmeel-eigen or
-// Debian's libeigen3-dev), once with Eigen's baseline code and once with AVX-512 code, as a
-// runtime-dispatched copy would have:
-//   B=build/cp311-cp311-linux_x86_64; E=$(python -m cmeel cmake)/include/eigen3   # or /usr/include/eigen3
-//   g++ -O3 -DNDEBUG -std=c++17 -Icpp/include -I$E benchmarks/cpp/inverse_vs_eigen.cpp $B/libopbridge_kernels.a -o /tmp/inv_base
-//   g++ -O3 -DNDEBUG -std=c++17 -mavx512f -mavx512vl -mavx512dq -mavx2 -mfma -Icpp/include -I$E \
-//       benchmarks/cpp/inverse_vs_eigen.cpp $B/libopbridge_kernels.a -o /tmp/inv_avx512
+// Build against an installed opbridge (its include/ and lib/libopbridge_kernels.a) and Eigen
+// (cmeel-eigen or Debian's libeigen3-dev), once with Eigen's baseline code and once with AVX-512
+// code, as a runtime-dispatched copy would have:
+//   P=$(python -m opbridge --cmake-dir)/../../..; E=$(python -m cmeel cmake)/include/eigen3   # or /usr/include/eigen3
+//   g++ -O3 -DNDEBUG -std=c++17 -I$P/include -I$E benchmarks/cpp/inverse_vs_eigen.cpp $P/lib/libopbridge_kernels.a -o /tmp/inv_base
+//   g++ -O3 -DNDEBUG -std=c++17 -mavx512f -mavx512vl -mavx512dq -mavx2 -mfma -I$P/include -I$E \
+//       benchmarks/cpp/inverse_vs_eigen.cpp $P/lib/libopbridge_kernels.a -o /tmp/inv_avx512
 //   /tmp/inv_base; /tmp/inv_avx512 [n ...]        (default n: 128 256 512)
 // Prints, per dtype and n: both medians (µs per matrix) and opbridge's speed-up (> 1: faster),
 // plus the largest |A·X - I| of each, so that a fast wrong answer cannot pass unnoticed.

@@ -671,7 +671,11 @@ void OpDecl::finish_declaration() const {
     if (type_var(o.type_var) == nullptr) errors.push_back(where + "type variable '" + o.type_var + "' has no types() declaration");
     bool bound = false;
     for (const ArgDecl* in : inputs_) bound = bound || (in->type_var == o.type_var && !in->optional);
-    if (!bound) errors.push_back(where + "type variable '" + o.type_var + "' is bound by no required input");
+    // A type variable of one type fixes the output's type (int64 indices of float points).
+    const TypeVarDecl* tv = type_var(o.type_var);
+    if (!bound && !(tv != nullptr && tv->types.size() == 1)) {
+      errors.push_back(where + "type variable '" + o.type_var + "' is bound by no required input and has more than one type");
+    }
     o.like_input = -1;
     o.dims.clear();
     const std::string rule = trim(o.rule);
@@ -1049,7 +1053,8 @@ ElemType output_type(const OpCall& call, size_t output) {
     const TensorArg& t = call.input(static_cast<size_t>(a->input_index));
     if (a->type_var == o.type_var && t.present) return t.type;
   }
-  return ElemType::kUndefined;
+  const TypeVarDecl* tv = call.decl().type_var(o.type_var);
+  return tv != nullptr && tv->types.size() == 1 ? tv->types[0] : ElemType::kUndefined;
 }
 
 int required_version(const OpCall& call) {

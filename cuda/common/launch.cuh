@@ -1,4 +1,4 @@
-// opbridge CUDA helpers shared by the kernel files (cuda/ops/<op>/<op>_kernel.cu); nvcc only.
+// opbridge CUDA helpers shared by the kernel files (ops/<op>/<op>_kernel.cu); nvcc only.
 //
 // Every kernel launch goes through opbridge::cuda::launch(), which takes a Stream. A Stream can
 // only be built explicitly from a cudaStream_t value the caller was handed (ORT's compute stream,

@@ -1,7 +1,7 @@
 """Op declarations, read from the ONNX Runtime custom-op libraries that implement them.
 
 Every op is declared once, in C++ (``opbridge/op_decl.h``; ours are in
-``cpp/ops/<op>/<op>_decl.cpp``). The ORT library exports the declarations as JSON
+``ops/<op>/<op>_decl.cpp``). The ORT library exports the declarations as JSON
 (``OpbridgeDescribeOps``) and their checks (``OpbridgeCheckCall``); this module reads both with
 ctypes, so it needs neither torch nor onnxruntime nor onnx. From an :class:`OpDecl`, opbridge
 derives the torch fake kernels, the onnx OpSchemas, both exporters' rules and ``opbridge check``'s

@@ -1,4 +1,4 @@
-// Runs opbridge's CUDA launchers on the CPU: the kernel files themselves (cuda/ops/*/*_kernel.cu,
+// Runs opbridge's CUDA launchers on the CPU: the kernel files themselves (ops/*/*_kernel.cu,
 // compiled with the host compiler against the runtime emulation in tests/cuda_host/sim/), called
 // directly, or through the ops' CUDA compute functions as the generic torch and ORT kernels call
 // them (OP_compute: a KernelCall of the checked call, opbridge/kernel.h), for
@@ -7,7 +7,8 @@
 //
 //   simt_ops OP TYPE SMS CC IN OUT
 //     OP    inverse | group_norm | ms_deform_attn, or the same with _compute (same IN; OUT starts
-//           with the compute functions' status codes instead of the launchers' errors)
+//           with the compute functions' status codes instead of the launchers' errors), or any
+//           other declared op's name (run_declared: its compute function, TYPE unused)
 //     TYPE  float | double | half | bfloat16 (inverse: float | double)
 //     SMS   the emulated device's SM count (small counts make the grid-stride loops wrap)
 //     CC    its compute capability as major * 10 + minor (>= 90: thread-block clusters)
@@ -42,12 +43,12 @@
 #include <vector>
 
 #include "common/launch.cuh"
+#include "opbridge/dtype.h"
+#include "opbridge/kernel.h"
 #include "ops/group_norm/group_norm.cuh"
 #include "ops/inverse/inverse.cuh"
+#include "ops/inverse/inverse.h"
 #include "ops/ms_deform_attn/ms_deform_attn.cuh"
-#include "opbridge/dtype.h"
-#include "opbridge/inverse.h"
-#include "opbridge/kernel.h"
 
 namespace {
 
@@ -321,6 +322,101 @@ int run_ms_deform_attn(Io& io, bool compute) {
   return 0;
 }
 
+// Any other declared op with a CUDA compute function (the point-cloud ops), generically:
+//   IN:  int64 inputs; per input: int64 elem_type (ONNX number), rank, dims[rank], then
+//        float64 data[numel]; int64 attrs; per attribute (declaration order): float64 value
+//   OUT: int64 status; per output: float64 data[numel]
+// Index inputs travel as float64 too (exact below 2^53).
+size_t elem_size(opbridge::ElemType t) {
+  switch (t) {
+    case opbridge::ElemType::kFloat32: case opbridge::ElemType::kInt32: return 4;
+    case opbridge::ElemType::kFloat64: case opbridge::ElemType::kInt64: return 8;
+    case opbridge::ElemType::kFloat16: case opbridge::ElemType::kBFloat16: return 2;
+    default: die("unsupported element type");
+  }
+}
+
+void store(opbridge::ElemType t, void* p, size_t i, double v) {
+  switch (t) {
+    case opbridge::ElemType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
+    case opbridge::ElemType::kFloat64: static_cast<double*>(p)[i] = v; break;
+    case opbridge::ElemType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
+    case opbridge::ElemType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); break;
+    case opbridge::ElemType::kFloat16: static_cast<Half*>(p)[i] = from_double<Half>(v); break;
+    case opbridge::ElemType::kBFloat16: static_cast<BFloat16*>(p)[i] = from_double<BFloat16>(v); break;
+    default: die("unsupported element type");
+  }
+}
+
+double load(opbridge::ElemType t, const void* p, size_t i) {
+  switch (t) {
+    case opbridge::ElemType::kFloat32: return static_cast<const float*>(p)[i];
+    case opbridge::ElemType::kFloat64: return static_cast<const double*>(p)[i];
+    case opbridge::ElemType::kInt32: return static_cast<const int32_t*>(p)[i];
+    case opbridge::ElemType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case opbridge::ElemType::kFloat16: return to_double(static_cast<const Half*>(p)[i]);
+    case opbridge::ElemType::kBFloat16: return to_double(static_cast<const BFloat16*>(p)[i]);
+    default: die("unsupported element type");
+  }
+}
+
+int run_declared(const std::string& op, Io& io) {
+  const opbridge::OpDecl* decl = nullptr;
+  for (const opbridge::OpKernel& k : opbridge::registered_kernels()) {
+    if (k.device == opbridge::Device::kCuda && k.decl().name() == op) decl = &k.decl();
+  }
+  if (decl == nullptr) die("unknown OP");
+  opbridge::OpCall call(*decl);
+  const int64_t n_in = io.ints(1)[0];
+  if (n_in != static_cast<int64_t>(call.input_count())) die("wrong number of inputs");
+  std::vector<std::unique_ptr<Buffer<unsigned char>>> bufs;
+  std::vector<const void*> in;
+  for (int64_t i = 0; i < n_in; ++i) {
+    const std::vector<int64_t> h = io.ints(2);
+    opbridge::TensorArg& t = call.input(static_cast<size_t>(i));
+    t.present = true;
+    t.type = static_cast<opbridge::ElemType>(h[0]);
+    t.shape = io.ints(static_cast<size_t>(h[1]));
+    const size_t n = static_cast<size_t>(t.numel());
+    bufs.push_back(std::make_unique<Buffer<unsigned char>>(n * elem_size(t.type)));
+    const std::vector<double> v = io.doubles(n);
+    for (size_t e = 0; e < n; ++e) store(t.type, bufs.back()->p, e, v[e]);
+    in.push_back(bufs.back()->p);
+  }
+  const int64_t n_attr = io.ints(1)[0];
+  if (n_attr != static_cast<int64_t>(call.attr_count())) die("wrong number of attributes");
+  for (int64_t a = 0; a < n_attr; ++a) {
+    const double v = io.doubles(1)[0];
+    opbridge::AttrValue& av = call.attr(static_cast<size_t>(a));
+    if (av.type == opbridge::AttrType::kFloat) av.f = v; else av.i = static_cast<int64_t>(v);
+  }
+  std::vector<void*> out;
+  std::vector<std::vector<int64_t>> shapes;
+  const opbridge::Status st = opbridge::check_call(call);
+  if (!st.ok()) {
+    std::fprintf(stderr, "status %d: %s\n", static_cast<int>(st.code()), st.message().c_str());
+    io.put(static_cast<int64_t>(st.code()));
+    return 0;
+  }
+  for (size_t o = 0; o < decl->outputs().size(); ++o) {
+    shapes.push_back(opbridge::output_shape(call, o));
+    size_t n = 1;
+    for (int64_t d : shapes.back()) n *= static_cast<size_t>(d);
+    bufs.push_back(std::make_unique<Buffer<unsigned char>>(n * elem_size(opbridge::output_type(call, o))));
+    out.push_back(bufs.back()->p);
+  }
+  io.put(run_compute(call, in, out, false));
+  for (size_t o = 0; o < out.size(); ++o) {
+    size_t n = 1;
+    for (int64_t d : shapes[o]) n *= static_cast<size_t>(d);
+    for (size_t e = 0; e < n; ++e) {
+      const double d = load(opbridge::output_type(call, o), out[o], e);
+      std::fwrite(&d, 8, 1, io.out);
+    }
+  }
+  return 0;
+}
+
 template <template <class> class Run, bool kHalfTypes>
 int dispatch(const std::string& type, Io& io, bool compute) {
   if (type == "float") return Run<float>::go(io, compute);
@@ -366,7 +462,7 @@ int main(int argc, char** argv) {
   } else if (op == "ms_deform_attn") {
     rc = dispatch<MsDeformAttn, true>(type, io, compute);
   } else {
-    die("unknown OP");
+    rc = run_declared(op, io);
   }
   std::fclose(io.in);
   std::fclose(io.out);

@@ -3,7 +3,7 @@
 // An op is its declaration (opbridge/op_decl.h), one function from a checked call to its kernel's
 // arguments, and one compute function per device:
 //
-//   Status group_norm_cpu(const KernelCall& k) {            // cpp/ops/group_norm/group_norm_cpu.cpp
+//   Status group_norm_cpu(const KernelCall& k) {            // ops/group_norm/group_norm_cpu.cpp
 //     const GroupNormParams p = group_norm_params(k);         // from the declaration's file
 //     return dispatch<float, double, Half, BFloat16>(k.type("x"), [&](auto tag) {
 //       using T = decltype(tag);

@@ -115,10 +115,11 @@ def _infer(op: OpDecl) -> Callable[[Any], None]:
             return
         for k, out in enumerate(op.outputs):
             source = next((t for i, t in zip(op.inputs, types) if t is not None and i.type_var == out.type_var), None)
-            if source is None:
+            fixed = op.types[out.type_var][0] if len(op.types[out.type_var]) == 1 else None
+            if source is None and fixed is None:
                 continue
             result = onnx.TypeProto()
-            result.tensor_type.elem_type = source.tensor_type.elem_type
+            result.tensor_type.elem_type = source.tensor_type.elem_type if source is not None else fixed
             if out.like >= 0:
                 like = types[out.like]
                 if like is not None and like.tensor_type.HasField("shape"):
@@ -392,13 +393,27 @@ def symbolic(op: OpDecl) -> Callable:
         outs_t = outs if len(op.outputs) > 1 else (outs,)
         for o, out in zip(outs_t, op.outputs):
             if out.like >= 0:
-                o.setType(inputs[out.like].type())
+                like_type = inputs[out.like].type()
+                if op.inputs[out.like].type_var != out.type_var:  # the shape of one input, another type
+                    from ._build import _jit_scalar_type
+
+                    source = next((v for d, v in zip(op.inputs, inputs) if d.type_var == out.type_var), None)
+                    dtype = (source.type().dtype() if source is not None else
+                             _jit_scalar_type().from_onnx_type(op.types[out.type_var][0]).dtype())
+                    like_type = like_type.with_dtype(dtype)
+                o.setType(like_type)
             else:
-                source = next(v for d, v in zip(op.inputs, inputs) if d.type_var == out.type_var)
+                source = next((v for d, v in zip(op.inputs, inputs) if d.type_var == out.type_var), None)
                 sizes = out.sizes(lambda index, axis: sh._get_tensor_dim_size(inputs[index], axis),
                                   lambda i: attr_values.get(op.attrs[i].name, op.attrs[i].default))
                 try:
-                    o.setType(source.type().with_sizes(sizes))
+                    if source is None:  # a type variable of one type, bound by no input
+                        from ._build import _jit_scalar_type
+
+                        dtype = _jit_scalar_type().from_onnx_type(op.types[out.type_var][0]).dtype()
+                        o.setType(inputs[0].type().with_dtype(dtype).with_sizes(sizes))
+                    else:
+                        o.setType(source.type().with_sizes(sizes))
                 except RuntimeError:
                     pass
         return outs

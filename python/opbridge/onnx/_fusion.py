@@ -6,7 +6,7 @@ decomposition, GroupNormalization-18/21, com.microsoft::GroupNorm), made one
 (opbridge/_optimize.py) on models exported by anyone, which it then checks and writes. The
 conditions of each rule: docs/optimize.md. Needs onnx_ir and onnxscript; not torch.
 
-What the rules write comes from GroupNorm's declaration (cpp/ops/group_norm/group_norm_decl.cpp):
+What the rules write comes from GroupNorm's declaration (ops/group_norm/group_norm_decl.cpp):
 its ONNX op type and domain, the activation it fuses and the op version that attribute needs.
 """
 

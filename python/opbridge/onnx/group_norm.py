@@ -1,6 +1,6 @@
 """Standard-ONNX lowering of opbridge::group_norm (its custom lowering, one
 ``ai.opbridge::GroupNorm`` node, and its schema come from its declaration,
-cpp/ops/group_norm/group_norm_decl.cpp).
+ops/group_norm/group_norm_decl.cpp).
 
 standard lowering (stock ONNX Runtime, no library):
   * export opset >= 21: ``GroupNormalization``-21 (per-channel scale and bias, like torch).

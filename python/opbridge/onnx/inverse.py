@@ -1,5 +1,5 @@
 """ONNX export of matrix inverses: opbridge::inverse (its custom lowering and schema come from
-its declaration, cpp/ops/inverse/inverse_decl.cpp) and torch's own (torch.inverse,
+its declaration, ops/inverse/inverse_decl.cpp) and torch's own (torch.inverse,
 torch.linalg.inv).
 
 Two lowerings, one node each, input X (*, n, n) -> output Y:

@@ -84,10 +84,17 @@ def _check(op: OpDecl, bound: inspect.BoundArguments) -> None:
         raise e.exception(qual) from None
 
 
+_TORCH_DTYPES = {1: torch.float32, 6: torch.int32, 7: torch.int64, 10: torch.float16, 11: torch.float64,
+                 16: torch.bfloat16}
+
+
 def _output(op: OpDecl, k: int, bound: inspect.BoundArguments) -> torch.Tensor:
     out = op.outputs[k]
     tensors = [bound.arguments[i.name] for i in op.inputs]
-    dtype = next(t.dtype for i, t in zip(op.inputs, tensors) if t is not None and i.type_var == out.type_var)
+    dtype = next((t.dtype for i, t in zip(op.inputs, tensors) if t is not None and i.type_var == out.type_var),
+                 None)
+    if dtype is None:  # a type variable of one type, bound by no input (int64 indices)
+        dtype = _TORCH_DTYPES[op.types[out.type_var][0]]
     if out.like >= 0:
         like = tensors[out.like]
         if out.keeps_memory_format and channels_last(like):

@@ -15,7 +15,7 @@ __all__ = ["group_norm"]
 
 _DECL = opbridge_library().ops["group_norm"]
 # The values of the `activation` argument (and of the ONNX attribute of the same name), and the
-# default of `eps`: the declaration's (cpp/ops/group_norm/group_norm_decl.cpp).
+# default of `eps`: the declaration's (ops/group_norm/group_norm_decl.cpp).
 ACTIVATIONS = _DECL.arg("activation").choices
 DEFAULT_EPS = _DECL.arg("eps").default
 
@@ -88,7 +88,7 @@ def _to_layout(t, channels_last):
 
 # ---- autograd ---------------------------------------------------------------------------------
 # First-order gradients are opbridge::group_norm_backward's (declared as group_norm's gradient,
-# cpp/ops/group_norm/group_norm_decl.cpp); where they must be differentiable (create_graph=True)
+# ops/group_norm/group_norm_decl.cpp); where they must be differentiable (create_graph=True)
 # they are computed by the composite of torch ops below, which autograd differentiates again.
 
 def _backward_of_backward(ctx, *grads):

@@ -1,5 +1,5 @@
 // A host emulation of the parts of the CUDA runtime and device language that opbridge's kernels
-// use, so that the kernel files themselves (cuda/ops/*/*_kernel.cu, their launchers included)
+// use, so that the kernel files themselves (ops/*/*_kernel.cu, their launchers included)
 // compile with the host compiler and run on the CPU under AddressSanitizer and
 // UndefinedBehaviorSanitizer (tests/test_cuda_host.py). Only for tests: nothing here is built
 // into opbridge.
@@ -545,6 +545,13 @@ T ptx_abs(T v) {
 }  // namespace simt
 #define fabs(v) ::simt::ptx_abs<double>(v)
 #define fabsf(v) ::simt::ptx_abs<float>(v)
+
+// Explicitly rounded arithmetic (the kernels use it where a fused multiply-add would round
+// differently from the CPU kernels).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
 
 // ---- atomics ---------------------------------------------------------------------------------
 

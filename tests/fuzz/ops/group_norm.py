@@ -1,6 +1,6 @@
 """Fuzz cases for GroupNorm: ai.opbridge::GroupNorm in ORT and torch.ops.opbridge.group_norm.
 
-Tolerances (the documented accuracy, see cpp/include/opbridge/group_norm.h): for a valid case
+Tolerances (the documented accuracy, see ops/group_norm/group_norm.h): for a valid case
 with finite results, every output element y satisfies
 
     |y - ref| <= TOL[dtype] * (|w| * (1 + |xhat|) + |b|) + 64 * 2^-53 * |w| * |mean| * rstd + tiny

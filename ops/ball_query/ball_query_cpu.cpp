@@ -1,0 +1,71 @@
+// BallQuery CPU kernel (framework-free) and its compute function: one pass over the points per
+// center, stopping once sample_num points are found; centers run in parallel.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "ball_query.h"
+#include "opbridge/dtype.h"
+
+// Distances must round alike on every device and instruction set: no fused multiply-adds.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+namespace opbridge {
+
+template <class T>
+Status ball_query_cpu(const T* xyz, const T* centers, int64_t* out, const BallQueryParams& p, const ParallelFor& pf) {
+  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  if (p.B == 0 || p.M == 0) return Status::Ok();
+  const C lo2 = static_cast<C>(p.min_radius) * static_cast<C>(p.min_radius);
+  const C hi2 = static_cast<C>(p.max_radius) * static_cast<C>(p.max_radius);
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, p.N));
+  pf(p.B * p.M, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t bm = begin; bm < end; ++bm) {
+      const int64_t b = bm / p.M;
+      const T* pts = xyz + b * p.N * 3;
+      const C cx = to_float(centers[bm * 3]), cy = to_float(centers[bm * 3 + 1]), cz = to_float(centers[bm * 3 + 2]);
+      int64_t* o = out + bm * p.S;
+      int64_t count = 0;
+      for (int64_t k = 0; k < p.N && count < p.S; ++k) {
+        const C dx = static_cast<C>(to_float(pts[3 * k])) - cx, dy = static_cast<C>(to_float(pts[3 * k + 1])) - cy,
+                dz = static_cast<C>(to_float(pts[3 * k + 2])) - cz;
+        const C d2 = (dx * dx + dy * dy) + dz * dz;
+        if (d2 == 0 || (d2 >= lo2 && d2 < hi2)) {
+          if (count == 0) std::fill(o, o + p.S, k);
+          o[count++] = k;
+        }
+      }
+      if (count == 0) std::fill(o, o + p.S, int64_t{0});
+    }
+  });
+  return Status::Ok();
+}
+
+template Status ball_query_cpu<float>(const float*, const float*, int64_t*, const BallQueryParams&, const ParallelFor&);
+template Status ball_query_cpu<double>(const double*, const double*, int64_t*, const BallQueryParams&, const ParallelFor&);
+template Status ball_query_cpu<Half>(const Half*, const Half*, int64_t*, const BallQueryParams&, const ParallelFor&);
+template Status ball_query_cpu<BFloat16>(const BFloat16*, const BFloat16*, int64_t*, const BallQueryParams&,
+                                         const ParallelFor&);
+
+namespace {
+
+Status compute(const KernelCall& k) {
+  const BallQueryParams p = ball_query_params(k);
+  return dispatch<float, double, Half, BFloat16>(k.type("xyz"), [&](auto tag) {
+    using T = decltype(tag);
+    return ball_query_cpu<T>(k.in<T>("xyz"), k.in<T>("center_xyz"), k.out<int64_t>(0), p, k.parallel());
+  });
+}
+
+}  // namespace
+
+OPBRIDGE_KERNEL(ball_query_decl, kCpu, compute);
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+}  // namespace opbridge

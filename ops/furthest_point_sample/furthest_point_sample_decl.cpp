@@ -1,0 +1,46 @@
+// The contract of FurthestPointSample (see group_norm_decl.cpp for what derives from it).
+#include <string>
+
+#include "furthest_point_sample.h"
+#include "opbridge/op_decl.h"
+
+namespace opbridge {
+namespace {
+
+Status validate(const OpCall& call) {
+  const TensorArg& p = call.in("points_xyz");
+  if (p.known(2) && p.dim(2) != 3) {
+    return Status::InvalidArgument("points_xyz must have shape (B, N, 3), got points_xyz.shape[2] = " +
+                                   std::to_string(p.dim(2)));
+  }
+  const int64_t m = call.attr_int("num_points");
+  if (m < 0) return Status::InvalidArgument("num_points must be >= 0, got " + std::to_string(m));
+  if (p.known(1) && m > p.dim(1)) {
+    return Status::InvalidArgument("num_points must be <= N = points_xyz.shape[1] = " + std::to_string(p.dim(1)) +
+                                   ", got num_points = " + std::to_string(m));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+FurthestPointSampleParams furthest_point_sample_params(const KernelCall& k) {
+  const TensorArg& p = k.arg("points_xyz");
+  return {p.dim(0), p.dim(1), k.call().attr_int("num_points")};
+}
+
+const OpDecl& furthest_point_sample_decl() {
+  static const OpDecl decl =
+      OpDecl("furthest_point_sample", kFurthestPointSampleOpType, 3)
+          .doc("Farthest point sampling (PointNet++, mmcv's furthest_point_sample): num_points indices per cloud, "
+               "the first 0, each next one the point farthest from those picked; ties to the lowest index.")
+          .input("points_xyz", "T", "the point clouds").shape("(B, N, 3)").rank(3)
+          .attr_int("num_points", "number of points to sample, M <= N").required()
+          .types("T", kFloatTypes)
+          .types("I", {ElemType::kInt64})
+          .output("indices", "I", "points_xyz[0], num_points", "(B, M) int64 indices into N")
+          .check(validate);
+  return decl;
+}
+
+}  // namespace opbridge

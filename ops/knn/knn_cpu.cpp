@@ -1,0 +1,110 @@
+// KNN CPU kernel (framework-free) and its compute function. Per center, one pass over the points
+// keeps the k best in a sorted list (insertion: k is small in practice); a point enters only when
+// strictly nearer than the k-th, so equal distances keep the lower index first. Centers run in
+// parallel.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "knn.h"
+#include "opbridge/dtype.h"
+
+// Distances must round alike on every device and instruction set: no fused multiply-adds.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+namespace opbridge {
+
+namespace {
+
+// Distances a block of points at a time from a structure-of-arrays copy of the clouds (one
+// vectorizable loop), then scanned against the k-th best so far (rarely inserted).
+constexpr int64_t kBlock = 512;
+
+}  // namespace
+
+template <class T>
+Status knn_cpu(const T* xyz, const T* centers, int64_t* out, const KnnParams& p, const ParallelFor& pf) {
+  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  if (p.B == 0 || p.M == 0) return Status::Ok();
+  const C inf = std::numeric_limits<C>::infinity();
+  std::vector<C> soa(static_cast<size_t>(3 * p.B * p.N));
+  pf(p.B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      C* x = soa.data() + 3 * b * p.N;
+      for (int64_t i = 0; i < p.N; ++i) {
+        const T* q = xyz + (b * p.N + i) * 3;
+        x[i] = to_float(q[0]), x[p.N + i] = to_float(q[1]), x[2 * p.N + i] = to_float(q[2]);
+      }
+    }
+  });
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, p.N));
+  pf(p.B * p.M, grain, [&](int64_t begin, int64_t end) {
+    std::vector<C> best_d(p.K);
+    std::vector<int64_t> best_i(p.K);
+    C d[kBlock];
+    for (int64_t bm = begin; bm < end; ++bm) {
+      const int64_t b = bm / p.M, m = bm % p.M;
+      const C* __restrict sx = soa.data() + 3 * b * p.N;
+      const C* __restrict sy = sx + p.N;
+      const C* __restrict sz = sy + p.N;
+      const C cx = to_float(centers[bm * 3]), cy = to_float(centers[bm * 3 + 1]), cz = to_float(centers[bm * 3 + 2]);
+      int64_t filled = 0;
+      C worst = inf;
+      for (int64_t i0 = 0; i0 < p.N; i0 += kBlock) {
+        const int64_t len = std::min(kBlock, p.N - i0);
+        for (int64_t j = 0; j < len; ++j) {
+          const C dx = sx[i0 + j] - cx, dy = sy[i0 + j] - cy, dz = sz[i0 + j] - cz;
+          d[j] = (dx * dx + dy * dy) + dz * dz;
+        }
+        for (int64_t j = 0; j < len; ++j) {
+          C v = d[j];
+          if (filled == p.K && !(v < worst)) continue;  // NaN counts as +inf: never nearer
+          if (std::isnan(v)) v = inf;
+          int64_t at = filled < p.K ? filled++ : p.K - 1;
+          while (at > 0 && v < best_d[at - 1]) {
+            best_d[at] = best_d[at - 1];
+            best_i[at] = best_i[at - 1];
+            --at;
+          }
+          best_d[at] = v;
+          best_i[at] = i0 + j;
+          worst = best_d[p.K - 1];
+        }
+      }
+      int64_t* o = out + b * p.K * p.M + m;
+      for (int64_t j = 0; j < p.K; ++j) o[j * p.M] = best_i[j];
+    }
+  });
+  return Status::Ok();
+}
+
+template Status knn_cpu<float>(const float*, const float*, int64_t*, const KnnParams&, const ParallelFor&);
+template Status knn_cpu<double>(const double*, const double*, int64_t*, const KnnParams&, const ParallelFor&);
+template Status knn_cpu<Half>(const Half*, const Half*, int64_t*, const KnnParams&, const ParallelFor&);
+template Status knn_cpu<BFloat16>(const BFloat16*, const BFloat16*, int64_t*, const KnnParams&, const ParallelFor&);
+
+namespace {
+
+Status compute(const KernelCall& k) {
+  const KnnParams p = knn_params(k);
+  return dispatch<float, double, Half, BFloat16>(k.type("xyz"), [&](auto tag) {
+    using T = decltype(tag);
+    return knn_cpu<T>(k.in<T>("xyz"), k.in<T>("center_xyz"), k.out<int64_t>(0), p, k.parallel());
+  });
+}
+
+}  // namespace
+
+OPBRIDGE_KERNEL(knn_decl, kCpu, compute);
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+}  // namespace opbridge

@@ -1,0 +1,142 @@
+// ThreeInterpolate CPU kernels (framework-free) and their compute functions. The forward and
+// the features' gradient run over rows (b, c), so that the gradient's scatter-add into a row
+// needs no atomics; the weight's gradient runs over points (b, n), reading a column of each.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "opbridge/dtype.h"
+#include "three_interpolate.h"
+
+// Distances must round alike on every device and instruction set: no fused multiply-adds.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+namespace opbridge {
+
+template <class I>
+Status three_interpolate_check_indices(const I* indices, const ThreeInterpolateDims& d) {
+  const int64_t total = d.B * d.N * 3;
+  for (int64_t j = 0; j < total; ++j) {
+    const int64_t v = static_cast<int64_t>(indices[j]);
+    if (v >= 0 && v < d.M) continue;
+    return Status::InvalidArgument("indices[" + std::to_string(j / (d.N * 3)) + ", " + std::to_string(j / 3 % d.N) +
+                                   ", " + std::to_string(j % 3) + "] = " + std::to_string(v) +
+                                   " is outside [0, M = features.shape[2] = " + std::to_string(d.M) + ")");
+  }
+  return Status::Ok();
+}
+
+template <class T, class I>
+void three_interpolate_cpu(const T* features, const I* indices, const T* weight, T* out, const ThreeInterpolateDims& d,
+                           const ParallelFor& pf) {
+  using A = acc_t<T>;
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, d.N));
+  pf(d.B * d.C, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t bc = begin; bc < end; ++bc) {
+      const int64_t b = bc / d.C;
+      const T* f = features + bc * d.M;
+      const I* idx = indices + b * d.N * 3;
+      const T* w = weight + b * d.N * 3;
+      T* o = out + bc * d.N;
+      for (int64_t n = 0; n < d.N; ++n) {
+        const A v = (A(to_float(w[3 * n])) * A(to_float(f[idx[3 * n]])) +
+                     A(to_float(w[3 * n + 1])) * A(to_float(f[idx[3 * n + 1]]))) +
+                    A(to_float(w[3 * n + 2])) * A(to_float(f[idx[3 * n + 2]]));
+        o[n] = from_acc<T>(v);
+      }
+    }
+  });
+}
+
+template <class T, class I>
+void three_interpolate_backward_cpu(const T* grad_out, const T* features, const I* indices, const T* weight,
+                                    T* grad_features, T* grad_weight, const ThreeInterpolateDims& d,
+                                    const ParallelFor& pf) {
+  using A = acc_t<T>;
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, d.N + d.M));
+  pf(d.B * d.C, grain, [&](int64_t begin, int64_t end) {
+    std::vector<A> row(d.M);
+    for (int64_t bc = begin; bc < end; ++bc) {
+      const int64_t b = bc / d.C;
+      const T* g = grad_out + bc * d.N;
+      const I* idx = indices + b * d.N * 3;
+      const T* w = weight + b * d.N * 3;
+      std::fill(row.begin(), row.end(), A(0));
+      for (int64_t n = 0; n < d.N; ++n) {
+        const A gn = to_float(g[n]);
+        for (int j = 0; j < 3; ++j) row[idx[3 * n + j]] += A(to_float(w[3 * n + j])) * gn;
+      }
+      T* gf = grad_features + bc * d.M;
+      for (int64_t m = 0; m < d.M; ++m) gf[m] = from_acc<T>(row[m]);
+    }
+  });
+  const int64_t grain_w = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, d.C));
+  pf(d.B * d.N, grain_w, [&](int64_t begin, int64_t end) {
+    for (int64_t bn = begin; bn < end; ++bn) {
+      const int64_t b = bn / d.N, n = bn % d.N;
+      const I* idx = indices + bn * 3;
+      A acc[3] = {0, 0, 0};
+      for (int64_t c = 0; c < d.C; ++c) {
+        const A gn = to_float(grad_out[(b * d.C + c) * d.N + n]);
+        const T* f = features + (b * d.C + c) * d.M;
+        for (int j = 0; j < 3; ++j) acc[j] += gn * A(to_float(f[idx[j]]));
+      }
+      for (int j = 0; j < 3; ++j) grad_weight[bn * 3 + j] = from_acc<T>(acc[j]);
+    }
+  });
+}
+
+#define OPBRIDGE_TI_INSTANTIATE(T, I)                                                                             \
+  template void three_interpolate_cpu<T, I>(const T*, const I*, const T*, T*, const ThreeInterpolateDims&,        \
+                                            const ParallelFor&);                                                  \
+  template void three_interpolate_backward_cpu<T, I>(const T*, const T*, const I*, const T*, T*, T*,              \
+                                                     const ThreeInterpolateDims&, const ParallelFor&);
+#define OPBRIDGE_TI_INSTANTIATE_I(I) \
+  OPBRIDGE_TI_INSTANTIATE(float, I)  \
+  OPBRIDGE_TI_INSTANTIATE(double, I) \
+  OPBRIDGE_TI_INSTANTIATE(Half, I)   \
+  OPBRIDGE_TI_INSTANTIATE(BFloat16, I)
+OPBRIDGE_TI_INSTANTIATE_I(int64_t)
+OPBRIDGE_TI_INSTANTIATE_I(int32_t)
+template Status three_interpolate_check_indices<int64_t>(const int64_t*, const ThreeInterpolateDims&);
+template Status three_interpolate_check_indices<int32_t>(const int32_t*, const ThreeInterpolateDims&);
+#undef OPBRIDGE_TI_INSTANTIATE_I
+#undef OPBRIDGE_TI_INSTANTIATE
+
+namespace {
+
+template <bool kBackward>
+Status compute(const KernelCall& k) {
+  const ThreeInterpolateDims d = three_interpolate_dims(k);
+  return dispatch<int64_t, int32_t>(k.type("indices"), [&](auto itag) {
+    using I = decltype(itag);
+    const I* idx = k.in<I>("indices");
+    OPBRIDGE_RETURN_IF_ERROR(three_interpolate_check_indices<I>(idx, d));
+    return dispatch<float, double, Half, BFloat16>(k.type("features"), [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (kBackward) {
+        three_interpolate_backward_cpu<T, I>(k.in<T>("grad_output"), k.in<T>("features"), idx, k.in<T>("weight"),
+                                             k.out<T>(0), k.out<T>(1), d, k.parallel());
+      } else {
+        three_interpolate_cpu<T, I>(k.in<T>("features"), idx, k.in<T>("weight"), k.out<T>(0), d, k.parallel());
+      }
+      return Status::Ok();
+    });
+  });
+}
+
+}  // namespace
+
+OPBRIDGE_KERNEL(three_interpolate_decl, kCpu, compute<false>);
+OPBRIDGE_KERNEL(three_interpolate_backward_decl, kCpu, compute<true>);
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
+}  // namespace opbridge

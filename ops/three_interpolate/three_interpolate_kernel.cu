@@ -1,0 +1,130 @@
+// ThreeInterpolate CUDA kernels and their compute functions: one thread per output element
+// (forward; weight's gradient: one per (b, n, j), summing over channels), atomics for features'
+// gradient (into a float workspace for the 16-bit types). An index outside [0, M) cannot be
+// reported without synchronizing: its feature reads as 0 and its gradient is dropped.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/dtype.cuh"
+#include "common/launch.cuh"
+#include "three_interpolate.h"
+
+namespace opbridge::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t total) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(total, kThreads), 65535)));
+}
+
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+
+template <class D, class I>
+__device__ __forceinline__ acc<D> feature(const D* f, const I* idx, int64_t j, int64_t m) {
+  const int64_t i = static_cast<int64_t>(idx[j]);
+  return (i >= 0 && i < m) ? to_acc(f[i]) : acc<D>(0);
+}
+
+template <class D, class I>
+__global__ void forward_kernel(const D* __restrict__ f, const I* __restrict__ idx, const D* __restrict__ w,
+                               D* __restrict__ out, int64_t total, int64_t c, int64_t m, int64_t n) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t bc = e / n, nn = e % n, b = bc / c;
+    const D* fr = f + bc * m;
+    const I* ix = idx + (b * n + nn) * 3;
+    const D* wr = w + (b * n + nn) * 3;
+    const acc<D> v = add_rn(add_rn(mul_rn(to_acc(wr[0]), feature(fr, ix, 0, m)), mul_rn(to_acc(wr[1]), feature(fr, ix, 1, m))),
+                            mul_rn(to_acc(wr[2]), feature(fr, ix, 2, m)));
+    out[e] = from_acc<D>(v);
+  }
+}
+
+template <class D, class A, class I>
+__global__ void grad_features_kernel(const D* __restrict__ g, const I* __restrict__ idx, const D* __restrict__ w,
+                                     A* __restrict__ gf, int64_t total, int64_t c, int64_t m, int64_t n) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t bc = e / n, nn = e % n, b = bc / c;
+    const A gv = to_acc(g[e]);
+    for (int j = 0; j < 3; ++j) {
+      const int64_t i = static_cast<int64_t>(idx[(b * n + nn) * 3 + j]);
+      if (i >= 0 && i < m) atomicAdd(gf + bc * m + i, static_cast<A>(to_acc(w[(b * n + nn) * 3 + j])) * gv);
+    }
+  }
+}
+
+template <class D, class I>
+__global__ void grad_weight_kernel(const D* __restrict__ g, const D* __restrict__ f, const I* __restrict__ idx,
+                                   D* __restrict__ gw, int64_t total, int64_t c, int64_t m, int64_t n) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t bn = e / 3, b = bn / n, nn = bn % n;
+    acc<D> s = 0;
+    for (int64_t cc = 0; cc < c; ++cc) {
+      s += to_acc(g[(b * c + cc) * n + nn]) * feature(f + (b * c + cc) * m, idx, e, m);
+    }
+    gw[e] = from_acc<D>(s);
+  }
+}
+
+template <class D>
+__global__ void convert_kernel(const float* __restrict__ in, D* __restrict__ out, int64_t total) {
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
+    out[e] = from_acc<D>(in[e]);
+  }
+}
+
+template <bool kBackward>
+Status compute(const KernelCall& k) {
+  const ThreeInterpolateDims d = three_interpolate_dims(k);
+  const Stream stream(static_cast<cudaStream_t>(k.stream()));
+  return dispatch<int64_t, int32_t>(k.type("indices"), [&](auto itag) {
+    using I = decltype(itag);
+    const I* idx = k.in<I>("indices");
+    return dispatch<float, double, Half, BFloat16>(k.type("features"), [&](auto tag) -> Status {
+      using T = decltype(tag);
+      using D = typename DeviceType<T>::type;
+      using A = acc<D>;
+      const D* f = reinterpret_cast<const D*>(k.in<T>("features"));
+      const D* w = reinterpret_cast<const D*>(k.in<T>("weight"));
+      const int64_t out_total = d.B * d.C * d.N;
+      [[maybe_unused]] const int64_t f_total = d.B * d.C * d.M, w_total = d.B * d.N * 3;
+      if constexpr (!kBackward) {
+        if (out_total == 0) return Status::Ok();
+        return cuda_status(launch(forward_kernel<D, I>, LaunchShape{dim3(blocks_for(out_total)), dim3(kThreads)}, stream,
+                                  f, idx, w, reinterpret_cast<D*>(k.out<T>(0)), out_total, d.C, d.M, d.N));
+      } else {
+        const D* g = reinterpret_cast<const D*>(k.in<T>("grad_output"));
+        D* gf = reinterpret_cast<D*>(k.out<T>(0));
+        if (f_total > 0) {
+          A* acc_buf = std::is_same_v<A, D> ? reinterpret_cast<A*>(gf)
+                                            : static_cast<A*>(k.scratch(sizeof(A) * static_cast<size_t>(f_total)));
+          OPBRIDGE_RETURN_IF_ERROR(cuda_status(
+              cudaMemsetAsync(acc_buf, 0, sizeof(A) * static_cast<size_t>(f_total), stream.get()), "cudaMemsetAsync"));
+          if (out_total > 0) {
+            OPBRIDGE_RETURN_IF_ERROR(cuda_status(launch(grad_features_kernel<D, A, I>,
+                                                        LaunchShape{dim3(blocks_for(out_total)), dim3(kThreads)}, stream,
+                                                        g, idx, w, acc_buf, out_total, d.C, d.M, d.N)));
+          }
+          if constexpr (!std::is_same_v<A, D>) {
+            OPBRIDGE_RETURN_IF_ERROR(cuda_status(launch(convert_kernel<D>, LaunchShape{dim3(blocks_for(f_total)),
+                                                                                        dim3(kThreads)},
+                                                        stream, static_cast<const float*>(acc_buf), gf, f_total)));
+          }
+        }
+        if (w_total == 0) return Status::Ok();
+        return cuda_status(launch(grad_weight_kernel<D, I>, LaunchShape{dim3(blocks_for(w_total)), dim3(kThreads)}, stream,
+                                  g, f, idx, reinterpret_cast<D*>(k.out<T>(1)), w_total, d.C, d.M, d.N));
+      }
+    });
+  });
+}
+
+}  // namespace
+}  // namespace opbridge::cuda
+
+OPBRIDGE_KERNEL(opbridge::three_interpolate_decl, kCuda, opbridge::cuda::compute<false>);
+OPBRIDGE_KERNEL(opbridge::three_interpolate_backward_decl, kCuda, opbridge::cuda::compute<true>);

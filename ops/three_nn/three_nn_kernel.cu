@@ -1,0 +1,65 @@
+// ThreeNN CUDA kernel and its compute function: one thread per target point, the CPU kernel's
+// loop (explicitly rounded multiplies and adds: the CPU kernel's indices).
+#include <algorithm>
+#include <cstdint>
+
+#include "common/dtype.cuh"
+#include "common/launch.cuh"
+#include "three_nn.h"
+
+namespace opbridge::cuda {
+namespace {
+
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
+
+template <class D>
+__global__ void three_nn_kernel(const D* __restrict__ target, const D* __restrict__ source, D* __restrict__ dist,
+                                int64_t* __restrict__ indices, int64_t total, int64_t n, int64_t m) {
+  using C = acc<D>;
+  for (int64_t bn = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; bn < total; bn += int64_t{gridDim.x} * blockDim.x) {
+    const D* src = source + (bn / n) * m * 3;
+    const C tx = to_acc(target[bn * 3]), ty = to_acc(target[bn * 3 + 1]), tz = to_acc(target[bn * 3 + 2]);
+    C d0 = C(INFINITY), d1 = C(INFINITY), d2 = C(INFINITY);
+    int64_t i0 = -1, i1 = -1, i2 = -1;
+    for (int64_t k = 0; k < m; ++k) {
+      const C dx = to_acc(src[3 * k]) - tx, dy = to_acc(src[3 * k + 1]) - ty, dz = to_acc(src[3 * k + 2]) - tz;
+      C d = add_rn(add_rn(mul_rn(dx, dx), mul_rn(dy, dy)), mul_rn(dz, dz));
+      if (d != d) d = C(INFINITY);
+      if (i0 < 0 || d < d0) {
+        d2 = d1, i2 = i1, d1 = d0, i1 = i0, d0 = d, i0 = k;
+      } else if (i1 < 0 || d < d1) {
+        d2 = d1, i2 = i1, d1 = d, i1 = k;
+      } else if (i2 < 0 || d < d2) {
+        d2 = d, i2 = k;
+      }
+    }
+    dist[bn * 3] = from_acc<D>(sqrt(d0));
+    dist[bn * 3 + 1] = from_acc<D>(sqrt(d1));
+    dist[bn * 3 + 2] = from_acc<D>(sqrt(d2));
+    indices[bn * 3] = i0;
+    indices[bn * 3 + 1] = i1;
+    indices[bn * 3 + 2] = i2;
+  }
+}
+
+Status compute(const KernelCall& k) {
+  const ThreeNNParams p = three_nn_params(k);
+  const int64_t total = p.B * p.N;
+  if (total == 0) return Status::Ok();
+  return dispatch<float, double, Half, BFloat16>(k.type("target"), [&](auto tag) {
+    using T = decltype(tag);
+    using D = typename DeviceType<T>::type;
+    LaunchShape shape{dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(total, 256), 65535))), dim3(256)};
+    return cuda_status(launch(three_nn_kernel<D>, shape, Stream(static_cast<cudaStream_t>(k.stream())),
+                              reinterpret_cast<const D*>(k.in<T>("target")), reinterpret_cast<const D*>(k.in<T>("source")),
+                              reinterpret_cast<D*>(k.out<T>(0)), k.out<int64_t>(1), total, p.N, p.M));
+  });
+}
+
+}  // namespace
+}  // namespace opbridge::cuda
+
+OPBRIDGE_KERNEL(opbridge::three_nn_decl, kCuda, opbridge::cuda::compute);
