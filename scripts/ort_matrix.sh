@@ -7,10 +7,14 @@
 # 1. builds the wheel with the current (dev) Python: pip wheel --no-build-isolation (reuses build/);
 # 2. exports a few models with torch from that environment and the wheel's opbridge
 #    (tests/exported_models.py), once per wheel;
-# 3. per version: a torch-free venv under .ort-matrix/venv-<ver> (created once, then reused) with
-#    onnxruntime==<ver>, onnx, numpy, pytest and the wheel (--no-deps), runs the torch-free test modules
-#    (tests/test_ort_*.py and tests/test_check.py: they never import torch).
-# Environment: PYTHON (dev interpreter, default: python), OPBRIDGE_MATRIX_DIR (cache, default .ort-matrix).
+# 3. per version: a torch-free venv under $HOME/.cache/opbridge-ort-matrix/venv-<ver> (created once, reused while
+#    its requirements stay the same) with onnxruntime==<ver>, numpy, onnx, onnxscript, onnx-ir,
+#    pytest and the wheel (--no-deps), runs the torch-free test modules (tests/test_ort_*.py,
+#    tests/test_check.py, tests/test_optimize*.py: they never import torch). An onnxruntime older
+#    than 1.18 gets the `tools` extra's floors (pyproject.toml) exactly: the oldest runtime and the
+#    oldest onnx, onnxscript and onnx-ir opbridge supports, together; the others get the newest.
+# Environment: PYTHON (dev interpreter, default: python), OPBRIDGE_MATRIX_DIR (wheel and models, default
+# .ort-matrix), OPBRIDGE_ORT_VENV_DIR (the venvs, default $HOME/.cache/opbridge-ort-matrix).
 # Exit status: non-zero when any version fails.
 set -euo pipefail
 
@@ -18,16 +22,20 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 py=${PYTHON:-python}
 cache=${OPBRIDGE_MATRIX_DIR:-$root/.ort-matrix}
+# The venvs outlive the clone (CI starts from a fresh one): kept in $HOME like the torch matrix's.
+venvs=${OPBRIDGE_ORT_VENV_DIR:-$HOME/.cache/opbridge-ort-matrix}
 if [ $# -gt 0 ]; then versions=("$@"); else versions=(1.17.3 1.24.4 1.32.0); fi
-tests=(tests/test_ort_*.py tests/test_check.py)
-mkdir -p "$cache"
+tests=(tests/test_ort_*.py tests/test_check.py tests/test_optimize.py tests/test_optimize_files.py)
+mkdir -p "$cache" "$venvs"
 t_start=$SECONDS
 
-# onnxruntime < 1.18 imports only with numpy < 2 and needs an onnx that still writes IR <= 9 models.
+# The `tools` extra's floors, exact: "onnx==1.23 onnx-ir==1.1 onnxscript==0.5.7".
+floors=$("$py" scripts/extra_floors.py tools)
+# onnxruntime < 1.18 imports only with numpy < 2.
 deps_for() {
   case "$1" in
-    1.1[0-7].*) echo "numpy<2 onnx<1.18" ;;
-    *) echo "numpy onnx" ;;
+    1.1[0-7].*) echo "numpy<2 $floors" ;;
+    *) echo "numpy onnx onnxscript onnx-ir" ;;
   esac
 }
 
@@ -64,18 +72,19 @@ fi
 declare -A result
 status=0
 for v in "${versions[@]}"; do
-  venv="$cache/venv-$v"
+  venv="$venvs/venv-$v"
   t0=$SECONDS
-  if [ ! -f "$venv/.ready" ]; then
-    echo "== creating $venv"
+  deps="onnxruntime==$v $(deps_for "$v") pytest (python $("$py" -c 'import sys; print(sys.version.split()[0])'))"
+  if [ "$(cat "$venv/.ready" 2>/dev/null || true)" != "$deps" ]; then
+    echo "== creating $venv: $deps"
     rm -rf "$venv"
     "$py" -m venv "$venv"
-    # shellcheck disable=SC2046  # deps_for prints several requirement specs
-    "$venv/bin/python" -m pip install -q "onnxruntime==$v" $(deps_for "$v") pytest
-    touch "$venv/.ready"
+    # shellcheck disable=SC2086  # several requirement specs
+    "$venv/bin/python" -m pip install -q ${deps% (python *}
+    echo "$deps" > "$venv/.ready"
   fi
   "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
-  echo "== onnxruntime $v"
+  echo "== onnxruntime $v ($("$venv/bin/python" -c 'import importlib.metadata as m; print(", ".join(f"{d} {m.version(d)}" for d in ("onnx", "onnxscript", "onnx-ir", "numpy")))'))"
   if OPBRIDGE_EXPORTED_MODELS="$models" "$venv/bin/python" -m pytest -q -p no:cacheprovider "${tests[@]}"; then
     result[$v]="passed ($((SECONDS - t0)) s)"
   else

@@ -9,6 +9,7 @@
 # 2. per version: a venv under $OPBRIDGE_TORCH_MATRIX_DIR/venv-<ver> (created once, then reused:
 #    torch's CUDA builds bring 4-5 GB of nvidia-* wheels, which pip's own cache also keeps) with
 #    torch==<ver>, numpy, onnx, onnxscript, onnxruntime, pytest, hypothesis and the wheel (--no-deps);
+#    torch 2.11 with the `export` extra's floors of onnx, onnxscript and onnx-ir (scripts/extra_floors.py);
 #    checks that the installed libopbridge_torch.so is byte for byte the built one;
 #    the same for a user's op project, examples/rms_norm (opbridge new-op's layout), built once;
 # 3. runs the torch-side test modules there, and the project's own tests, with no compiler on PATH (only the venv's bin/ and a
@@ -28,7 +29,7 @@ if [ $# -gt 0 ]; then versions=("$@"); else versions=(2.11.0 2.14.1); fi
 tests=(tests/test_stable_abi.py tests/test_torch_import.py tests/test_group_norm.py tests/test_group_norm_backward.py
        tests/test_group_norm_edge_cases.py tests/test_group_norm_layouts.py tests/test_inverse.py
        tests/test_inverse_on_singular.py tests/test_ms_deform_attn.py tests/test_ms_deform_attn_errors.py
-       tests/test_no_grad_fast_path.py tests/test_export_dynamic.py tests/test_testing.py)
+       tests/test_no_grad_fast_path.py tests/test_export_dynamic.py tests/test_testing.py tests/test_nn_dropins.py)
 mkdir -p "$cache"
 t_start=$SECONDS
 
@@ -75,6 +76,12 @@ for v in "${versions[@]}"; do
     "$venv/bin/python" -m pip install -q "torch==$v" numpy onnx onnxscript onnxruntime pytest hypothesis expecttest
     touch "$venv/.ready"
   fi
+  # The oldest torch runs with the oldest onnx, onnxscript and onnx-ir the `export` extra allows
+  # (its floors, exact); the others keep the newest.
+  case "$v" in
+    # shellcheck disable=SC2046  # several requirement specs
+    2.11.*) "$venv/bin/python" -m pip install -q $("$py" scripts/extra_floors.py export --skip torch) ;;
+  esac
   "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
   # The user's project in a folder of its own (PYTHONPATH for its tests only): installed in the
   # venv, its entry point would make opbridge's torch-free tests import it, and torch with it.
@@ -82,7 +89,7 @@ for v in "${versions[@]}"; do
   rm -rf "$cache/user-$v"
   "$venv/bin/python" -m pip install -q --no-deps --target "$cache/user-$v" "$user_wheel"
   got=$("$venv/bin/python" -c "import hashlib, opbridge; print(hashlib.sha256(open(opbridge.torch_library_path(), 'rb').read()).hexdigest())")
-  echo "== torch $v ($("$venv/bin/python" -c 'import torch; print(torch.__version__)')), libopbridge_torch.so sha256 $got"
+  echo "== torch $v ($("$venv/bin/python" -c 'import importlib.metadata as m, torch; print(", ".join([torch.__version__] + [f"{d} {m.version(d)}" for d in ("onnx", "onnxscript", "onnx-ir")]))')), libopbridge_torch.so sha256 $got"
   user_got=$(sha256sum "$cache/user-$v"/myops/*_torch.so | cut -d' ' -f1)
   if [ "$got" != "$built" ] || [ "$user_got" != "$user_built" ]; then
     result[$v]="FAILED (installed library differs from the built one)"

@@ -4,10 +4,12 @@
 #   scripts/wheel_smoke.sh [WHEEL]      default: dist/opbridge-*-manylinux*.whl (scripts/build_wheel.sh)
 #
 # The venv gets binary wheels only (--only-binary :all:, so nothing is compiled there): the wheel
-# with its `export` and `test` extras (torch>=2.11, onnxruntime, onnx, onnxscript, numpy, pytest),
+# with its `export`, `test` and `onnxruntime` extras (torch>=2.11, onnx, onnxscript, onnx-ir,
+# numpy, pytest, the CPU onnxruntime; scripts/ortgpu_install_check.sh installs onnxruntime-gpu),
 # torch held at the build venv's release (any from 2.11 on would do: scripts/torch_matrix.sh runs
 # others; this one is at hand, where another would download gigabytes). The tests chosen need no compiler (no CMake consumers, no user ops)
-# and run in about a minute: the torch-import rules, the ORT side, `opbridge check`, the numpy
+# and run in about a minute: the torch-import rules, the ORT side (also with no ONNX Runtime
+# installed, and the extras in the metadata), `opbridge check`, the numpy
 # kernels, GroupNorm in torch and ORT, and the demo (export with both exporters, run in ORT).
 # Environment: PYTHON (creates the venv; default: python3), OPBRIDGE_SMOKE_DIR (default: a temp dir,
 # removed afterwards).
@@ -34,13 +36,13 @@ else
 fi
 t0=$SECONDS
 
-echo "== fresh venv: $(basename "$wheel")[export,test], binary wheels only"
+echo "== fresh venv: $(basename "$wheel")[export,test,onnxruntime], binary wheels only"
 "${PYTHON:-python3}" -m venv "$dir/venv"
 py=$dir/venv/bin/python
 # Byte-compiled at install (pip's default): the tests start many interpreters, and with
 # PYTHONDONTWRITEBYTECODE each would compile torch's modules again.
 build_torch=$(python -c "import torch; print(torch.__version__.split('+')[0])" 2>/dev/null || true)
-if ! "$py" -m pip install -q --only-binary :all: "$wheel[export,test]" ${build_torch:+"torch==$build_torch"} \
+if ! "$py" -m pip install -q --only-binary :all: "$wheel[export,test,onnxruntime]" ${build_torch:+"torch==$build_torch"} \
     > "$dir/pip.log" 2>&1; then
   cat "$dir/pip.log"
   echo "wheel_smoke.sh: pip install failed" >&2
@@ -56,7 +58,7 @@ PY
 echo "   ($((SECONDS - t0)) s)"
 
 tests=(tests/test_torch_import.py tests/test_ort_runtime.py tests/test_ort_exported.py tests/test_check.py
-       tests/test_core.py tests/test_group_norm.py tests/test_cli.py)
+       tests/test_core.py tests/test_group_norm.py tests/test_cli.py tests/test_without_onnxruntime.py)
 echo "== pytest ${tests[*]}"
 "$py" -m pytest -q -p no:cacheprovider "${tests[@]}"
 echo "== smoke tests passed ($((SECONDS - t0)) s)"

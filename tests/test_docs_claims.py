@@ -89,6 +89,18 @@ def test_torch_version_error_message():
     assert "opbridge: torch ops not registered." in _text(DOC / "install.md")
 
 
+def test_no_onnxruntime_message(monkeypatch):
+    """docs/install.md quotes the error of what needs ONNX Runtime where none is installed."""
+    from opbridge._ort import import_onnxruntime
+
+    quoted = [t for t in _output_blocks(DOC / "install.md") if "needs ONNX Runtime" in t]
+    assert len(quoted) == 1
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` fails as if absent
+    with pytest.raises(ModuleNotFoundError) as info:
+        import_onnxruntime()
+    assert str(info.value) == " ".join(quoted[0].split())
+
+
 def test_export_load_without_the_ops_message(tmp_path):
     """docs/install.md quotes what torch says when a saved program uses opbridge's ops and nothing
     registered them: the torch release it names, the exception and the warning before it."""
@@ -295,3 +307,24 @@ def test_group_norm_cuda_paragraph():
     decl = (REPO / "ops" / "group_norm" / "group_norm_decl.cpp").read_text()
     assert 'attr_string("activation")' in decl
     assert "uses_channels_last(" in (REPO / "cpp" / "torch" / "torch_ops.cpp").read_text()
+
+
+def test_export_memory_refusal_message(monkeypatch):
+    """docs/optimize.md quotes export's refusal of a model the memory available cannot hold: the
+    model that mixes every kind of large tensor at 0.6 GB, TorchScript exporter, a limit of 1G."""
+    pytest.importorskip("torch")
+    import importlib.util
+
+    import opbridge.onnx
+    from opbridge import _memory
+
+    spec = importlib.util.spec_from_file_location("_large_model", REPO / "benchmarks" / "benchmarks" / "_large_model.py")
+    large = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(spec.name, large)
+    spec.loader.exec_module(large)
+    (quoted,) = [t for t in _output_blocks(DOC / "optimize.md") if t.startswith("opbridge.onnx.export: exporting")]
+    model, inputs = large.build_kind("mixed", 0.6)
+    monkeypatch.setenv(_memory.ENV, "1G")
+    with pytest.raises(MemoryError) as e:
+        opbridge.onnx.export(model, inputs, "never-written.onnx", dynamo=False)
+    assert str(e.value) == " ".join(quoted.split())

@@ -52,11 +52,18 @@ def test_pyproject_pins_and_comments(tmp_path):
     meta = tomllib.loads(text)
     major, minor = (int(v) for v in opbridge.__version__.split(".")[:2])
     deps = meta["project"]["dependencies"]
-    # SameMinorVersion CMake package: this minor version only.
-    assert f"opbridge>={major}.{minor},<{major}.{minor + 1}" in deps
+    extras = meta["project"]["optional-dependencies"]
+    # SameMinorVersion CMake package: this minor version only. Nothing else: the ORT side needs no
+    # torch, and a dependency on one ONNX Runtime distribution would replace the other.
+    pin = f">={major}.{minor},<{major}.{minor + 1}"
+    assert deps == [f"opbridge{pin}"]
+    assert extras["onnxruntime"] == [f"opbridge[onnxruntime]{pin}"]
+    assert extras["onnxruntime-gpu"] == [f"opbridge[onnxruntime-gpu]{pin}"]
+    assert f"opbridge[export]{pin}" in extras["test"]
+    assert meta["project"]["requires-python"] == ">=3.10"
     if opbridge.build_info().get("torch_version"):
         # The stable ABI: any torch from the release opbridge targets on, to build and to run.
-        assert "torch>=2.11" in deps
+        assert extras["torch"] == ["torch>=2.11"]
         assert "torch>=2.11" in meta["build-system"]["requires"]
     assert meta["build-system"]["build-backend"] == "scikit_build_core.build"
     # A module that imports neither torch nor the package's torch side (test_torch_free_until_used).
@@ -172,6 +179,24 @@ def test_generated_project_builds_and_its_tests_pass(built):
     project, site = built
     out = run_project_tests(project, site)
     assert re.search(r"\b4 passed\b", out), out
+
+
+def test_installed_package_requires_neither_torch_nor_onnxruntime(built):
+    # The built wheel's metadata, as pip installed it: the ORT side is torch-free at install too.
+    from packaging.requirements import Requirement
+
+    project, site = built
+    (info,) = site.glob("myproj-*.dist-info")
+    requires = [Requirement(line.split(":", 1)[1]) for line in (info / "METADATA").read_text().splitlines()
+                if line.startswith("Requires-Dist:")]
+    base = [r for r in requires if r.marker is None]
+    assert [(r.name, r.extras) for r in base] == [("opbridge", set())], base
+    by_extra = {e: sorted((r.name, tuple(sorted(r.extras))) for r in requires
+                          if r.marker is not None and r.marker.evaluate({"extra": e}))
+                for e in ("torch", "onnxruntime", "onnxruntime-gpu")}
+    assert by_extra == {"torch": [("torch", ())], "onnxruntime": [("opbridge", ("onnxruntime",))],
+                        "onnxruntime-gpu": [("opbridge", ("onnxruntime-gpu",))]}
+    # And opbridge itself requires numpy only (tests/test_without_onnxruntime.py).
 
 
 def test_generated_op_builds_its_autograd_graph_in_cpp(built):

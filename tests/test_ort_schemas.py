@@ -1,7 +1,7 @@
 """The ai.opbridge OpSchemas: onnx.checker and onnx shape inference understand our nodes.
 
-Torch-free (onnx, numpy): scripts/ort_matrix.sh runs it with old onnx too, where opbridge's own
-inference stands in for onnx's (onnx <= 1.17 cannot attach Python inference functions).
+Torch-free (onnx, numpy): scripts/ort_matrix.sh runs it with the oldest onnx opbridge supports
+(the `tools` extra's floor), the first that lets a Python OpSchema carry shape inference.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from onnx import TensorProto, helper
 
 import opbridge.onnx
 from onnx_models import IR_VERSION
-from opbridge.onnx._script import python_inference_supported
 
 
 def _model(x_shape, num_groups=2, scale_shape=None, bias_shape=None, attrs=None):
@@ -56,8 +55,7 @@ def test_importing_opbridge_onnx_registers_the_schema():
     assert [i.name for i in schema.inputs] == ["X", "scale", "bias"]
     assert schema.attributes["num_groups"].required
     assert schema.attributes["epsilon"].default_value.f == pytest.approx(1e-5)
-    if python_inference_supported():
-        assert schema.has_type_and_shape_inference_function
+    assert schema.has_type_and_shape_inference_function
 
 
 @pytest.mark.parametrize("scale, bias", [([6], [6]), (None, None), (None, [6])])
@@ -80,8 +78,6 @@ def test_infer_shapes_types_the_custom_output_and_downstream():
 
 
 def test_onnx_shape_inference_uses_the_schema_function():
-    if not python_inference_supported():
-        pytest.skip(f"onnx {onnx.__version__} cannot attach Python shape inference to a schema")
     inferred = onnx.shape_inference.infer_shapes(_model([2, 6, 5], num_groups=2), strict_mode=True)
     assert _shape(inferred, "B") == (TensorProto.FLOAT, [2, 6, 5])
 
@@ -101,3 +97,16 @@ def test_shape_inference_rejects_invalid_nodes(kwargs, message):
 def test_unknown_channels_are_not_checked():
     inferred = opbridge.onnx.infer_shapes(_model(["N", "C", 4], num_groups=4))
     assert _shape(inferred, "B") == (TensorProto.FLOAT, ["N", "C", 4])
+
+
+def test_an_onnx_older_than_the_floor_is_refused_at_import():
+    # onnx 1.19-1.22 would crash the interpreter at exit once our schemas are registered.
+    import subprocess
+    import sys
+
+    code = ("import onnx\nonnx.__version__ = '1.22.0'\n"
+            "try:\n    import opbridge.onnx\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ('opbridge.onnx needs onnx>=1.23, but onnx 1.22.0 is installed: '
+                                  'pip install -U "opbridge[tools]"')

@@ -12,8 +12,15 @@ LargeModels``); the track_ methods report them. Goals (issue "Real-size models")
 * optimize, with its ONNX Runtime check: peak <= 2 G + 1.5 GB (``track_memory_margin_gb`` >= 0),
   t(4 GB) <= 2.3 x t(2 GB) (``track_time_4gb_over_2gb``).
 
+``LargeModelKinds``: the same goals for one model per way a forward uses a large tensor (used
+whole by a Conv or a Linear, sliced 1-D and N-D, gathered, viewed, tied, a buffer, a constant torch
+folds: ``_large_model.KINDS``, 1 GB each, the 1-D slice at 2.24 GB), the model mixing them all
+(0.45 GB), and diffusers' UNet2DConditionModel at Stable Diffusion 1.5's size (3.44 GB), dynamo
+exporter; optimize reads plain torch's export.
+
 ``python -m benchmarks.bench_large_models [GB ...]`` (from ``benchmarks/``) prints the same
-measurements as a table, without asv.
+measurements as a table, without asv; ``python -m benchmarks.bench_large_models kinds [MODEL ...]``
+the kinds' table.
 """
 
 from __future__ import annotations
@@ -190,6 +197,121 @@ def _table(results: dict, sizes) -> str:
     return "\n".join(lines)
 
 
+KIND_SIZES = {**{kind: 2.24 if kind == "sliced_1d" else 1.0 for kind in L.KINDS}, "mixed": 0.45, "unet_sd15": 0.0}
+
+
+def measure_kind(model: str, out=None) -> dict:
+    """{"plain" | "opbridge" | "optimize": {"peak": bytes, "time": s} or {"error": text}, "g": bytes}:
+    dynamo export of one of KIND_SIZES by torch and by opbridge, and optimize of torch's export,
+    each in its own child process, one at a time."""
+    gb = KIND_SIZES[model]
+    results: dict = {}
+    scratch = tempfile.mkdtemp(prefix="opbridge-bench-kinds-")
+    try:
+        for variant in ("torch", "opbridge"):
+            path = os.path.join(scratch, variant, "m.onnx")
+            os.makedirs(os.path.dirname(path))
+            r = L.run_measured(L.export_argv(gb, variant, True, path, model=model), env=L.child_env())
+            if r.returncode != 0:
+                results["plain" if variant == "torch" else variant] = {"error": f"exit status {r.returncode}: "
+                                                                                f"{r.stderr[-2000:]}"}
+                continue
+            j = r.json()
+            results["plain" if variant == "torch" else variant] = {"peak": r.peak_bytes, "time": j["export_s"]}
+            results["g"] = j["state_bytes"]
+            if variant == "opbridge":
+                shutil.rmtree(os.path.dirname(path))
+        if "error" not in results["plain"]:
+            dst = os.path.join(scratch, "optimized", "o.onnx")
+            r = L.run_measured(L.optimize_argv(os.path.join(scratch, "torch", "m.onnx"), dst), env=L.child_env())
+            results["optimize"] = ({"peak": r.peak_bytes, "time": r.wall_s} if r.returncode == 0
+                                   else {"error": f"exit status {r.returncode}: {r.stderr[-2000:]}"})
+        else:
+            results["optimize"] = {"error": "no plain export"}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if out is not None:
+        print(f"  {model}: {results}", file=out, flush=True)
+    return results
+
+
+class LargeModelKinds:
+    """Each model of KIND_SIZES: peak RSS and time of plain and opbridge dynamo export and of
+    optimize, and the margins to the goals (>= 0 meets them)."""
+
+    params = (list(KIND_SIZES), ["torch.onnx.export", "opbridge.onnx.export", "opbridge optimize"])
+    param_names = ["model", "task"]
+    timeout = 3600
+
+    def setup_cache(self):
+        _torch_or_skip()
+        return {model: measure_kind(model) for model in KIND_SIZES}
+
+    @staticmethod
+    def _get(results, model, task, field):
+        key = {"torch.onnx.export": "plain", "opbridge.onnx.export": "opbridge", "opbridge optimize": "optimize"}[task]
+        r = results[model][key]
+        if "error" in r:
+            raise NotImplementedError(r["error"])
+        return r[field]
+
+    def track_peak_gb(self, results, model, task):
+        return self._get(results, model, task, "peak") / GB
+
+    track_peak_gb.unit = "GB"
+
+    def track_time_s(self, results, model, task):
+        """Export: the export call; optimize: the whole command."""
+        return self._get(results, model, task, "time")
+
+    track_time_s.unit = "s"
+
+    def track_memory_margin_gb(self, results, model, task):
+        """opbridge export: (plain's peak + G + 0.5 GB) - peak; optimize: (2 G + 1.5 GB) - peak."""
+        g = results[model].get("g", 0)
+        peak = self._get(results, model, task, "peak")
+        if task == "opbridge optimize":
+            return (2 * g + 1.5 * GB - peak) / GB
+        if task == "torch.onnx.export":
+            raise NotImplementedError("the baseline itself")
+        return (self._get(results, model, "torch.onnx.export", "peak") + g + 0.5 * GB - peak) / GB
+
+    track_memory_margin_gb.unit = "GB"
+
+    def track_time_margin_s(self, results, model, task):
+        """opbridge export: (2 x plain's time + 10 s) - time."""
+        if task != "opbridge.onnx.export":
+            raise NotImplementedError("opbridge's export only")
+        return 2 * self._get(results, model, "torch.onnx.export", "time") + 10 - self._get(results, model, task, "time")
+
+    track_time_margin_s.unit = "s"
+
+
+def _kinds_table(results: dict) -> str:
+    lines = ["| model | G | plain export | opbridge export | memory margin | time margin | optimize | memory margin |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def cell(r):
+        return r["error"][:60] if "error" in r else f"{r['peak'] / GB:.2f} GB, {r['time']:.1f} s"
+
+    for model, r in results.items():
+        g = r.get("g", 0)
+        plain, ours, opt = r["plain"], r["opbridge"], r["optimize"]
+        margin = time_margin = opt_margin = ""
+        if "error" not in plain and "error" not in ours:
+            margin = f"{(plain['peak'] + g + 0.5 * GB - ours['peak']) / GB:+.2f} GB"
+            time_margin = f"{2 * plain['time'] + 10 - ours['time']:+.1f} s"
+        if "error" not in opt:
+            opt_margin = f"{(2 * g + 1.5 * GB - opt['peak']) / GB:+.2f} GB"
+        lines.append(f"| {model} | {g / GB:.2f} GB | {cell(plain)} | {cell(ours)} | {margin} | {time_margin} | "
+                     f"{cell(opt)} | {opt_margin} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    chosen = [float(a) for a in sys.argv[1:]] or SIZES
-    print(_table(measure(chosen, out=sys.stderr), chosen))
+    if sys.argv[1:2] == ["kinds"]:
+        chosen = sys.argv[2:] or list(KIND_SIZES)
+        print(_kinds_table({model: measure_kind(model, out=sys.stderr) for model in chosen}))
+    else:
+        chosen = [float(a) for a in sys.argv[1:]] or SIZES
+        print(_table(measure(chosen, out=sys.stderr), chosen))

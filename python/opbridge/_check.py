@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping, Sequence, TextIO
 import numpy as np
 
 from ._library import DOMAIN
+from ._ort import import_onnxruntime, missing_message
 
 # Domains of the ONNX standard, whose ops onnx itself defines.
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
@@ -93,6 +94,7 @@ def _declared_ops(stock: bool) -> dict[str, Any]:
 
 
 def _ort_kernels(providers: Sequence[str]) -> set[tuple[str, str]]:
+    import_onnxruntime()
     from onnxruntime.capi import _pybind_state as C
 
     wanted = set(providers)
@@ -196,7 +198,7 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
         (``opbridge._decl.discover``).
     stock: how the model fares on stock ONNX Runtime: no custom-op library at all."""
     import onnx
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     from ._version import __version__
     from ._decl import _discover, register_library
@@ -314,7 +316,7 @@ def main(path: str, providers: Sequence[str] | None = None, dims: Sequence[str] 
         report = check(path, providers=providers, dims=parsed, run=run, libraries=libraries, discover=discover,
                        stock=stock)
     except ImportError as e:
-        print(f"opbridge check needs onnx and onnxruntime: {e}", file=sys.stderr)
+        print(missing_message("check", e), file=sys.stderr)
         return 2
     except (UnreadableModel, OSError, ValueError) as e:
         print(f"opbridge check: {e}", file=sys.stderr)

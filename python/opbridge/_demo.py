@@ -14,6 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ._ort import import_onnxruntime
+
 
 def _net():
     import torch
@@ -108,7 +110,7 @@ def run_demo(out_dir: str = "opbridge-demo", repeats: int = 20) -> int:
 
 
 def _inverse_demo(out: Path, repeats: int) -> bool:
-    import onnxruntime as ort
+    ort = import_onnxruntime()
     import torch
 
     import opbridge

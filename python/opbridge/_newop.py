@@ -1,8 +1,8 @@
 """``opbridge new-op NAME``: scaffolds a project of your own ops on opbridge.
 
-A new project (``--dir``, default ``./NAME``) gets a pyproject.toml (scikit-build-core; torch and
-opbridge pinned to the versions this opbridge was built with, since its CMake package and C++
-adapters are SameMinorVersion), a CMakeLists.txt with one ``opbridge_add_op`` line, the op's
+A new project (``--dir``, default ``./NAME``) gets a pyproject.toml (scikit-build-core; opbridge
+pinned to this minor version, since its CMake package and C++ adapters are SameMinorVersion; torch
+and ONNX Runtime only in extras, so that installing the package pulls in neither), a CMakeLists.txt with one ``opbridge_add_op`` line, the op's
 declarations (forward and backward), CPU kernels of a real function (``y = alpha * x * weight``)
 with their compute functions (opbridge's generic adapters run them in torch, ORT and _core), a
 Python package and tests that pass as generated
@@ -165,10 +165,12 @@ def new_op(name: str, dir: str | Path | None = None, namespace: str | None = Non
     values = {
         "op": name, "Op": pascal(name), "OP": name.upper(), "ns": ns, "NS": ns.upper(), "lib": lib, "domain": dom,
         "dist": ns.replace("_", "-"), "opbridge_req": pins["opbridge_req"], "opbridge_minor": pins["opbridge_minor"],
+        "opbridge_spec": pins["opbridge_req"][len("opbridge"):],
         "torch_req": pins["torch_req"] or "torch",
-        "torch_dep": (f'  # The torch extension is on the LibTorch stable ABI: one build for every torch from\n'
-                      f'  # the release opbridge targets on.\n  "{pins["torch_req"]}",\n'
-                      if pins["torch_req"] else ""),
+        "torch_extra": (f'# The torch side (the ops\' Python functions, torch.ops.{ns}.*). The torch extension is on\n'
+                        f'# the LibTorch stable ABI: one build for every torch from the release opbridge targets on.\n'
+                        f'torch = ["{pins["torch_req"]}"]\n'
+                        if pins["torch_req"] else ""),
         "torch_build_req": f', "{pins["torch_req"]}"' if pins["torch_req"] else "",
         "cuda_block": _CUDA_BLOCK.format(NS=ns.upper()) if cuda else "",
     }

@@ -36,6 +36,9 @@ from typing import Any, Iterator, Mapping, Sequence, TextIO
 
 import numpy as np
 
+from . import _memory
+from ._ort import import_onnxruntime, missing_message
+
 # What the command shares with opbridge.onnx (the rules; writing files), under the names it had here.
 from .onnx._external_data import (AUTO_EXTERNAL_BYTES, EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, PROTOBUF_LIMIT,
                                    WriteError, data_file_name, tensor_bytes, write_file, writing)  # noqa: F401
@@ -308,34 +311,12 @@ def estimated_peak(tensor_bytes: int, inline_input: bool, external_output: bool)
 
 
 def available_memory() -> int | None:
-    """MemAvailable of /proc/meminfo (bytes), or None where there is no such file."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    """The memory this process may still take (bytes): MemAvailable, the cgroup's limit, or
+    OPBRIDGE_MEMORY_LIMIT when set (opbridge/_memory.py); None where nothing says."""
+    return _memory.available()[0]
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
-               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-               "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-
-
-def parse_size(text: str) -> int:
-    """'8G' / '8GiB' (2**30), '8GB' (10**9), '512M', '1.5g', '1000000' -> bytes; ValueError else."""
-    t = str(text).strip().lower().replace(" ", "")
-    number = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = t[len(number):]
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if unit not in _SIZE_UNITS or not (value > 0) or not math.isfinite(value):
-        raise ValueError(f"--max-memory expects a size such as 8G, 8GiB, 8GB or 512M, got {text!r}")
-    return int(value * _SIZE_UNITS[unit])
+parse_size = _memory.parse_size
 
 
 def _gb(n: float) -> str:
@@ -371,7 +352,7 @@ def check_memory(path: str, tensor_bytes: int, external_input: bool, max_memory:
 def _too_large(path: str, tensor_bytes: int, need: int, max_memory: int) -> str:
     return (f"{path}: a model of {_gb(tensor_bytes)} of tensors needs about {_gb(need)} of memory to optimize "
             f"and check, more than the {_gb(max_memory)} allowed (--max-memory; by default the memory available "
-            f"now); nothing was read or written")
+            f"now: MemAvailable or the cgroup's limit, or {_memory.ENV}); nothing was read or written")
 
 
 def _check_disk(out_bytes: int, output_path: str) -> None:
@@ -406,17 +387,30 @@ class Report:
 
 
 def _session(path: str, providers: Sequence[str]) -> Any:
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     from ._session import InferenceSession
 
     so = ort.SessionOptions()
+    # Extended, not all, graph optimizations: at the "all" level ONNX Runtime's CPU layout
+    # transform copies every Conv weight into a blocked layout while it loads the model, 4 G of
+    # peak RSS for a model of G bytes of Conv weights instead of 1.1 G (docs/optimize.md, "Memory
+    # and time"). Both models are checked at the same level; the layout changes no result.
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     # Without prepacking, ORT reads the weights of a model with external data straight from the
     # memory-mapped data file (page cache the kernel can reclaim) instead of copying each
     # MatMul/Conv weight into a packed buffer of its own; measured: the same peak RSS and time
     # for the check (docs/optimize.md, "Memory and time"). The rewrite changes no such op.
     so.add_session_config_entry("session.disable_prepacking", "1")
-    return InferenceSession(path, so, providers=providers)
+    # Without the arena, what a run computes is returned to the system when the run ends, instead
+    # of staying in the arena (rounded up) next to the next session's: a model whose run computes
+    # a tensor as large as its weights ((c * 2)[:4] of a constant c) needed 3 G in the check with
+    # it, 2 G without. The check runs a few times; the arena's speed does not matter.
+    so.enable_cpu_mem_arena = False
+    # Constant folding would load an initializer that a constant subgraph reads (Slice(p) of a
+    # 1-D parameter) into memory next to its mapping, and fold it: 2 G for a model of G bytes.
+    # The check runs the same subgraph on every run instead (it reads what it needs).
+    return InferenceSession(path, so, providers=providers, disabled_optimizers=["ConstantFolding"])
 
 
 def _missing_ops(path: str, providers: Sequence[str]) -> list[str]:
@@ -437,7 +431,7 @@ def check_against(original: str, rewritten: str, *, providers: Sequence[str], di
     One ONNX Runtime session at a time: the original runs on every input first and its outputs
     are kept; its session is released before the rewritten model's is made, so that the weights
     are never held twice."""
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     from ._check import random_inputs
 
@@ -638,10 +632,11 @@ def main(input_path: str, output_path: str, *, silu: bool = True, providers: Seq
         print(f"opbridge optimize: {input_path}: no such file", file=sys.stderr)
         return 2
     try:
+        import_onnxruntime()  # before the rewrite, whose result could not be checked without it
         report = optimize(input_path, output_path, silu=silu, providers=providers, dims=parsed, runs=runs,
                           tolerance=tolerance, seed=seed, max_memory=limit)
     except ImportError as e:
-        print(f"opbridge optimize needs onnx, onnxscript and onnxruntime: {e}", file=sys.stderr)
+        print(missing_message("optimize", e), file=sys.stderr)
         return 2
     except (UnreadableModel, MemoryError, WriteError) as e:
         print(f"opbridge optimize: {e}", file=sys.stderr)

@@ -6,13 +6,14 @@ import os
 from typing import Any, Sequence
 
 from ._library import get_library_path
+from ._ort import import_onnxruntime
 
 
 def session_options(so: Any = None) -> Any:
     """Returns ``so`` (or a new ``onnxruntime.SessionOptions``) with opbridge's ops registered,
     and those of the libraries registered with opbridge (``register_library``, or announced by
     installed packages and found by ``discover``)."""
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     from ._decl import _registered
 
@@ -66,7 +67,7 @@ def InferenceSession(
     ``model`` is a path or serialized ModelProto bytes (an ``onnx.ModelProto`` is serialized
     for you). ``providers`` defaults to ``["CPUExecutionProvider"]``.
     """
-    import onnxruntime as ort
+    ort = import_onnxruntime()
 
     if hasattr(model, "SerializeToString"):
         model = model.SerializeToString()

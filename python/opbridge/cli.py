@@ -22,7 +22,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
         print(f"  onnxruntime            {ort.__version__} (providers: {', '.join(ort.get_available_providers())})")
     except ImportError:
-        print("  onnxruntime            not installed")
+        from ._ort import ORT_HINT
+
+        print(f"  onnxruntime            not installed ({ORT_HINT})")
     if importlib.util.find_spec("torch") is not None:
         import torch
 
@@ -59,15 +61,28 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(out_dir=args.out_dir, repeats=args.repeats)
 
 
+def _missing(command: str, e: ImportError) -> int:
+    from ._ort import missing_message
+
+    print(missing_message(command, e), file=sys.stderr)
+    return 2
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
-    from ._check import main as check_main
+    try:
+        from ._check import main as check_main
+    except ImportError as e:
+        return _missing("check", e)
 
     return check_main(args.model, providers=args.provider, dims=args.dim, run=not args.no_run,
                       libraries=args.library, discover=not args.no_discover, stock=args.stock)
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
-    from ._optimize import main as optimize_main
+    try:
+        from ._optimize import main as optimize_main
+    except ImportError as e:
+        return _missing("optimize", e)
 
     return optimize_main(args.input, args.output, silu=not args.no_silu, providers=args.provider, dims=args.dim,
                          runs=args.runs, tolerance=args.tolerance, seed=args.seed, max_memory=args.max_memory)

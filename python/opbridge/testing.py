@@ -27,6 +27,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
+from ._ort import import_onnxruntime
+
 __all__ = ["CheckReport", "OpCheckError", "check_op", "default_tolerances"]
 
 _ELEM_DTYPES = {1: torch.float32, 11: torch.float64, 10: torch.float16, 16: torch.bfloat16}
@@ -449,9 +451,10 @@ def _check_export(report: CheckReport, decl: Any, overload: Any, samples: list, 
                   exporters: Sequence[str], lowerings: Sequence[str] | None, export_samples: int) -> None:
     try:
         import onnx
-        import onnxruntime as ort
 
         import opbridge.onnx
+
+        ort = import_onnxruntime()
     except ImportError as e:
         report.add("export", "skip", f"needs onnx, onnxscript and onnxruntime: {e}")
         return

@@ -3,6 +3,6 @@
 from __future__ import annotations
 
 from .group_norm import GroupNorm
-from .convert import convert
+from .convert import ConvertReport, convert
 
-__all__ = ["GroupNorm", "convert"]
+__all__ = ["ConvertReport", "GroupNorm", "convert"]

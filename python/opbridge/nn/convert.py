@@ -4,9 +4,11 @@ output (see docs/group_norm.md, "What convert fuses")."""
 
 from __future__ import annotations
 
+import collections
 import inspect
 import re
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,14 +45,43 @@ def _looks_like_msda(m: torch.nn.Module) -> bool:
     return bool(_MSDA_NAME.search(type(m).__name__)) and not isinstance(m, _MSDA_REPLACED)
 
 
-def convert(model: torch.nn.Module, fuse_activations: bool = True) -> torch.nn.Module:
+@dataclass
+class ConvertReport:
+    """What :func:`convert` did (``convert(model, report=True)``); ``print`` it for a summary.
+
+    model: the converted model (``model`` itself, or a new module where ``model`` was replaced).
+    replaced: (module path, original class, opbridge class) for each module swapped ("" is the model).
+    fused: paths of the GroupNorms a following SiLU was folded into.
+    left: class names of deformable-attention modules of a form opbridge does not recognise (they
+        run as before)."""
+
+    model: torch.nn.Module
+    replaced: list[tuple[str, str, str]] = field(default_factory=list)
+    fused: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        if not self.replaced and not self.fused and not self.left:
+            return "opbridge.nn.convert: nothing to convert"
+        counts = collections.Counter(old for _, old, _ in self.replaced)
+        parts = [f"replaced {len(self.replaced)} module{'s' if len(self.replaced) != 1 else ''}"
+                 + (f" ({', '.join(f'{name} x{n}' for name, n in sorted(counts.items()))})" if counts else "")]
+        if self.fused:
+            parts.append(f"fused a SiLU into {len(self.fused)} GroupNorm{'s' if len(self.fused) != 1 else ''}")
+        if self.left:
+            parts.append(f"left unconverted: {', '.join(sorted(set(self.left)))}")
+        return "opbridge.nn.convert: " + "; ".join(parts)
+
+
+def convert(model: torch.nn.Module, fuse_activations: bool = True, *, report: bool = False):
     """Replaces, in place, every module that opbridge provides a twin for by that twin sharing the
     same parameters, buffers and submodules (state_dict unchanged), and returns the model (a new
-    module when ``model`` itself is one that gets replaced). Covered: torch.nn.GroupNorm and the
-    multi-scale deformable attention modules of transformers, mmcv and Deformable-DETR (see
-    docs/ms_deform_attn.md). Only the model changes: no library function is patched.
-    Deformable-attention modules of other, unrecognised designs are left as they are and named in
-    one warning.
+    module when ``model`` itself is one that gets replaced), or with ``report=True`` a
+    :class:`ConvertReport` of what was replaced and fused (its ``model`` is the model). Covered:
+    torch.nn.GroupNorm and the multi-scale deformable attention modules of transformers, mmcv and
+    Deformable-DETR (see docs/ms_deform_attn.md). Only the model changes: no library function is
+    patched. Deformable-attention modules of other, unrecognised designs are left as they are and
+    named in one warning.
 
     With ``fuse_activations`` (default), a ``torch.nn.SiLU`` that is known to be applied to a
     GroupNorm's output and nothing else is folded into that GroupNorm
@@ -58,32 +89,40 @@ def convert(model: torch.nn.Module, fuse_activations: bool = True) -> torch.nn.M
     in ``torch.nn.Sequential`` (a GroupNorm directly followed by a SiLU), and in diffusers'
     ResnetBlock2D, Encoder, Decoder, UNet2DModel and UNet2DConditionModel (by their known
     forward code, see docs/group_norm.md). Parameters, state_dict keys and results are unchanged."""
-    unknown: list[str] = []
+    rep = ConvertReport(model)
+    before = _silu_norms(model)
     new = _replacement(model)
     if new is not None:
-        return new
-    if not _convert(model, "", unknown, fuse_activations) and _looks_like_msda(model):
-        unknown.append(type(model).__qualname__)
-    if unknown:
-        names = sorted(set(unknown))
+        rep.model = new
+        rep.replaced.append(("", type(model).__qualname__, type(new).__qualname__))
+    else:
+        if not _convert(model, "", rep, fuse_activations) and _looks_like_msda(model):
+            rep.left.append(type(model).__qualname__)
+        rep.fused = sorted(set(_silu_norms(model)) - set(before))
+    if rep.left:
         warnings.warn("opbridge.nn.convert: left unconverted (deformable-attention modules of a form opbridge does "
-                      f"not recognise; they run as before): {', '.join(names)}", stacklevel=2)
-    return model
+                      f"not recognise; they run as before): {', '.join(sorted(set(rep.left)))}", stacklevel=2)
+    return rep if report else rep.model
 
 
-def _convert(module: torch.nn.Module, prefix: str, unknown: list[str], fuse: bool) -> bool:
+def _silu_norms(model: torch.nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, GroupNorm) and m.activation == "silu"]
+
+
+def _convert(module: torch.nn.Module, prefix: str, rep: ConvertReport, fuse: bool) -> bool:
     """Converts module's descendants; True when any was replaced. A deformable-attention-looking
-    module with nothing replaced inside it goes to ``unknown``."""
+    module with nothing replaced inside it goes to ``rep.left``."""
     converted = False
     for name, child in module.named_children():
         new = _replacement(child)
         if new is not None:
             setattr(module, name, new)
+            rep.replaced.append((f"{prefix}{name}", type(child).__qualname__, type(new).__qualname__))
             converted = True
             continue
-        inner = _convert(child, f"{prefix}{name}.", unknown, fuse)
+        inner = _convert(child, f"{prefix}{name}.", rep, fuse)
         if not inner and _looks_like_msda(child):
-            unknown.append(type(child).__qualname__)
+            rep.left.append(type(child).__qualname__)
         converted = converted or inner
     if fuse:
         _fuse(module)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from .. import ops
@@ -13,12 +15,19 @@ class GroupNorm(torch.nn.GroupNorm):
 
     ``activation="silu"`` makes the module compute ``SiLU(GroupNorm(x))`` in one pass (what
     ``torch.nn.Sequential(torch.nn.GroupNorm(...), torch.nn.SiLU())`` computes); the state_dict is
-    unchanged by it. The output keeps a channels-last input's memory format."""
+    unchanged by it; like every argument torch's GroupNorm does not have, it is keyword-only. The
+    output keeps a channels-last input's memory format."""
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = DEFAULT_EPS, affine: bool = True,
-                 device=None, dtype=None, activation: str = "none") -> None:
+                 device=None, dtype=None, *, bias: bool = True, activation: str = "none") -> None:
         _check_activation(activation)
-        super().__init__(num_groups, num_channels, eps, affine, device, dtype)
+        if _TORCH_TAKES_BIAS:
+            super().__init__(num_groups, num_channels, eps, affine, device, dtype, bias=bias)
+        elif not bias:
+            raise TypeError(f"opbridge.nn.GroupNorm: bias=False needs a torch whose nn.GroupNorm takes bias "
+                            f"(this one, {torch.__version__}, does not)")
+        else:
+            super().__init__(num_groups, num_channels, eps, affine, device, dtype)
         self.activation = activation
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -37,6 +46,11 @@ class GroupNorm(torch.nn.GroupNorm):
         new.__dict__.update(m.__dict__)
         new.activation = activation if activation != "none" else getattr(m, "activation", "none")
         return new
+
+
+# torch.nn.GroupNorm takes `bias` (keyword-only) in newer releases (2.13 does, 2.11 does not); ours
+# takes what the installed one takes, so that it stays a drop-in for it.
+_TORCH_TAKES_BIAS = "bias" in inspect.signature(torch.nn.GroupNorm.__init__).parameters
 
 
 def _check_activation(activation: str) -> None:

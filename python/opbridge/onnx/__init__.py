@@ -55,6 +55,11 @@ __all__ = [
     "translation_table",
 ]
 
+# The schemas carry Python shape-inference functions: onnx 1.19-1.22 hang or crash the interpreter
+# at exit once one is registered, and older onnx cannot carry them.
+if tuple(int(p) for p in onnx.__version__.split(".")[:2]) < (1, 23):
+    raise ImportError(f"opbridge.onnx needs onnx>=1.23, but onnx {onnx.__version__} is installed: "
+                      'pip install -U "opbridge[tools]"')
 register_schemas()
 # Libraries registered later (users' ops) get their schemas when they are registered.
 _decl_on_register(lambda _library: register_schemas())
@@ -309,6 +314,14 @@ def export(
     elif external_data:
         raise ValueError("external_data=True needs a file name f to write the data beside")
 
+    # Refused before torch starts when the machine cannot hold it, not killed midway.
+    state = _external_data.state_bytes(model)
+    if f is None:
+        writes = "in_memory"
+    else:
+        writes = "external" if _external_data.wants_external(external_data, state) else "one_file"
+    _external_data.check_export_memory(state, dynamo, writes)
+
     with contextlib.ExitStack() as stack:
         if dynamo:
             table = dict(translation_table(cfg.lowering, cfg.custom_opsets, cfg.opset_version))
@@ -352,7 +365,6 @@ def export(
             # Decided before exporting, from the module's state: the exporter serializes into
             # memory (one file) or to a folder (external data). Without a file, only protobuf's
             # limit counts (past it torchscript_model asks for a file).
-            state = _external_data.state_bytes(model) if external_data is None else 0
             external = (_external_data.wants_external(external_data, state) if f is not None
                         else state > _external_data.IN_MEMORY_LIMIT)
             ir_model = _external_data.torchscript_model(export_to, f, external, stack)

@@ -183,8 +183,7 @@ def schemas(op: OpDecl) -> list[onnx.defs.OpSchema]:
         constraints = [(tv, types, f"element types of {tv}") for tv, types in op.type_strings.items()]
         schema = S(op.onnx_type, op.domain, version, doc=op.doc, inputs=inputs, outputs=outputs,
                    type_constraints=constraints, attributes=attrs)
-        if hasattr(schema, "set_type_and_shape_inference_function"):
-            schema.set_type_and_shape_inference_function(_infer(op))
+        schema.set_type_and_shape_inference_function(_infer(op))
         out.append(schema)
     return out
 

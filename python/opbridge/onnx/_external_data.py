@@ -120,13 +120,19 @@ def unload(model: Any, f: str | os.PathLike) -> None:
 
 
 def state_bytes(module: Any) -> int:
-    """Bytes of a torch module's parameters and buffers (each storage once): what its exported
-    initializers will weigh, known before exporting."""
+    """Bytes of a torch module's parameters, buffers and plain tensor attributes (which the
+    exporters lift into the graph as constants), each storage once: what its exported initializers
+    will weigh, known before exporting."""
+    import torch
+
     seen: set = set()
     total = 0
     if not hasattr(module, "parameters"):
         return 0
-    for t in list(module.parameters()) + list(module.buffers()):
+    tensors = list(module.parameters()) + list(getattr(module, "buffers", lambda: [])())
+    if hasattr(module, "modules"):  # a torch.export.ExportedProgram has none
+        tensors += [v for m in module.modules() for v in vars(m).values() if isinstance(v, torch.Tensor)]
+    for t in tensors:
         storage = t.untyped_storage()
         # Views of one storage count once; meta tensors (sizes only, no data) all sit at 0.
         key = (storage.data_ptr(), storage.nbytes()) if storage.data_ptr() else id(t)
@@ -134,6 +140,61 @@ def state_bytes(module: Any) -> int:
             seen.add(key)
             total += storage.nbytes()
     return total
+
+
+# What export needs beyond the memory the process holds when it is called (the model's own tensors
+# are there already), for a model of G bytes of parameters, buffers and constants: EXPORT_BASE_BYTES
+# + factor x G. Measured in child processes (ru_maxrss; docs/optimize.md, "Real-size models"), each
+# factor rounded up:
+# * the dynamo exporter: torch.export and onnxscript hold the graph, and copies of the constants
+#   they fold (up to 0.6 G measured); opbridge's own steps add nothing of size G;
+# * the TorchScript exporter below protobuf's limit: torch serializes the whole model in memory and
+#   runs onnx's shape inference on it (2.7-3.1 G measured); past the limit it writes a file per
+#   large tensor;
+# * one file written (external_data=False, or a model below AUTO_EXTERNAL_BYTES): the ModelProto
+#   and its serialized bytes, 2 G; no file (f=None): the ModelProto returned, G.
+EXPORT_BASE_BYTES = 500_000_000
+EXPORT_FACTORS = {"dynamo": 1.0, "torchscript": 3.3, "torchscript_past_limit": 1.0, "one_file": 2.2,
+                  "in_memory": 1.1}
+
+
+def export_need(state: int, dynamo: bool, writes: str) -> int:
+    """Bytes export needs beyond what the process holds (see EXPORT_FACTORS); ``writes``: "external",
+    "one_file" or "in_memory"."""
+    if dynamo:
+        factor = EXPORT_FACTORS["dynamo"]
+    else:
+        factor = EXPORT_FACTORS["torchscript" if state <= PROTOBUF_LIMIT else "torchscript_past_limit"]
+    if writes != "external":
+        factor += EXPORT_FACTORS[writes]
+    return EXPORT_BASE_BYTES + int(factor * state)
+
+
+def check_export_memory(state: int, dynamo: bool, writes: str) -> None:
+    """MemoryError, before anything is exported, when export's estimated need (export_need) exceeds
+    the memory this process may still take (opbridge/_memory.py); the message names the option
+    that needs less, where one does."""
+    from .. import _memory
+
+    limit, source = _memory.available()
+    need = export_need(state, dynamo, writes)
+    if limit is None or need <= limit:
+        return
+    alternatives = []
+    if not dynamo:
+        alternatives.append(("dynamo=True", export_need(state, True, writes)))
+    if writes == "one_file":
+        alternatives.append(("external_data=True", export_need(state, dynamo, "external")))
+    lower = [(option, n) for option, n in alternatives if n < need]
+    hint = ("; ".join(f"{option} needs about {_memory.gb(n)}" for option, n in lower) if lower
+            else "No export option needs less")
+    exporter = "dynamo" if dynamo else "TorchScript"
+    how = {"external": "with external data", "one_file": "into one file", "in_memory": "into memory"}[writes]
+    where = f"set by {source}" if source == _memory.ENV else f"{source}; {_memory.ENV} overrides it"
+    raise MemoryError(
+        f"opbridge.onnx.export: exporting this model ({_memory.gb(state)} of parameters, buffers and constants) "
+        f"with the {exporter} exporter, {how}, needs about {_memory.gb(need)} of memory beyond what this process "
+        f"holds; {_memory.gb(limit)} are available ({where}). {hint}. Nothing was exported.")
 
 
 def torchscript_model(export_to: Callable[[Any], None], f: str | os.PathLike | None, external: bool,
@@ -144,7 +205,8 @@ def torchscript_model(export_to: Callable[[Any], None], f: str | os.PathLike | N
     In one file (``external`` False) it exports into memory, which protobuf limits to 2 GB. With
     external data it exports to a scratch folder beside ``f`` (torch writes the model there, with
     one file per large tensor past 2 GB), which ``stack`` removes on exit: the model's tensors
-    are read from there (memory-mapped) until ``unload`` writes them to ``<f>.data``."""
+    are read from there (memory-mapped, map_inline_tensors) until ``unload`` writes them to
+    ``<f>.data``."""
     import io
 
     import onnx_ir as ir
@@ -165,7 +227,118 @@ def torchscript_model(export_to: Callable[[Any], None], f: str | os.PathLike | N
     path = os.path.join(scratch, "model.onnx")
     with writing(os.fspath(f)):  # the scratch folder is f's: a full disk there is f's problem
         export_to(path)
-    return ir.load(path)
+    # Below 2 GB torch writes the tensors inside the model file: they are mapped from there, not
+    # read into memory, and go to <f>.data by copy_file_range.
+    return map_inline_tensors(path)
+
+
+# --------------------------------------------------------------------------------------------
+# A model file's inline tensors, memory-mapped where they lie in the file
+# --------------------------------------------------------------------------------------------
+
+# Protobuf field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
+_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+
+
+def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise ValueError("a truncated or malformed varint")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        out.append(b | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+    """(field number, wire type, field start, payload start, payload end) of each field of the
+    message in buf[start:end]."""
+    pos = start
+    while pos < end:
+        field_start = pos
+        tag, pos = _varint(buf, pos, end)
+        number, wire = tag >> 3, tag & 7
+        if wire == _VARINT:
+            _, pos2 = _varint(buf, pos, end)
+        elif wire == _I64:
+            pos2 = pos + 8
+        elif wire == _I32:
+            pos2 = pos + 4
+        elif wire == _LEN:
+            n, pos = _varint(buf, pos, end)
+            pos2 = pos + n
+        else:
+            raise ValueError(f"wire type {wire} (groups) is not used by ONNX")
+        if pos2 > end:
+            raise ValueError("a field runs past the end of its message")
+        yield number, wire, field_start, pos, pos2
+        pos = pos2
+
+
+def _length_delimited(number: int, payload: bytes) -> bytes:
+    return _encode_varint(number << 3 | _LEN) + _encode_varint(len(payload)) + payload
+
+
+def map_inline_tensors(path: str | os.PathLike, threshold: int = EXTERNAL_THRESHOLD) -> Any:
+    """The model file at ``path`` as an onnx_ir Model in which every main-graph initializer of
+    more than ``threshold`` bytes stored inline (raw_data) is an external tensor memory-mapped
+    from where its bytes lie in the file itself: nothing of size is read or copied (onnx.load would
+    parse the whole file, the tensors included). The rest of the file is parsed as usual. The file
+    must stay in place while the model is used."""
+    import mmap
+
+    import onnx_ir as ir
+
+    path = os.path.abspath(os.fspath(path))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        size = len(buf)
+        head, tail = bytearray(), bytearray()
+        graph_parts: list[bytes] = []
+        located: dict[int, tuple[int, int]] = {}  # initializer index -> (offset, length) in the file
+        for number, wire, field_start, start, end in _fields(buf, 0, size):
+            if number != _MODEL_GRAPH or wire != _LEN:
+                (head if not graph_parts else tail).extend(buf[field_start:end])
+                continue
+            index = 0
+            for g_number, g_wire, g_start, t_start, t_end in _fields(buf, start, end):
+                if g_number != _GRAPH_INITIALIZER or g_wire != _LEN:
+                    graph_parts.append(bytes(buf[g_start:t_end]))
+                    continue
+                raw = [(s, e) for n, w, _, s, e in _fields(buf, t_start, t_end) if n == _TENSOR_RAW_DATA and w == _LEN]
+                if len(raw) == 1 and raw[0][1] - raw[0][0] > threshold:
+                    s, e = raw[0]
+                    tensor = b"".join(bytes(buf[fs:fe]) for n, w, fs, _, fe in _fields(buf, t_start, t_end)
+                                      if not (n == _TENSOR_RAW_DATA and w == _LEN))
+                    located[index] = (s, e - s)
+                    graph_parts.append(_length_delimited(_GRAPH_INITIALIZER, tensor))
+                else:
+                    graph_parts.append(bytes(buf[g_start:t_end]))
+                index += 1
+        stripped = bytes(head) + _length_delimited(_MODEL_GRAPH, b"".join(graph_parts)) + bytes(tail)
+    proto = onnx.load_model_from_string(stripped)
+    for index, (offset, length) in located.items():
+        t = proto.graph.initializer[index]
+        t.data_location = onnx.TensorProto.EXTERNAL
+        for key, value in (("location", os.path.basename(path)), ("offset", str(offset)), ("length", str(length))):
+            entry = t.external_data.add()
+            entry.key, entry.value = key, value
+    model = ir.serde.deserialize_model(proto)
+    ir.external_data.set_base_dir(model.graph, os.path.dirname(path))
+    return model
 
 
 def _tensors(graph: onnx.GraphProto):
@@ -204,5 +377,5 @@ def save(proto: onnx.ModelProto, f: str | os.PathLike, external_data: bool | Non
         onnx.save(proto, tmp)
 
 
-__all__ = ["AUTO_EXTERNAL_BYTES", "IN_MEMORY_LIMIT", "has_external_data", "save", "state_bytes", "tensor_bytes", "torchscript_model",
+__all__ = ["AUTO_EXTERNAL_BYTES", "IN_MEMORY_LIMIT", "check_export_memory", "export_need", "has_external_data", "save", "state_bytes", "tensor_bytes", "torchscript_model",
            "unload", "wants_external"]

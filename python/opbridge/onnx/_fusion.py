@@ -32,6 +32,9 @@ if SILU not in _GROUP_NORM.arg("activation").choices:  # pragma: no cover - a de
 # at least at this version.
 ACTIVATION_DOMAIN_VERSION = _GROUP_NORM.arg("activation").since
 MS_DOMAIN = "com.microsoft"
+# The largest constant a rule reads (a per-channel vector of 262144 float32 channels): no step of
+# the fusion reads, copies or folds a larger tensor (docs/optimize.md, "Real-size models").
+RULE_CONSTANT_BYTES = 1 << 20
 
 _NOT_REWRITTEN = "not rewritten"
 
@@ -52,14 +55,15 @@ def _float_types() -> set:
     return {ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 
 
-def _const(value: Any, max_elements: int = 1 << 24) -> np.ndarray | None:
-    """The constant behind ``value`` (initializer or Constant node), or None. Large constants are
-    not read: the rules only need small vectors, and a large one is never a GroupNorm parameter."""
+def _const(value: Any) -> np.ndarray | None:
+    """The constant behind ``value`` (initializer or Constant node), or None. A constant of more
+    than RULE_CONSTANT_BYTES is never read: the rules only need small vectors (shapes, per-group
+    and per-channel parameters, a scalar), and a larger one is never a GroupNorm parameter."""
     if value is None:
         return None
     ir = _ir()
     tensor = ir.convenience.get_const_tensor(value)
-    if tensor is None or tensor.size > max_elements:
+    if tensor is None or int(tensor.nbytes) > RULE_CONSTANT_BYTES:
         return None
     return np.asarray(tensor.numpy())
 
@@ -601,15 +605,13 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
 
 def infer_shapes_ir(model: Any) -> None:
     """Types and shapes of the intermediate values, which the rules check and which some exporters
-    (TorchScript) do not record. onnx's inference, with opbridge's schemas registered so that it
-    sees through existing ai.opbridge nodes; large tensors stay out of it. Best effort: a model
-    onnx cannot infer keeps what it has (and the rules skip what they cannot verify)."""
-    import onnx_ir.passes.common as passes
+    (TorchScript) do not record: onnx's inference with data propagation, opbridge's schemas
+    registered so that it sees through existing ai.opbridge nodes, in memory bounded by the graph
+    (onnx/_shapes.py). Best effort: a model onnx cannot infer keeps what it has (and the rules
+    skip what they cannot verify)."""
+    from ._shapes import infer_shapes_ir as infer
 
-    from ._script import register_schemas
-
-    register_schemas()
-    passes.ShapeInferencePass(check_type=False, strict_mode=False, data_prop=True)(model)
+    infer(model)
 
 
 def _finish(model: Any) -> None:
