@@ -24,11 +24,10 @@
 #                                 (OPBRIDGE_KERNEL)   -> <lib>_cuda_kernels if it exists, else <lib>_kernels
 # One generic adapter per framework serves every registered compute function: the library's torch
 # ops (schema from the declaration, one boxed kernel), its ORT ops (CPU and CUDA execution
-# providers, shape inference) and opbridge._core's access to them are derived; nothing of the op
-# is written per framework. Adding an op is one opbridge_add_op line: no list of ops is kept
-# anywhere else. (Adapters written by hand, as earlier `opbridge new-op` projects have them, are
-# still built: <op>_ort.cpp / <op>_cuda_ort.cpp (OPBRIDGE_ORT_OP) -> <lib>_ort, <op>_torch.cpp /
-# <op>_cuda_torch.cpp -> <lib>_torch, <op>_py.cpp -> the library's PY_MODULE.)
+# providers, shape inference) and opbridge's C ABI (opbridge/c_abi.h: the declarations, their
+# checks and the CPU compute functions for Python, which both libraries export) are derived;
+# nothing of the op is written per framework. Adding an op is one opbridge_add_op line: no list of
+# ops is kept anywhere else.
 #
 # LIBRARY (default: <op>) names the targets, so that several ops share one library:
 #   <lib>_kernels  object library (position-independent), compiled once and linked into both
@@ -36,7 +35,7 @@
 #                  (<opbridge/op_decl.h>, <opbridge/kernel.h>, ...)
 #   <lib>_ort      lib<lib>_ort.so, the ORT custom-op library: its RegisterCustomOps (generated)
 #                  registers every op of the library in DOMAIN; a version script exports only the
-#                  entry points, so it shares a process with libopbridge_ort.so. Once linked, its
+#                  entry points (and the C ABI), so it shares a process with libopbridge_ort.so. Once linked, its
 #                  declarations are checked (opbridge::check_declarations): a misdeclared op fails
 #                  the build, named with what is wrong (OPBRIDGE_CHECK_DECLARATIONS=OFF: at import)
 #   <lib>_torch    lib<lib>_torch.so, for torch.ops.load_library(), built unless the library or
@@ -47,9 +46,7 @@
 # they exist already: opbridge's superbuild makes its own and declares them with
 # opbridge_add_op_library() (its op sources go to opbridge_ops, the target named by the
 # OPBRIDGE_KERNELS_TARGET property of opbridge_ort). Later ops of the library may omit DOMAIN and
-# NAMESPACE. NAMESPACE (default: <lib>) is the torch namespace of the library's ops (and the
-# compile definition OPBRIDGE_TORCH_NAMESPACE of <lib>_torch, for hand-written adapters:
-# torch_common.h's OPBRIDGE_TORCH_LIBRARY_FRAGMENT).
+# NAMESPACE. NAMESPACE (default: <lib>) is the torch namespace of the library's ops.
 include_guard(GLOBAL)
 
 # Run-time instruction-set dispatch (x86-64 with GCC or Clang): the *_cpu_<isa>.cpp files are
@@ -65,14 +62,12 @@ if(OPBRIDGE_CPU_DISPATCH AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd6
   set(OPBRIDGE_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c)
 endif()
 
-# opbridge_add_op_library(<lib> DOMAIN <domain> [NAMESPACE <ns>] [OPS_DIR <dir>]
-#                         [PY_MODULE <target>] [NO_TORCH])
-# Declares the library <lib>: its ONNX domain, torch namespace (default <lib>), the folder that
-# holds one folder per op (default ${CMAKE_CURRENT_SOURCE_DIR}/ops), the nanobind module that
-# gets the ops' <op>_py.cpp (none by default).
+# opbridge_add_op_library(<lib> DOMAIN <domain> [NAMESPACE <ns>] [OPS_DIR <dir>] [NO_TORCH])
+# Declares the library <lib>: its ONNX domain, torch namespace (default <lib>) and the folder that
+# holds one folder per op (default ${CMAKE_CURRENT_SOURCE_DIR}/ops).
 # Makes <lib>_kernels and <lib>_ort where they do not exist (<lib>_torch: on first need).
 function(opbridge_add_op_library lib)
-  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_TORCH" "DOMAIN;NAMESPACE;OPS_DIR;PY_MODULE" "")
+  cmake_parse_arguments(PARSE_ARGV 1 arg "NO_TORCH" "DOMAIN;NAMESPACE;OPS_DIR" "")
   if(arg_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "opbridge_add_op_library(${lib}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
   endif()
@@ -116,10 +111,7 @@ function(opbridge_add_op_library lib)
   endif()
   set_target_properties(${lib}_ort PROPERTIES
     OPBRIDGE_DOMAIN "${arg_DOMAIN}" OPBRIDGE_NAMESPACE "${ns}" OPBRIDGE_OPS_DIR "${ops_dir}"
-    OPBRIDGE_PY_MODULE "${arg_PY_MODULE}" OPBRIDGE_NO_TORCH "${arg_NO_TORCH}")
-  if(TARGET ${lib}_torch)
-    target_compile_definitions(${lib}_torch PRIVATE OPBRIDGE_TORCH_NAMESPACE=${ns})
-  endif()
+    OPBRIDGE_NO_TORCH "${arg_NO_TORCH}")
   _opbridge_check_declarations(${lib})
 endfunction()
 
@@ -174,48 +166,45 @@ OPBRIDGE_ORT_LIBRARY("@domain@", "@lib@")
   target_sources(${lib}_ort PRIVATE "${entry}")
   target_link_libraries(${lib}_ort PRIVATE ${lib}_kernels opbridge::ort_adapter)
   # Export the entry points only: hidden visibility alone still leaks weak std:: symbols, and two
-  # libraries on opbridge's adapter in one process must not share its globals.
+  # libraries on opbridge's adapter in one process must not share its globals. nodelete: kept
+  # loaded once ONNX Runtime has loaded it (opbridge's own ORT library says why).
   target_link_options(${lib}_ort PRIVATE
-    "LINKER:--version-script=${CMAKE_CURRENT_FUNCTION_LIST_DIR}/ort_exports.map" "LINKER:--no-undefined")
+    "LINKER:--version-script=${CMAKE_CURRENT_FUNCTION_LIST_DIR}/ort_exports.map" "LINKER:--no-undefined"
+    "LINKER:-z,nodelete")
   set_target_properties(${lib}_ort PROPERTIES
     CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON OPBRIDGE_MADE_HERE ON
     LINK_DEPENDS "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/ort_exports.map")
 endfunction()
 
 # Makes <lib>_torch; sets <result> to whether it could (it cannot without torch: an opbridge built
-# without it, or no torch in the project's Python, unless `required`).
-function(_opbridge_make_torch lib op required result)
+# without it, or no torch in the project's Python).
+function(_opbridge_make_torch lib op result)
   set(${result} OFF PARENT_SCOPE)
   if(NOT TARGET opbridge::torch_adapter)
-    if(required)
-      message(FATAL_ERROR "opbridge_add_op(${op}): this opbridge was built without torch, so it cannot "
-                          "build ${lib}_torch; pass NO_TORCH to build only the ORT library")
-    endif()
     message(STATUS "opbridge_add_op(${op}): this opbridge was built without torch: ORT library only")
     return()
   endif()
-  if(required)
-    opbridge_find_torch()
-  else()
-    opbridge_find_torch(why)
-    if(NOT TARGET opbridge::torch)
-      message(STATUS "opbridge_add_op(${op}): no torch (${why}): ORT library only")
-      return()
-    endif()
+  opbridge_find_torch(why)
+  if(NOT TARGET opbridge::torch)
+    message(STATUS "opbridge_add_op(${op}): no torch (${why}): ORT library only")
+    return()
   endif()
   add_library(${lib}_torch SHARED)
   get_target_property(ns ${lib}_ort OPBRIDGE_NAMESPACE)
+  get_target_property(domain ${lib}_ort OPBRIDGE_DOMAIN)
   set(entry "${CMAKE_CURRENT_BINARY_DIR}/${lib}_torch_entry.cpp")
   file(CONFIGURE OUTPUT "${entry}" @ONLY CONTENT [=[
 // Generated by opbridge_add_op(): the torch ops of library @lib@ (torch namespace @ns@): their
-// schemas from the declarations and the generic kernel for every registered compute function.
+// schemas from the declarations and the generic kernel for every registered compute function;
+// and opbridge's C ABI over the same ops (domain @domain@).
+#include <opbridge/c_abi.h>
 #include <opbridge/torch/torch_common.h>
 
 OPBRIDGE_TORCH_LIBRARY("@ns@", "@lib@");
+OPBRIDGE_C_ENTRY_POINTS("@domain@", "@lib@")
 ]=])
   target_sources(${lib}_torch PRIVATE "${entry}")
   target_link_libraries(${lib}_torch PRIVATE ${lib}_kernels opbridge::torch_adapter)
-  target_compile_definitions(${lib}_torch PRIVATE OPBRIDGE_TORCH_NAMESPACE=${ns})
   set_target_properties(${lib}_torch PROPERTIES CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
   set(${result} ON PARENT_SCOPE)
 endfunction()
@@ -330,49 +319,37 @@ function(opbridge_add_op op)
     endforeach()
   endif()
 
-  # ---- ORT: derived (hand-written adapters of earlier projects are built too) ----
-  if(EXISTS "${dir}/${op}_ort.cpp")
-    target_sources(${lib}_ort PRIVATE "${dir}/${op}_ort.cpp")
+  # Adapters written by hand (projects of an earlier `opbridge new-op`) are no longer built: the
+  # generic adapters serve every op, and a leftover file would otherwise be silently ignored.
+  set(hand_written "")
+  foreach(f ${op}_ort.cpp ${op}_cuda_ort.cpp ${op}_torch.cpp ${op}_cuda_torch.cpp ${op}_py.cpp)
+    if(EXISTS "${dir}/${f}")
+      list(APPEND hand_written "${f}")
+    endif()
+  endforeach()
+  if(hand_written)
+    list(JOIN hand_written ", " hand_written)
+    message(FATAL_ERROR "opbridge_add_op(${op}): ${dir} holds adapters written by hand (${hand_written}), "
+                        "which this opbridge no longer builds: its generic adapters serve the op's compute "
+                        "functions (OPBRIDGE_KERNEL) in torch, ONNX Runtime and opbridge._core. Delete them "
+                        "(opbridge's CHANGELOG.md, \"one generation of APIs\", says how such a project moves)")
   endif()
 
   # ---- torch: derived, in the library's torch library ----
   get_target_property(lib_no_torch ${lib}_ort OPBRIDGE_NO_TORCH)
-  set(want_torch OFF)
-  if(NOT arg_NO_TORCH AND NOT lib_no_torch)
-    set(want_torch ON)
-    if(NOT TARGET ${lib}_torch)
-      # Required where the op has a torch adapter of its own; otherwise a project without torch
-      # builds the ORT library alone.
-      set(required OFF)
-      if(EXISTS "${dir}/${op}_torch.cpp")
-        set(required ON)
-      endif()
-      _opbridge_make_torch(${lib} ${op} ${required} want_torch)
-    endif()
-    if(want_torch AND EXISTS "${dir}/${op}_torch.cpp")
-      target_sources(${lib}_torch PRIVATE "${dir}/${op}_torch.cpp")
-    endif()
-  endif()
-
-  # ---- numpy binding of earlier projects (opbridge._core reaches every op through its ORT library) ----
-  get_target_property(py_module ${lib}_ort OPBRIDGE_PY_MODULE)
-  if(py_module AND EXISTS "${dir}/${op}_py.cpp")
-    if(TARGET "${py_module}")
-      target_sources(${py_module} PRIVATE "${dir}/${op}_py.cpp")
-    endif()
+  if(NOT arg_NO_TORCH AND NOT lib_no_torch AND NOT TARGET ${lib}_torch)
+    # A project without torch builds the ORT library alone.
+    _opbridge_make_torch(${lib} ${op} made)
   endif()
 
   # ---- CUDA ----
   if(NOT with_cuda)
     get_target_property(made_here ${lib}_ort OPBRIDGE_MADE_HERE)
-    if(made_here AND (EXISTS "${cu}" OR EXISTS "${dir}/${op}_cuda_ort.cpp"))
+    if(made_here AND EXISTS "${cu}")
       message(STATUS "opbridge_add_op(${op}): CUDA is not enabled in this project; CUDA sources skipped")
     endif()
     return()
   endif()
-  # Hand-written adapters (earlier projects): <op>_cuda_ort.cpp, <op>_cuda_torch.cpp.
-  set(cuda_ort "${dir}/${op}_cuda_ort.cpp")
-  set(cuda_torch "${dir}/${op}_cuda_torch.cpp")
   set(cuda_kernels ${kernels})
   if(TARGET ${lib}_cuda_kernels)
     set(cuda_kernels ${lib}_cuda_kernels)  # opbridge's own: own architectures, default-stream check
@@ -386,13 +363,5 @@ function(opbridge_add_op op)
   get_target_property(checked ${cuda_kernels} OPBRIDGE_CHECKED_DIRS)
   if(checked)
     set_property(TARGET ${cuda_kernels} APPEND PROPERTY OPBRIDGE_CHECKED_DIRS "${dir}")
-  endif()
-  if(EXISTS "${cuda_ort}")
-    target_sources(${lib}_ort PRIVATE "${cuda_ort}")
-  endif()
-  if(want_torch AND EXISTS "${cuda_torch}")
-    # The stable ABI needs no CUDA torch to build a CUDA adapter: the stream comes from the C shim
-    # at run time (torch_common.h: current_cuda_stream), so one library serves CPU and CUDA torch.
-    target_sources(${lib}_torch PRIVATE "${cuda_torch}")
   endif()
 endfunction()

@@ -9,7 +9,9 @@
 #   include/opbridge/torch/*.h        torch adapter helpers                  -> opbridge::torch_adapter
 #   include/onnxruntime/              the ORT C/C++ API headers the library was built against, with
 #                                     ORT's LICENSE                          -> opbridge::onnxruntime_headers
-#   lib/libopbridge_*.a               kernels and adapters (static, position-independent)
+#   lib/libopbridge_*.a               kernels, the core library (opbridge's C ABI,
+#                                     <opbridge/c_abi.h>: opbridge::core) and the adapters (static,
+#                                     position-independent)
 #   bin/opbridge_check_declarations   the build's check of a library's declarations
 #                                                                            -> opbridge::check_declarations
 #   share/cmake/opbridge/             opbridgeConfig.cmake (+ version, targets), opbridge_add_op(),
@@ -42,11 +44,12 @@ target_link_libraries(opbridge_ort INTERFACE opbridge_onnxruntime_headers)
 target_compile_features(opbridge_kernels PUBLIC cxx_std_17)
 target_include_directories(opbridge_kernels PUBLIC $<INSTALL_INTERFACE:${_pkg}/include>)
 
-set(_export_targets opbridge_ort opbridge_kernels opbridge_ort_adapter opbridge_onnxruntime_headers
+set(_export_targets opbridge_ort opbridge_kernels opbridge_core opbridge_ort_adapter opbridge_onnxruntime_headers
   opbridge_check_declarations)
 set_target_properties(opbridge_ort PROPERTIES EXPORT_NAME ort)
 set_target_properties(opbridge_check_declarations PROPERTIES EXPORT_NAME check_declarations)
 set_target_properties(opbridge_kernels PROPERTIES EXPORT_NAME kernels)
+set_target_properties(opbridge_core PROPERTIES EXPORT_NAME core)
 set_target_properties(opbridge_ort_adapter PROPERTIES EXPORT_NAME ort_adapter)
 set_target_properties(opbridge_onnxruntime_headers PROPERTIES EXPORT_NAME onnxruntime_headers)
 if(TARGET opbridge_torch_adapter)

@@ -1,8 +1,8 @@
-// opbridge ORT adapter layer: declared ops. Everything ORT needs of an op — element types,
+// opbridge ORT adapter layer: the generic kernel. Everything ORT needs of an op — element types,
 // optional and host-memory inputs, typed attributes with defaults, shape inference — comes from
-// its declaration (opbridge/op_decl.h); the op supplies only its compute functions: registered
-// ones (opbridge/kernel.h), which the generic kernel below serves on the CPU and CUDA execution
-// providers, or an OrtOpContext function (OPBRIDGE_ORT_OP).
+// its declaration (opbridge/op_decl.h); the op supplies only its compute functions
+// (opbridge/kernel.h), which the generic kernel below serves on the CPU and CUDA execution
+// providers.
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -14,18 +14,6 @@
 #include "ort_op.h"
 
 namespace opbridge::ort {
-
-void OrtOpContext::check(const Status& status) const { ort::check(status, label); }
-
-void* OrtOpContext::output(size_t index) const {
-  const std::vector<int64_t> shape = output_shape(call, index);
-  if (!unsized_output(call, index, shape).empty()) {
-    fail(ORT_FAIL, label + ": output " + call.decl().outputs().at(index).name + " (rule '" +
-                       call.decl().outputs().at(index).rule +
-                       "') has a size the input values decide: the kernel gives its shape, ctx.output(index, shape)");
-  }
-  return io.output(index, shape);
-}
 
 namespace {
 
@@ -236,12 +224,7 @@ void compute_declared(void* kernel, OrtKernelContext* raw) {
   }
   for (size_t i = 0; i < k->attrs.size(); ++i) call.attr(i) = k->attrs[i];
   check(check_call(call), k->label);
-  if (k->spec->kernel != nullptr) {
-    run_kernel(*k->spec, io, call, inputs, k->label);
-    return;
-  }
-  const OrtOpContext ctx{io, call, k->label, inputs};
-  k->spec->declared_compute(ctx);
+  run_kernel(*k->spec, io, call, inputs, k->label);
 }
 
 void destroy_declared(void* kernel) { delete static_cast<DeclaredKernel*>(kernel); }
@@ -306,14 +289,16 @@ void infer_declared(const OpSpec& spec, const InferIO& io) {
 
 }  // namespace
 
-std::vector<OpSpec> declared_op_specs(const OpDecl& decl, const char* provider, OrtComputeFn compute) {
+std::vector<OpSpec> kernel_op_specs(const OpKernel& kernel) {
+  const OpDecl& decl = kernel.decl();
+  const char* provider = kernel.device == Device::kCuda ? "CUDAExecutionProvider" : nullptr;
   if (!decl.error().empty()) {
     // Misdeclared: its types may mean nothing; register_custom_ops registers a stand-in for it.
     OpSpec s;
     s.name = decl.onnx_type().c_str();
     s.provider = provider;
     s.decl = &decl;
-    s.declared_compute = compute;
+    s.kernel = kernel.compute;
     return {s};
   }
   // Every combination of the type variables' element types.
@@ -340,7 +325,7 @@ std::vector<OpSpec> declared_op_specs(const OpDecl& decl, const char* provider, 
     s.name = decl.onnx_type().c_str();
     s.provider = provider;
     s.decl = &decl;
-    s.declared_compute = compute;
+    s.kernel = kernel.compute;
     bool any_host = false;
     for (const ArgDecl* in : decl.inputs()) {
       s.inputs.push_back(bound(combo, in->type_var));
@@ -360,16 +345,9 @@ std::vector<OpSpec> declared_op_specs(const OpDecl& decl, const char* provider, 
   return specs;
 }
 
-std::vector<OpSpec> kernel_op_specs(const OpKernel& kernel) {
-  std::vector<OpSpec> specs =
-      declared_op_specs(kernel.decl(), kernel.device == Device::kCuda ? "CUDAExecutionProvider" : nullptr, nullptr);
-  for (OpSpec& s : specs) s.kernel = kernel.compute;
-  return specs;
-}
-
 const std::vector<OpSpec>& library_specs(const char* library) {
   static const std::vector<OpSpec>* specs = [library] {
-    auto* all = new std::vector<OpSpec>(op_registry());  // never freed: ORT holds the specs' ops
+    auto* all = new std::vector<OpSpec>();  // never freed: ORT holds the specs' ops
     for (const OpKernel& k : registered_kernels()) {
       if (!in_library(k, library)) continue;
       for (OpSpec& s : kernel_op_specs(k)) all->push_back(std::move(s));
@@ -379,7 +357,7 @@ const std::vector<OpSpec>& library_specs(const char* library) {
   return *specs;
 }
 
-// ---------------------------------------------------------------- InferIO additions
+// ---------------------------------------------------------------- InferIO: attributes, symbolic dimensions
 
 namespace {
 const OrtOpAttr* node_attr(OrtShapeInferContext* ctx, const char* name) {
@@ -455,195 +433,6 @@ std::vector<std::string> InferIO::input_symbols(size_t index) const {
   std::vector<std::string> out(rank);
   for (size_t i = 0; i < rank; ++i) out[i] = names[i] != nullptr ? names[i] : "";
   return out;
-}
-
-// ---------------------------------------------------------------- C entry points for Python
-
-namespace {
-// Declared ops of the library, once each (several specs share a declaration).
-std::vector<const OpDecl*> declared_ops(const char* library) {
-  std::vector<const OpDecl*> ops;
-  for (const OpSpec& s : library_specs(library)) {
-    if (s.decl == nullptr) continue;
-    bool seen = false;
-    for (const OpDecl* d : ops) seen = seen || d == s.decl || d->name() == s.decl->name();
-    if (!seen) ops.push_back(s.decl);
-  }
-  return ops;
-}
-}  // namespace
-
-int declared_domain_version(const char* library) {
-  int v = 1;
-  for (const OpDecl* d : declared_ops(library)) v = std::max(v, d->latest_version());
-  return v;
-}
-
-const char* describe_ops(const char* domain_name, const char* library) noexcept {
-  try {
-    static const std::string json =
-        describe_ops_json(declared_ops(library), domain_name, declared_domain_version(library));
-    return json.c_str();
-  } catch (...) {
-    return "{\"error\":\"opbridge: could not describe the ops\"}";
-  }
-}
-
-const char* declaration_errors(const char* library) noexcept {
-  try {
-    static const std::string text = [library] {
-      std::string t;
-      for (const OpDecl* d : declared_ops(library)) {
-        if (!d->error().empty()) t += d->error() + "\n";
-      }
-      return t;
-    }();
-    return text.c_str();
-  } catch (...) {
-    return "opbridge: could not read the declarations\n";
-  }
-}
-
-namespace {
-
-// Writes a status to the C entry points' message buffer; returns its code.
-int32_t reply(char* message, int64_t size, StatusCode code, const std::string& text) {
-  if (message != nullptr && size > 0) {
-    const size_t len = std::min<size_t>(text.size(), static_cast<size_t>(size - 1));
-    std::memcpy(message, text.data(), len);
-    message[len] = '\0';
-  }
-  return static_cast<int32_t>(code);
-}
-
-const OpDecl* find_declared(const char* name, const char* library) {
-  for (const OpDecl* d : declared_ops(library)) {
-    if (d->name() == name) return d;
-  }
-  return nullptr;
-}
-
-// The call the C entry points describe, in `call` (of its op's declaration); an error status when
-// the counts do not match the declaration's.
-Status fill_call(OpCall& call, const char* entry, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
-                 int64_t n_attrs) {
-  if (n_inputs != static_cast<int64_t>(call.input_count()) || n_attrs != static_cast<int64_t>(call.attr_count())) {
-    return Status::InvalidArgument(std::string(entry) + ": op " + call.decl().name() + " has " +
-                                   std::to_string(call.input_count()) + " inputs and " +
-                                   std::to_string(call.attr_count()) + " attributes");
-  }
-  for (int64_t i = 0; i < n_inputs; ++i) {
-    TensorArg& t = call.input(static_cast<size_t>(i));
-    t.present = inputs[i].present != 0;
-    t.type = static_cast<ElemType>(inputs[i].type);
-    t.rank_known = inputs[i].rank >= 0;
-    if (t.rank_known) t.shape.assign(inputs[i].dims, inputs[i].dims + inputs[i].rank);
-    t.data = inputs[i].data;
-  }
-  for (int64_t i = 0; i < n_attrs; ++i) {
-    if (attrs[i].present == 0) continue;
-    AttrValue& v = call.attr(static_cast<size_t>(i));
-    v.i = attrs[i].i;
-    v.f = attrs[i].f;
-    v.s = attrs[i].s != nullptr ? attrs[i].s : "";
-    if (attrs[i].ints != nullptr) v.ints.assign(attrs[i].ints, attrs[i].ints + attrs[i].n);
-    if (attrs[i].floats != nullptr) v.floats.assign(attrs[i].floats, attrs[i].floats + attrs[i].n);
-  }
-  return Status::Ok();
-}
-
-// What a host run lends its compute function: scratch memory, plain heap blocks freed when the
-// run returns; and the outputs the kernel sizes, from the caller's allocator.
-class HostRun final : public KernelHost {
- public:
-  HostRun(const OpCall& call, HostAlloc alloc, void* ctx) : call_(call), alloc_(alloc), ctx_(ctx), sized_(call) {}
-  void* scratch(size_t bytes) override {
-    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-    if (p == nullptr) throw std::bad_alloc();
-    blocks_.emplace_back(p, &std::free);
-    return p;
-  }
-  void* output(size_t i, const std::vector<int64_t>& shape) override {
-    const std::string why = sized_.allocate(i, shape);
-    if (!why.empty()) throw std::runtime_error(why);
-    return alloc(i, shape);
-  }
-  void* alloc(size_t i, const std::vector<int64_t>& shape) const {
-    void* p = alloc_(ctx_, static_cast<int64_t>(i), static_cast<int32_t>(output_type(call_, i)),
-                     static_cast<int64_t>(shape.size()), shape.data());
-    if (p == nullptr) throw std::runtime_error("could not allocate output " + call_.decl().outputs()[i].name);
-    return p;
-  }
-  const KernelSizedOutputs& sized() const { return sized_; }
-
- private:
-  const OpCall& call_;
-  HostAlloc alloc_;
-  void* ctx_;
-  std::vector<std::unique_ptr<void, void (*)(void*)>> blocks_;
-  KernelSizedOutputs sized_;
-};
-
-}  // namespace
-
-int32_t run_host_c(const char* name, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
-                   int64_t n_attrs, int32_t isa, int32_t channels_last, HostAlloc alloc, void* alloc_ctx,
-                   char* message, int64_t size, const char* library) noexcept {
-  try {
-    const OpDecl* decl = find_declared(name, library);
-    if (decl == nullptr) return reply(message, size, StatusCode::kInvalidArgument, std::string("unknown op ") + name);
-    ComputeFn compute = nullptr;
-    for (const OpKernel& k : registered_kernels()) {
-      if (in_library(k, library) && k.device == Device::kCpu && &k.decl() == decl) compute = k.compute;
-    }
-    if (compute == nullptr) {
-      return reply(message, size, StatusCode::kNotImplemented, "op " + decl->name() + " has no CPU kernel");
-    }
-    OpCall call(*decl);
-    Status st = fill_call(call, "OpbridgeRunHost", inputs, n_inputs, attrs, n_attrs);
-    if (st.ok()) st = check_call(call);
-    if (!st.ok()) return reply(message, size, st.code(), st.message());
-    std::vector<const void*> in(call.input_count(), nullptr);
-    for (size_t i = 0; i < in.size(); ++i) in[i] = call.input(i).present ? inputs[i].data : nullptr;
-    std::vector<void*> out(decl->outputs().size(), nullptr);
-    HostRun host(call, alloc, alloc_ctx);
-    for (size_t o = 0; o < out.size(); ++o) {
-      if (!sized_by_kernel(*decl, o)) out[o] = host.alloc(o, output_shape(call, o));  // else HostRun::output
-    }
-    KernelCall::Services s;
-    s.isa = static_cast<CpuIsa>(isa);
-    s.channels_last = channels_last != 0;
-    s.host = &host;
-    st = compute(KernelCall(call, Device::kCpu, in.data(), out.data(), s));
-    if (st.ok()) {
-      const std::string missing = host.sized().missing();
-      if (!missing.empty()) st = Status::RuntimeError(missing);
-    }
-    return reply(message, size, st.code(), st.message());
-  } catch (const std::bad_alloc&) {
-    return reply(message, size, StatusCode::kRuntimeError, "out of memory");
-  } catch (const std::exception& e) {
-    return reply(message, size, StatusCode::kRuntimeError, e.what());
-  } catch (...) {
-    return reply(message, size, StatusCode::kRuntimeError, "opbridge: unknown error");
-  }
-}
-
-int32_t check_call_c(const char* name, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
-                     int64_t n_attrs, char* message, int64_t size, const char* library) noexcept {
-  try {
-    const OpDecl* decl = find_declared(name, library);
-    if (decl == nullptr) return reply(message, size, StatusCode::kInvalidArgument, std::string("unknown op ") + name);
-    OpCall call(*decl);
-    const Status filled = fill_call(call, "OpbridgeCheckCall", inputs, n_inputs, attrs, n_attrs);
-    if (!filled.ok()) return reply(message, size, filled.code(), filled.message());
-    const Status st = check_call(call);
-    return reply(message, size, st.code(), st.message());
-  } catch (const std::exception& e) {
-    return reply(message, size, StatusCode::kRuntimeError, e.what());
-  } catch (...) {
-    return reply(message, size, StatusCode::kRuntimeError, "opbridge: unknown error");
-  }
 }
 
 }  // namespace opbridge::ort

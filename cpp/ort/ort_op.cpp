@@ -41,22 +41,6 @@ void check(const Status& status, const std::string& where) {
   throw Error(code, where + ": " + status.message());
 }
 
-const char* type_name(ONNXTensorElementDataType t) {
-  switch (t) {
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_DOUBLE: return "float64";
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16: return "float16";
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16: return "bfloat16";
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8: return "int8";
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8: return "uint8";
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT16: return "int16";
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32: return "int32";
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64: return "int64";
-    case ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL: return "bool";
-    default: return "other";
-  }
-}
-
 size_t KernelIO::input_count() const {
   size_t n = 0;
   check(api().KernelContext_GetInputCount(ctx_, &n));
@@ -79,9 +63,6 @@ Input KernelIO::input(size_t index) const {
   check(api().GetDimensionsCount(info, &rank));
   in.shape.resize(rank);
   check(api().GetDimensions(info, in.shape.data(), rank));
-  size_t count = 0;
-  check(api().GetTensorShapeElementCount(info, &count));
-  in.numel = static_cast<int64_t>(count);
   void* data = nullptr;
   check(api().GetTensorMutableData(const_cast<OrtValue*>(value), &data));
   in.data = data;
@@ -176,82 +157,6 @@ Scratch KernelIO::scratch(size_t bytes, size_t like_input) const {
   return Scratch(owner.release(), data);
 }
 
-namespace {
-// The type of attribute `name` when the node has it with another type than the one asked for, else
-// nullptr. ORT reports "missing" and "wrong type" alike (ORT_FAIL), so probe the other getters: a
-// wrong type must be an error, not a silent fallback to the default (epsilon=0 written as an int
-// would otherwise run with 1e-5).
-const char* other_attr_type(const OrtKernelInfo* info, const char* name) {
-  const auto ok = [](OrtStatus* st) {
-    if (st == nullptr) return true;
-    api().ReleaseStatus(st);
-    return false;
-  };
-  int64_t i = 0;
-  float f = 0.f;
-  size_t size = 0;
-  if (ok(api().KernelInfoGetAttribute_int64(info, name, &i))) return "an int";
-  if (ok(api().KernelInfoGetAttribute_float(info, name, &f))) return "a float";
-  if (ok(api().KernelInfoGetAttribute_string(info, name, nullptr, &size))) return "a string";
-  size = 0;
-  if (ok(api().KernelInfoGetAttributeArray_int64(info, name, nullptr, &size))) return "a list of ints";
-  size = 0;
-  if (ok(api().KernelInfoGetAttributeArray_float(info, name, nullptr, &size))) return "a list of floats";
-  return nullptr;
-}
-
-[[noreturn]] void fail_attr_type(const char* name, const char* expected, const char* got) {
-  fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be " + expected + ", got " + got);
-}
-}  // namespace
-
-int64_t attr_int(const OrtKernelInfo* info, const char* name) {
-  int64_t v = 0;
-  OrtStatus* st = api().KernelInfoGetAttribute_int64(info, name, &v);
-  if (st != nullptr) {
-    api().ReleaseStatus(st);
-    if (const char* got = other_attr_type(info, name)) fail_attr_type(name, "an int", got);
-    fail(ORT_INVALID_ARGUMENT, std::string("required int attribute '") + name + "' is missing");
-  }
-  return v;
-}
-
-int64_t attr_int(const OrtKernelInfo* info, const char* name, int64_t fallback) {
-  int64_t v = 0;
-  OrtStatus* st = api().KernelInfoGetAttribute_int64(info, name, &v);
-  if (st != nullptr) {
-    api().ReleaseStatus(st);
-    if (const char* got = other_attr_type(info, name)) fail_attr_type(name, "an int", got);
-    return fallback;
-  }
-  return v;
-}
-
-float attr_float(const OrtKernelInfo* info, const char* name, float fallback) {
-  float v = 0.f;
-  OrtStatus* st = api().KernelInfoGetAttribute_float(info, name, &v);
-  if (st != nullptr) {
-    api().ReleaseStatus(st);
-    if (const char* got = other_attr_type(info, name)) fail_attr_type(name, "a float", got);
-    return fallback;
-  }
-  return v;
-}
-
-std::string attr_string(const OrtKernelInfo* info, const char* name, const std::string& fallback) {
-  size_t size = 0;
-  OrtStatus* st = api().KernelInfoGetAttribute_string(info, name, nullptr, &size);
-  if (st != nullptr) {
-    api().ReleaseStatus(st);
-    if (const char* got = other_attr_type(info, name)) fail_attr_type(name, "a string", got);
-    return fallback;
-  }
-  std::string v(size, '\0');
-  check(api().KernelInfoGetAttribute_string(info, name, v.data(), &size));
-  v.resize(std::strlen(v.c_str()));  // size counts the terminating NUL
-  return v;
-}
-
 std::string node_label(const OrtKernelInfo* info, const char* op_type) {
   std::string label = std::string(domain()) + "::" + op_type;
   size_t size = 0;
@@ -269,19 +174,6 @@ std::string node_label(const OrtKernelInfo* info, const char* op_type) {
   name.resize(std::strlen(name.c_str()));
   if (!name.empty()) label += " (node '" + name + "')";
   return label;
-}
-
-int64_t InferInput::static_numel() const {
-  // Declared shapes come from the model and may be absurd ([2^62, 2^62]): a product that
-  // overflows int64 is "unknown" here (ORT refuses such a tensor when it is fed).
-  for (int64_t d : shape) {
-    if (d < 0) return -1;
-  }
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (__builtin_mul_overflow(n, d, &n)) return -1;
-  }
-  return n;
 }
 
 size_t InferIO::input_count() const {
@@ -318,52 +210,6 @@ InferInput InferIO::input(size_t index) const {
   }
   in.present = true;
   return in;
-}
-
-namespace {
-// The attribute `name` of the node being inferred, or nullptr when it is not set.
-const OrtOpAttr* infer_attr(OrtShapeInferContext* ctx, const char* name) {
-  const OrtOpAttr* attr = nullptr;
-  OrtStatus* st = api().ShapeInferContext_GetAttribute(ctx, name, &attr);
-  if (st != nullptr) {
-    api().ReleaseStatus(st);
-    return nullptr;
-  }
-  return attr;
-}
-}  // namespace
-
-int64_t InferIO::attr_int(const char* name) const {
-  if (infer_attr(ctx_, name) == nullptr) {
-    fail(ORT_INVALID_ARGUMENT, std::string("required int attribute '") + name + "' is missing");
-  }
-  return attr_int(name, 0);
-}
-
-int64_t InferIO::attr_int(const char* name, int64_t fallback) const {
-  const OrtOpAttr* attr = infer_attr(ctx_, name);
-  if (attr == nullptr) return fallback;
-  int64_t v = 0;
-  size_t written = 0;
-  OrtStatus* st = api().ReadOpAttr(attr, ORT_OP_ATTR_INT, &v, sizeof(v), &written);
-  if (st != nullptr) {
-    api().ReleaseStatus(st);
-    fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be an int");
-  }
-  return v;
-}
-
-float InferIO::attr_float(const char* name, float fallback) const {
-  const OrtOpAttr* attr = infer_attr(ctx_, name);
-  if (attr == nullptr) return fallback;
-  float v = 0.f;
-  size_t written = 0;
-  OrtStatus* st = api().ReadOpAttr(attr, ORT_OP_ATTR_FLOAT, &v, sizeof(v), &written);
-  if (st != nullptr) {
-    api().ReleaseStatus(st);
-    fail(ORT_INVALID_ARGUMENT, std::string("attribute '") + name + "' must be a float");
-  }
-  return v;
 }
 
 namespace {
@@ -433,11 +279,6 @@ void InferIO::set_output(size_t out, ONNXTensorElementDataType type, const std::
   check(api().SetDimensions(shape, values.data(), rank));
   check(api().SetSymbolicDimensions(shape, name_ptrs.data(), rank));
   check(api().ShapeInferContext_SetOutputTypeShape(ctx_, out, shape));
-}
-
-std::vector<OpSpec>& op_registry() {
-  static std::vector<OpSpec> registry;
-  return registry;
 }
 
 }  // namespace opbridge::ort

@@ -2,7 +2,7 @@
 //
 // ORT calls RegisterCustomOps(options, api_base) from SessionOptions.register_custom_ops_library
 // (Python) or RegisterCustomOpsLibrary / RegisterCustomOpsUsingFunction (C/C++); the library's
-// entry point (OPBRIDGE_ORT_LIBRARY_ENTRY, entry.cpp for opbridge's own) forwards here with its
+// entry point (OPBRIDGE_ORT_LIBRARY, entry.cpp for opbridge's own) forwards here with its
 // domain. We negotiate the C API version (min of the runtime's and the headers'), wrap every
 // OpSpec of the library (library_specs) into an OrtCustomOp whose `version` is capped to it, and add them all
 // in one domain ("ai.opbridge" for opbridge's library).
@@ -296,11 +296,11 @@ OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* bas
       // and never compares a model's import of the domain with a kernel's end version, so this
       // does not by itself refuse a model of a newer version: opbridge.InferenceSession and
       // `opbridge check` do (opbridge/onnx/_declared.py, attribute_problems).
-      const int newest = declared_domain_version(library);
+      const int newest = c_abi::domain_version(library);
       std::vector<const OpDecl*> refused;
       for (const OpSpec& library_spec : library_specs(library)) {
         OpSpec spec = library_spec;
-        if (spec.decl != nullptr && !spec.decl->error().empty()) {
+        if (!spec.decl->error().empty()) {
           // One stand-in per misdeclared op, for all its element types and providers.
           if (std::find(refused.begin(), refused.end(), spec.decl) != refused.end()) continue;
           refused.push_back(spec.decl);
@@ -312,15 +312,15 @@ OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* bas
               (o.provider == nullptr || std::strcmp(o.provider, spec.provider) == 0) && o.inputs == spec.inputs &&
               o.decl != spec.decl) {
             fail(ORT_INVALID_ARGUMENT, "opbridge: op '" + std::string(spec.name) + "' is registered twice in domain '" +
-                                           domain_name + "' (two declarations or op files of one name)");
+                                           domain_name + "' (two declarations of one name)");
           }
         }
         // Value-initialized: OrtCustomOp members we do not set (GetMayInplace, GetAliasMap, ...)
         // stay null, which ORT reads as "not provided".
         auto op = std::make_unique<CustomOp>();
         op->spec = spec;
-        if (op->spec.start_version == 0) op->spec.start_version = spec.decl != nullptr ? spec.decl->since_version() : 1;
-        if (op->spec.end_version == 0) op->spec.end_version = spec.decl != nullptr ? newest : INT_MAX;
+        if (op->spec.start_version == 0) op->spec.start_version = spec.decl->since_version();
+        if (op->spec.end_version == 0) op->spec.end_version = newest;
         fill(op.get(), api_version());
         ops.push_back(std::move(op));
       }

@@ -2,12 +2,13 @@
 // kernel on arrays (numpy, or anything speaking DLPack), so the kernels can be tested and used
 // without torch or ONNX Runtime.
 //
-// The kernels are not linked here: every library built on opbridge (libopbridge_ort.so, and a
-// library of users' ops) exports OpbridgeRunHost, which checks a call with the op's declaration,
-// asks for its outputs and runs the op's registered CPU compute function (opbridge/kernel.h).
-// _core.run calls it with the library's address of that entry point; opbridge/_decl.py binds an
-// op's arguments by its declaration (OpDecl.run) and makes _core.<op> of every op of opbridge's
-// library.
+// Every library built on opbridge exports opbridge's C ABI (opbridge/c_abi.h), whose
+// OpbridgeRunHost checks a call with the op's declaration, asks for its outputs and runs the op's
+// registered CPU compute function (opbridge/kernel.h). _core.run calls it at the address it is
+// given; opbridge/_decl.py binds an op's arguments by its declaration (OpDecl.run) and makes
+// _core.<op> of every op of opbridge's library. This module links opbridge's own ops and the core
+// library and exports the C ABI itself, so opbridge's declarations, checks and CPU kernels need
+// neither the ORT library nor torch's (opbridge/_decl.py reads them from here).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "opbridge/c_abi.h"
 #include "opbridge/cpu_isa.h"
 #include "opbridge/op_decl.h"
 
@@ -36,28 +38,6 @@ namespace nb = nanobind;
 // A read-only, C-contiguous CPU array of any dtype (numpy, or anything with __dlpack__).
 using InArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
 using OutArray = nb::ndarray<nb::numpy>;
-
-// The C entry point every opbridge ORT library exports (ort_op.h: OPBRIDGE_ORT_LIBRARY).
-struct CheckTensor {
-  int32_t present;
-  int32_t type;
-  int64_t rank;
-  const int64_t* dims;
-  const void* data;
-};
-struct CheckAttr {
-  int32_t present;
-  int64_t i;
-  double f;
-  const char* s;
-  int64_t n;
-  const int64_t* ints;
-  const double* floats;
-};
-using HostAlloc = void* (*)(void* ctx, int64_t output, int32_t type, int64_t rank, const int64_t* dims);
-using RunHost = int32_t (*)(const char* name, const CheckTensor* inputs, int64_t n_inputs, const CheckAttr* attrs,
-                            int64_t n_attrs, int32_t isa, int32_t channels_last, HostAlloc alloc, void* alloc_ctx,
-                            char* message, int64_t size);
 
 // The ONNX element type of an array's dtype (kUndefined for one no op takes: the declaration's
 // checks then name it).
@@ -215,12 +195,12 @@ nb::list run(uintptr_t entry, const std::string& op, nb::list inputs, nb::list a
   // _core's instruction-set level (set_cpu_isa) for calls that leave the choice to it.
   if (isa == CpuIsa::kAuto) isa = cpu_isa_resolve(CpuIsa::kAuto);
   std::vector<Array> arrays(inputs.size());
-  std::vector<CheckTensor> tensors(inputs.size());
+  std::vector<OpbridgeTensor> tensors(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     nb::tuple item = nb::cast<nb::tuple>(inputs[i]);
     const std::string name = nb::cast<std::string>(item[0]);
-    CheckTensor& t = tensors[i];
-    t = CheckTensor{0, 0, 0, nullptr, nullptr};
+    OpbridgeTensor& t = tensors[i];
+    t = OpbridgeTensor{0, 0, 0, nullptr, nullptr};
     if (item[1].is_none()) continue;
     Array& a = arrays[i];
     a = array_arg(item[1], op, name);
@@ -234,12 +214,12 @@ nb::list run(uintptr_t entry, const std::string& op, nb::list inputs, nb::list a
   std::vector<std::string> strings(attrs.size());
   std::vector<std::vector<int64_t>> ints(attrs.size());
   std::vector<std::vector<double>> floats(attrs.size());
-  std::vector<CheckAttr> values(attrs.size());
+  std::vector<OpbridgeAttr> values(attrs.size());
   for (size_t i = 0; i < attrs.size(); ++i) {
     nb::tuple item = nb::cast<nb::tuple>(attrs[i]);
     const std::string kind = nb::cast<std::string>(item[0]);
-    CheckAttr& v = values[i];
-    v = CheckAttr{0, 0, 0.0, nullptr, 0, nullptr, nullptr};
+    OpbridgeAttr& v = values[i];
+    v = OpbridgeAttr{0, 0, 0.0, nullptr, 0, nullptr, nullptr};
     if (item[1].is_none()) continue;
     v.present = 1;
     if (kind == "int" || kind == "bool") {
@@ -270,7 +250,7 @@ nb::list run(uintptr_t entry, const std::string& op, nb::list inputs, nb::list a
     // The kernel touches no Python objects (the allocation callback takes the GIL back): let
     // other Python threads run meanwhile.
     nb::gil_scoped_release release;
-    code = reinterpret_cast<RunHost>(entry)(op.c_str(), tensors.data(), static_cast<int64_t>(tensors.size()),
+    code = reinterpret_cast<OpbridgeRunHostFn>(entry)(op.c_str(), tensors.data(), static_cast<int64_t>(tensors.size()),
                                             values.data(), static_cast<int64_t>(values.size()),
                                             static_cast<int32_t>(isa), channels_last ? 1 : 0, &allocate, &outs,
                                             message, sizeof message);
@@ -290,6 +270,9 @@ nb::list run(uintptr_t entry, const std::string& op, nb::list inputs, nb::list a
 
 }  // namespace
 }  // namespace opbridge::py
+
+// opbridge's own ops, served from this module (the ORT and torch libraries serve the same).
+OPBRIDGE_C_ENTRY_POINTS("ai.opbridge", "opbridge")
 
 NB_MODULE(_core, m) {
   namespace nb = nanobind;

@@ -120,34 +120,9 @@ ScalarType scalar_type(ElemType t) {
   }
 }
 
-const char* dtype_name(ScalarType t) {
-  switch (t) {
-    case ScalarType::Float: return "float32";
-    case ScalarType::Double: return "float64";
-    case ScalarType::Half: return "float16";
-    case ScalarType::BFloat16: return "bfloat16";
-    case ScalarType::Long: return "int64";
-    case ScalarType::Int: return "int32";
-    case ScalarType::Short: return "int16";
-    case ScalarType::Char: return "int8";
-    case ScalarType::Byte: return "uint8";
-    case ScalarType::Bool: return "bool";
-    case ScalarType::ComplexFloat: return "complex64";
-    case ScalarType::ComplexDouble: return "complex128";
-    default: return "another type";
-  }
-}
-
 std::vector<int64_t> sizes(const Tensor& t) {
   const auto s = t.sizes();
   return std::vector<int64_t>(s.begin(), s.end());
-}
-
-std::string shape_string(const Tensor& t) {
-  std::string s = "[";
-  const auto d = t.sizes();
-  for (size_t i = 0; i < d.size(); ++i) s += (i ? ", " : "") + std::to_string(d[i]);
-  return s + "]";
 }
 
 std::string device_string(const Tensor& t) {
@@ -185,13 +160,7 @@ Tensor empty_strided(const std::vector<int64_t>& sizes, const std::vector<int64_
   return Tensor(out);
 }
 
-Tensor empty_like(const Tensor& t) { return torch_adapter::empty(sizes(t), torch_adapter::dtype(t), t); }
-
 Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : torch::stable::contiguous(t); }
-
-Tensor to_dtype(const Tensor& t, ScalarType type) {
-  return torch_adapter::dtype(t) == type ? t : torch::stable::to(t, type);
-}
 
 Tensor to_cpu(const Tensor& t) {
   if (t.is_cpu()) return t;
@@ -395,11 +364,6 @@ std::string torch_schema(const OpDecl& decl) {
   return s + ")";
 }
 
-void define_op(torch::stable::detail::StableLibrary& m, const OpDecl& decl) {
-  if (!decl.error().empty()) return;
-  m.def(torch_schema(decl).c_str());
-}
-
 TorchCall::TorchCall(const OpDecl& decl, std::string_view qualname, StableIValue* stack, uint64_t num_args)
     : decl_(&decl), qualname_(qualname), call_(decl) {
   const BoxedArgs args(stack, num_args);
@@ -463,13 +427,6 @@ TorchCall::TorchCall(const OpDecl& decl, std::string_view qualname, StableIValue
   anchor_ = first;
   check_status(opbridge::check_call(call_), qualname_);
   outputs_.resize(decl.outputs().size());
-}
-
-const Tensor& TorchCall::in(std::string_view name) const {
-  const int64_t i = decl_->input_index(name);
-  if (i < 0) throw std::runtime_error(std::string(qualname_) + ": no input named " + std::string(name));
-  const auto& t = inputs_[static_cast<size_t>(i)];
-  return t.has_value() ? *t : undefined_tensor();
 }
 
 const Tensor& TorchCall::input(size_t i) const {

@@ -8,13 +8,12 @@
 // serves every compute function a library registered (opbridge/kernel.h): it reads the arguments
 // the declaration lists, runs its checks, brings the inputs into the layout the compute function
 // takes, allocates the outputs the declaration's rules give, queues CUDA work on torch's current
-// stream, and translates the status. (An op may still write its own run function over a TorchCall
-// with OPBRIDGE_DECLARED_KERNEL, as projects made by earlier `opbridge new-op` do.)
+// stream, and translates the status.
 //
 // Errors: the stable ABI raises every C++ exception in Python as RuntimeError. opbridge tags the
 // message with the exception type it stands for ("ValueError: opbridge::group_norm: x must ...",
 // see the k*Tag constants below); opbridge.ops translates it back (opbridge/ops/_errors.py), so the Python API
-// raises ValueError, TypeError, NotImplementedError, torch.linalg.LinAlgError as before.
+// raises ValueError, TypeError, NotImplementedError and torch.linalg.LinAlgError.
 #pragma once
 
 #include <torch/csrc/stable/library.h>
@@ -27,7 +26,6 @@
 #include <string_view>
 #include <vector>
 
-#include "opbridge/dtype.h"
 #include "opbridge/kernel.h"
 #include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
@@ -56,9 +54,6 @@ void check_status(const Status& status, std::string_view qualname);
 inline void check_value(bool cond, std::string_view qualname, const std::string& message) {
   if (!cond) throw_error(kValueErrorTag, qualname, message);
 }
-inline void check_type(bool cond, std::string_view qualname, const std::string& message) {
-  if (!cond) throw_error(kTypeErrorTag, qualname, message);
-}
 
 // ---- tensors -----------------------------------------------------------------------------------
 // t's dtype, as t.scalar_type() but with one shim call for the floating and int64 types (the
@@ -67,10 +62,6 @@ ScalarType dtype(const Tensor& t);
 // The ONNX element type of a torch dtype (kUndefined for others), and back.
 ElemType elem_type(ScalarType t);
 ScalarType scalar_type(ElemType t);
-// "float32", "int64", ... (torch's Python names).
-const char* dtype_name(ScalarType t);
-// "[2, 3, 4]".
-std::string shape_string(const Tensor& t);
 std::vector<int64_t> sizes(const Tensor& t);
 // "cpu", "cuda:0".
 std::string device_string(const Tensor& t);
@@ -82,11 +73,8 @@ Tensor empty_strided(const std::vector<int64_t>& sizes, const std::vector<int64_
 inline Tensor empty(const std::vector<int64_t>& sizes, ScalarType dtype, const Tensor& like) {
   return empty_strided(sizes, {}, dtype, like);
 }
-Tensor empty_like(const Tensor& t);  // contiguous, t's sizes, dtype and device
 // t itself when contiguous, else a contiguous copy.
 Tensor contiguous(const Tensor& t);
-// t converted to dtype (a copy only where it differs).
-Tensor to_dtype(const Tensor& t, ScalarType dtype);
 // t on the CPU (a copy only where it is elsewhere).
 Tensor to_cpu(const Tensor& t);
 
@@ -107,19 +95,6 @@ Tensor in_layout(const Tensor& t, bool channels_last);
 
 // An undefined tensor (what an absent optional input reads as).
 const Tensor& undefined_tensor();
-
-template <class T>
-const T* ptr(const Tensor& t) {
-  return static_cast<const T*>(t.data_ptr());
-}
-template <class T>
-T* mutable_ptr(const Tensor& t) {
-  return static_cast<T*>(t.data_ptr());
-}
-template <class T>
-const T* opt_ptr(const Tensor& t) {
-  return t.defined() ? ptr<T>(t) : nullptr;
-}
 
 // torch's parallel_for (torch_parallel_for of the C shim), so kernels follow torch.set_num_threads.
 ParallelFor torch_parallel();
@@ -158,7 +133,7 @@ std::string torch_schema(const OpDecl& decl);
 
 // One call of a declared op, unboxed from torch's stack and checked by the declaration: the
 // tensors by name, the OpCall the checks passed (attributes with their values), host copies of
-// host_memory inputs, and the outputs the run function sets.
+// host_memory inputs, and the outputs the generic kernel sets.
 class TorchCall {
  public:
   // Reads the arguments (schema order), checks devices (tensor inputs other than host_memory
@@ -169,9 +144,8 @@ class TorchCall {
   const OpDecl& decl() const { return *decl_; }
   std::string_view qualname() const { return qualname_; }
   const OpCall& call() const { return call_; }
-  // The tensor input of that name (undefined for an absent optional input).
-  const Tensor& in(std::string_view name) const;
-  // ... and by its index among the declaration's inputs.
+  // The tensor input of that index among the declaration's inputs (undefined for an absent
+  // optional input).
   const Tensor& input(size_t i) const;
   // A host_memory input: contiguous on the CPU (copied once from a device tensor).
   const Tensor& host(std::string_view name) const;
@@ -220,59 +194,6 @@ class LibraryOps {
 };
 #define OPBRIDGE_TORCH_LIBRARY(ns, library) \
   static ::opbridge::torch_adapter::LibraryOps opbridge_torch_library_ops_((ns), (library))
-
-// The boxed kernel of a declared op: TorchCall from the stack, run(call), outputs to the stack.
-template <const OpDecl& (*Decl)(), void (*Run)(TorchCall&), const char* (*Namespace)()>
-void declared_kernel(StableIValue* stack, uint64_t num_args, uint64_t num_outputs) {
-  static const std::string qualname = std::string(Namespace()) + "::" + Decl().name();
-  TorchCall call(Decl(), qualname, stack, num_args);
-  Run(call);
-  call.box_outputs(stack, num_outputs);
-}
-
-// ---- the library's torch namespace ----
-// opbridge_add_op() compiles a library's torch sources with OPBRIDGE_TORCH_NAMESPACE defined to
-// the library's NAMESPACE, so that op files need not restate it:
-//   OPBRIDGE_TORCH_LIBRARY_FRAGMENT(m) { define_op(m, my_op_decl()); }
-//   OPBRIDGE_TORCH_LIBRARY_IMPL(CPU, m) { m.impl("my_op", OPBRIDGE_DECLARED_KERNEL(my_op_decl, my_op_cpu)); }
-// where `void my_op_cpu(TorchCall& c)` reads c.in("x"), c.call().attr_float("eps"), ... and sets
-// c.set_output(0, y); messages start with "<namespace>::my_op: ".
-#ifdef OPBRIDGE_TORCH_NAMESPACE
-#define OPBRIDGE_TORCH_STR_(x) #x
-#define OPBRIDGE_TORCH_STR(x) OPBRIDGE_TORCH_STR_(x)
-// One more level of macros, so that OPBRIDGE_TORCH_NAMESPACE is expanded before torch's macros
-// paste and stringify it.
-#define OPBRIDGE_TORCH_FRAGMENT_(ns, m) STABLE_TORCH_LIBRARY_FRAGMENT(ns, m)
-#define OPBRIDGE_TORCH_IMPL_(ns, key, m) STABLE_TORCH_LIBRARY_IMPL(ns, key, m)
-#define OPBRIDGE_TORCH_LIBRARY_FRAGMENT(m) OPBRIDGE_TORCH_FRAGMENT_(OPBRIDGE_TORCH_NAMESPACE, m)
-#define OPBRIDGE_TORCH_LIBRARY_IMPL(key, m) OPBRIDGE_TORCH_IMPL_(OPBRIDGE_TORCH_NAMESPACE, key, m)
-inline const char* torch_namespace() { return OPBRIDGE_TORCH_STR(OPBRIDGE_TORCH_NAMESPACE); }
-// "<namespace>::<op>", the torch name of an op of this library.
-inline std::string qualname(std::string_view op) { return std::string(torch_namespace()) + "::" + std::string(op); }
-#define OPBRIDGE_DECLARED_KERNEL(decl_fn, run_fn)                                    \
-  (&::opbridge::torch_adapter::declared_kernel<&decl_fn, &run_fn,                    \
-                                               &::opbridge::torch_adapter::torch_namespace>)
-#endif
-
-// m.def(schema of the declaration); nothing for a misdeclared op (decl.error()), which never
-// reaches torch's library-definition call: it would end the process there, during static
-// initialization. (torch 2.11's stable ABI has no def with tags: the ops carry no pt2_compliant
-// tag, which nothing in torch requires by default.)
-void define_op(torch::stable::detail::StableLibrary& m, const OpDecl& decl);
-
-// Calls f(T{}) with T the opbridge element type matching the dtype.
-template <class F>
-decltype(auto) dispatch_float(ScalarType t, std::string_view qualname, F&& f) {
-  switch (t) {
-    case ScalarType::Float: return f(float{});
-    case ScalarType::Double: return f(double{});
-    case ScalarType::Half: return f(Half{});
-    case ScalarType::BFloat16: return f(BFloat16{});
-    default:
-      throw_error(kNotImplementedTag, qualname,
-                  std::string("unsupported dtype ") + dtype_name(t) + "; expected float32, float64, float16 or bfloat16");
-  }
-}
 
 }  // namespace torch_adapter
 }  // namespace opbridge

@@ -1,11 +1,13 @@
-"""Op declarations, read from the ONNX Runtime custom-op libraries that implement them.
+"""Op declarations, read from the libraries that implement them.
 
 Every op is declared once, in C++ (``opbridge/op_decl.h``; ours are in
-``ops/<op>/<op>_decl.cpp``). The ORT library exports the declarations as JSON
-(``OpbridgeDescribeOps``) and their checks (``OpbridgeCheckCall``); this module reads both with
-ctypes, so it needs neither torch nor onnxruntime nor onnx. From an :class:`OpDecl`, opbridge
-derives the torch fake kernels, the onnx OpSchemas, both exporters' rules and ``opbridge check``'s
-knowledge of the op.
+``ops/<op>/<op>_decl.cpp``). Every library built on opbridge exports opbridge's C ABI
+(``opbridge/c_abi.h``): the declarations as JSON (``OpbridgeDescribeOps``), their checks
+(``OpbridgeCheckCall``) and the CPU kernels (``OpbridgeRunHost``); this module reads them with
+ctypes, so it needs neither torch nor onnxruntime nor onnx. opbridge's own ops are read from
+``opbridge._core``, which links them, so neither the torch side nor ``_core`` needs the ORT
+library. From an :class:`OpDecl`, opbridge derives the torch fake kernels, the onnx OpSchemas,
+both exporters' rules and ``opbridge check``'s knowledge of the op.
 
 Libraries: :func:`opbridge_library` (ours, domain ``ai.opbridge``, torch namespace ``opbridge``)
 and those registered with :func:`register_library` (users' own ops), plus those installed
@@ -182,19 +184,8 @@ def eval_dim(expr: Sequence[Sequence[int]], size: Any, attr: Any, dynamic: Any =
 
 
 def _exprs(output: Mapping[str, Any]) -> tuple:
-    """An output's rule expressions from its JSON; libraries built before expressions gave products
-    of (input, dim) / (-1, constant) factors, read here as the same postfix form."""
-    if "exprs" in output:
-        return tuple(tuple(tuple(t) for t in e) for e in output["exprs"])
-    out = []
-    for product in output["dims"]:
-        e: list = []
-        for k, (index, dim) in enumerate(product):
-            e.append((_DIM_CONST, dim, 0) if index < 0 else (_DIM_INPUT, index, dim))
-            if k:
-                e.append((_DIM_MUL, 0, 0))
-        out.append(tuple(e))
-    return tuple(out)
+    """An output's rule expressions (per dimension, postfix) from its JSON."""
+    return tuple(tuple(tuple(t) for t in e) for e in output["exprs"])
 
 
 @dataclass
@@ -330,41 +321,81 @@ class OpDecl:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
-class _Tensor(ctypes.Structure):
+# ---------------------------------------------------------------- the C ABI (opbridge/c_abi.h)
+
+# OPBRIDGE_C_ABI_VERSION of the header these structures mirror.
+C_ABI_VERSION = 1
+
+
+class OpbridgeTensor(ctypes.Structure):
     _fields_ = [("present", ctypes.c_int32), ("type", ctypes.c_int32), ("rank", ctypes.c_int64),
                 ("dims", ctypes.POINTER(ctypes.c_int64)), ("data", ctypes.c_void_p)]
 
 
-class _Attr(ctypes.Structure):
+class OpbridgeAttr(ctypes.Structure):
     _fields_ = [("present", ctypes.c_int32), ("i", ctypes.c_int64), ("f", ctypes.c_double),
                 ("s", ctypes.c_char_p), ("n", ctypes.c_int64), ("ints", ctypes.POINTER(ctypes.c_int64)),
                 ("floats", ctypes.POINTER(ctypes.c_double))]
 
 
-class OpLibrary:
-    """An ORT custom-op library built on opbridge, with the declarations of its ops.
+def c_abi_layout() -> dict:
+    """The C ABI as the structures above lay it out, in the form a library's OpbridgeAbiLayout()
+    gives it: ``{"version": n, "OpbridgeTensor": {"size": bytes, "fields": [[name, offset,
+    bytes], ...]}, ...}``."""
+    layout: dict = {"version": C_ABI_VERSION}
+    for cls in (OpbridgeTensor, OpbridgeAttr):
+        layout[cls.__name__] = {"size": ctypes.sizeof(cls),
+                                "fields": [[name, getattr(cls, name).offset, getattr(cls, name).size]
+                                           for name, _ in cls._fields_]}
+    return layout
 
-    ort_path: the library (``lib<name>_ort.so``). namespace: the torch namespace of its ops
-    (``TORCH_LIBRARY`` name) where it has a torch extension. torch_path: that extension, loaded by
-    :meth:`load_torch` (``torch.ops.load_library``)."""
+
+def library_c_abi_layout(lib: ctypes.CDLL) -> dict | None:
+    """What a loaded library's OpbridgeAbiLayout() says (None where it has none)."""
+    try:
+        fn = lib.OpbridgeAbiLayout
+    except AttributeError:
+        return None
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = []
+    return json.loads(fn().decode())
+
+
+class OpLibrary:
+    """A library of ops built on opbridge, with the declarations of its ops.
+
+    ort_path: its ONNX Runtime custom-op library (``lib<name>_ort.so``). namespace: the torch
+    namespace of its ops (``TORCH_LIBRARY`` name) where it has a torch extension. torch_path: that
+    extension, loaded by :meth:`load_torch` (``torch.ops.load_library``). c_abi_path: the binary
+    whose C ABI (``opbridge/c_abi.h``) gives the declarations, their checks and the CPU kernels
+    (default: ort_path; any of the library's binaries exports it)."""
 
     def __init__(self, ort_path: str | os.PathLike, namespace: str | None = None,
-                 torch_path: str | os.PathLike | None = None) -> None:
+                 torch_path: str | os.PathLike | None = None, *,
+                 c_abi_path: str | os.PathLike | None = None) -> None:
         self.path = os.fspath(ort_path)
+        self.c_abi_path = os.fspath(c_abi_path) if c_abi_path is not None else self.path
         try:
-            self._lib = ctypes.CDLL(self.path)
+            self._lib = ctypes.CDLL(self.c_abi_path)
         except OSError as e:
-            raise OSError(f"opbridge: cannot load the custom-op library {self.path}: {e}") from e
+            raise OSError(f"opbridge: cannot load the custom-op library {self.c_abi_path}: {e}") from e
         try:
             describe = self._lib.OpbridgeDescribeOps
             self._check = self._lib.OpbridgeCheckCall
         except AttributeError as e:
-            raise ValueError(f"{self.path} is not an ORT custom-op library built on opbridge "
+            raise ValueError(f"{self.c_abi_path} is not an ORT custom-op library built on opbridge "
                              "(it has no OpbridgeDescribeOps entry point)") from e
+        layout = library_c_abi_layout(self._lib)
+        if layout != c_abi_layout():
+            from ._version import __version__
+
+            found = "none (built with an earlier opbridge)" if layout is None else f"version {layout.get('version')}"
+            raise ValueError(f"{self.c_abi_path} was built with another opbridge's C ABI ({found}; this opbridge "
+                             f"{__version__} has version {C_ABI_VERSION}): rebuild it against this opbridge")
         describe.restype = ctypes.c_char_p
         self._check.restype = ctypes.c_int32
-        self._check.argtypes = [ctypes.c_char_p, ctypes.POINTER(_Tensor), ctypes.c_int64, ctypes.POINTER(_Attr),
-                                ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
+        self._check.argtypes = [ctypes.c_char_p, ctypes.POINTER(OpbridgeTensor), ctypes.c_int64,
+                                ctypes.POINTER(OpbridgeAttr), ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64]
         # Text the declarations hold (docs) is the user's: one op's stray byte must not make the
         # whole library unreadable.
         info = json.loads(describe().decode(errors="replace"))
@@ -405,11 +436,7 @@ class OpLibrary:
 
     def run_entry(self) -> int:
         """The address of the library's OpbridgeRunHost (what opbridge._core runs its ops through)."""
-        try:
-            return ctypes.cast(self._lib.OpbridgeRunHost, ctypes.c_void_p).value
-        except AttributeError:
-            raise NotImplementedError(f"{self.path} has no OpbridgeRunHost entry point: it was built with an "
-                                      "earlier opbridge; rebuild it to run its ops on arrays") from None
+        return ctypes.cast(self._lib.OpbridgeRunHost, ctypes.c_void_p).value
 
     def backward_of(self, name: str) -> OpDecl | None:
         """The declared backward op of op ``name`` (the op whose gradient_of names it), if any."""
@@ -434,7 +461,7 @@ class OpLibrary:
 
     def check_call(self, op: OpDecl, inputs: Sequence[Any], attrs: Mapping[str, Any]) -> None:
         keep: list = []  # buffers ctypes points into, alive until the call returns
-        tensors = (_Tensor * max(1, len(op.inputs)))()
+        tensors = (OpbridgeTensor * max(1, len(op.inputs)))()
         for k, decl in enumerate(op.inputs):
             desc = inputs[k] if k < len(inputs) else None
             if desc is None:
@@ -454,7 +481,7 @@ class OpLibrary:
                 data = desc[2]
                 keep.append(data)
                 t.data = data.ctypes.data
-        attr_structs = (_Attr * max(1, len(op.attrs)))()
+        attr_structs = (OpbridgeAttr * max(1, len(op.attrs)))()
         for k, decl in enumerate(op.attrs):
             if decl.name not in attrs or attrs[decl.name] is None:
                 continue
@@ -507,10 +534,15 @@ def on_register(listener: Any) -> None:
 
 @functools.lru_cache(maxsize=None)
 def opbridge_library() -> OpLibrary:
-    """opbridge's own ops (domain ai.opbridge, torch namespace opbridge)."""
+    """opbridge's own ops (domain ai.opbridge, torch namespace opbridge), read from opbridge._core
+    (the ORT library where this build has no _core)."""
     from ._library import get_library_path
 
-    return OpLibrary(get_library_path(), namespace="opbridge")
+    try:
+        from . import _core
+    except ImportError:
+        return OpLibrary(get_library_path(), namespace="opbridge")
+    return OpLibrary(get_library_path(), namespace="opbridge", c_abi_path=_core.__file__)
 
 
 def register_library(ort_path: str | os.PathLike, namespace: str | None = None,

@@ -14,8 +14,8 @@
 //
 // One generic adapter per framework serves every registered compute function, ours and users':
 // the torch kernel (cpp/torch/torch_ops.cpp), the ORT kernel for the CPU and CUDA execution
-// providers (cpp/ort/declared_op.cpp) and opbridge._core (OpbridgeRunHost, through the ORT
-// library). Each reads the arguments the declaration lists, runs its checks (check_call), gets
+// providers (cpp/ort/declared_op.cpp) and opbridge._core (OpbridgeRunHost of opbridge's C ABI,
+// opbridge/c_abi.h, which every library exports). Each reads the arguments the declaration lists, runs its checks (check_call), gets
 // the inputs into the layout the compute function expects (contiguous; see channels_last()),
 // allocates the outputs with the shapes and types the declaration's rules give, and translates
 // the returned Status. A compute function therefore only turns the checked call into its

@@ -5,11 +5,11 @@
 // in torch order (tensor inputs and attributes interleaved, as the torch schema has them), the
 // element types each input accepts, the output rule, the op version each argument exists since,
 // and one validation routine. From it come:
-//   - the torch schema (torch adapter: define_op), the checks of the torch kernels (check_call),
+//   - the torch schema and the checks of the torch kernel (torch_common.h: LibraryOps, check_call),
 //   - the ORT registration for CPU and CUDA: element types, optional and host-memory inputs,
-//     typed attributes with defaults, the opset range, shape inference (ort_op.h: OPBRIDGE_ORT_OP),
-//   - everything Python needs, through the ORT library's C entry points OpbridgeDescribeOps /
-//     OpbridgeCheckCall: the onnx OpSchemas, the fake kernels, both exporters' rules,
+//     typed attributes with defaults, the opset range, shape inference (ort_op.h),
+//   - everything Python needs, through opbridge's C ABI (opbridge/c_abi.h: OpbridgeDescribeOps,
+//     OpbridgeCheckCall): the onnx OpSchemas, the fake kernels, both exporters' rules,
 //     `opbridge check`, and the check for unknown attribute names.
 // The same checks therefore give the same verdict and message in torch, its fake kernel, ORT's
 // shape inference and ORT's kernels.
@@ -212,9 +212,8 @@ struct TypeVarDecl {
 // "num_segments, values[1]", "x[0], x[1] * r * r, x[2] // stride". A size that comes out negative
 // is an error of the call (check_call); a rule that does not parse is an error of the declaration.
 // A dimension "?" depends on the input values: the kernel sizes that output itself (a compute
-// function: KernelCall::out<T>(i, shape); a hand-written ORT adapter: OrtOpContext::output(index,
-// shape)), torch's fake kernel gives it a new unbacked size (new_dynamic_size()), ONNX shape
-// inference leaves it symbolic.
+// function: KernelCall::out<T>(i, shape)), torch's fake kernel gives it a new unbacked size
+// (new_dynamic_size()), ONNX shape inference leaves it symbolic.
 struct DimTerm {  // one step of a dimension's expression, in postfix order
   enum Kind : int32_t {
     kConst = 0, kInputDim = 1, kAttr = 2, kAdd = 3, kSub = 4, kMul = 5, kFloorDiv = 6, kMod = 7, kDynamic = 8

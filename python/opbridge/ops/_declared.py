@@ -1,7 +1,7 @@
 """What torch needs of a declared op beyond its C++ kernels, derived from the declaration:
 
 * the fake (meta) kernel: the declaration's own checks (the C++ routine the kernels run, called
-  through the ORT library) on every size that is known, and the output rule evaluated on the
+  through the library's C ABI: opbridge._core for opbridge's ops) on every size that is known, and the output rule evaluated on the
   input sizes, so that symbolic sizes stay symbolic under torch.export / torch.compile;
 * the autograd formula of an op that has a declared backward op (OpDecl.gradient_of): first-order
   gradients are what that op returns (:func:`register_gradient`; register_library_ops does it
@@ -32,7 +32,6 @@ _TORCH_ELEM = {
 }
 
 _done: set[str] = set()
-_autograd: set[str] = set()
 # Ops with a formula registered through register_formula (their own, or register_autograd's).
 _formulas: set[str] = set()
 # qualname -> the highest order of gradients implemented (0: none; 1: first; 2: any order).
@@ -228,7 +227,6 @@ def register_autograd(qualname: str, backward: Callable, *, setup_context: Calla
             return wrapped[0] if single else tuple(wrapped)
 
         register_formula(qualname, guarded, setup_context)
-    _autograd.add(qualname)
     _orders[qualname] = 2 if double_backward else 1
     if backward_op is not None:
         if hasattr(torch.ops.opbridge, "_cpp_autograd"):
@@ -435,13 +433,12 @@ def _no_gradient(qualname: str) -> None:
     _orders[qualname] = 0
 
 
-def register_library_ops(lib: OpLibrary, *, modules: dict[str, Any] | None = None) -> None:
+def register_library_ops(lib: OpLibrary) -> None:
     """Registers, for every declared op of ``lib`` whose torch op exists, the fake kernel from
     its declaration and — where nothing registered a gradient formula — a backward that raises.
     Loads the library's torch extension first where it has one (``torch_path``). Idempotent.
-    ``modules``: op name -> the Python module that registered its formula (ours). Where the
-    library refuses an op's declaration, raises MisdeclaredOpError naming it, after the others
-    are registered (they work)."""
+    Where the library refuses an op's declaration, raises MisdeclaredOpError naming it, after the
+    others are registered (they work)."""
     if lib.namespace is None:
         return
     if lib.torch_path is not None:
