@@ -66,7 +66,8 @@ def test_group_norm_vs_floor_checks_and_reports(program):
 
 
 CHOICES = re.compile(r"^kernel choices: L2 (?P<l2>\d+) KiB, L3 (?P<l3>\d+) KiB .*; cache budget (?P<budget>\d+) KiB "
-                     r"\((?P<budget_streamed>\d+) KiB with streaming stores\); streaming stores from (?P<stream>\d+) KiB(?P<set>.*)$", re.M)
+                     r"\((?P<budget_streamed>\d+) KiB with streaming stores\); streaming stores from (?P<stream>\d+) KiB; "
+                     r"channels-last waves of (?P<wave>\d+) KiB or more(?P<set>.*)$", re.M)
 
 
 def sysfs_cache_kib(level: int) -> int | None:
@@ -95,19 +96,21 @@ def test_group_norm_vs_floor_prints_the_kernel_choices(program):
         assert int(m["budget"]) == min(max(l2 // 2, 128), 8192), result.stdout
         assert int(m["budget_streamed"]) == 2 * int(m["budget"]), result.stdout
         assert int(m["stream"]) == max(4096, 2 * l2), result.stdout
+    assert int(m["wave"]) == int(m["l3"]) // 2, result.stdout
     assert m["set"] == "", result.stdout
 
 
 def test_group_norm_vs_floor_overrides_stay_exact(program):
     # Streaming stores for every output and a budget below one sample: the streamed and tiled
     # paths at sizes that otherwise take neither, still checked against float64.
-    env = {"OPBRIDGE_GROUP_NORM_STREAM_BYTES": "0", "OPBRIDGE_GROUP_NORM_CACHE_BUDGET": "4K"}
+    env = {"OPBRIDGE_GROUP_NORM_STREAM_BYTES": "0", "OPBRIDGE_GROUP_NORM_CACHE_BUDGET": "4K",
+           "OPBRIDGE_GROUP_NORM_WAVE_BYTES": "0"}
     result = subprocess.run([str(program), "--rounds", "1", "--groups", "4", "3,12,5,7", "2,64,9,9"],
                             capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="2", **env),
                             timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     m = CHOICES.search(result.stdout)
-    assert m is not None and (m["budget"], m["budget_streamed"], m["stream"]) == ("4", "4", "0"), result.stdout
+    assert m is not None and (m["budget"], m["budget_streamed"], m["stream"], m["wave"]) == ("4", "4", "0", "0"), result.stdout
     assert "OPBRIDGE_GROUP_NORM" in m["set"], result.stdout
     rows = [r for r in map(ROW.match, result.stdout.splitlines()) if r]
     assert len(rows) == 4 and all(float(r["err"]) <= 1e-4 for r in rows), result.stdout

@@ -13,8 +13,8 @@ The goals against a copy are for GroupNorm without SiLU: <= 1.2x where a group (
 sample (channels_last) fits the kernel's cache budget, <= 1.6x where it does not (a second read).
 The kernel's cache-dependent choices come from the caches the OS reports (opbridge's
 group_norm_cpu_choices(); benchmarks/cpp/group_norm_vs_floor.cpp prints them); the environment
-variables OPBRIDGE_GROUP_NORM_CACHE_BUDGET and OPBRIDGE_GROUP_NORM_STREAM_BYTES replace them for
-experiments."""
+variables OPBRIDGE_GROUP_NORM_CACHE_BUDGET, OPBRIDGE_GROUP_NORM_STREAM_BYTES and
+OPBRIDGE_GROUP_NORM_WAVE_BYTES replace them for experiments."""
 
 from __future__ import annotations
 

@@ -93,11 +93,20 @@ GroupNormCpuChoices detect_choices() {
   // in its L3). No choice depends on the L3: on an EPYC Zen 4 (32 MB L3, which holds x and y of
   // 8 MB) ordinary stores were not faster at 8 MB either.
   c.stream_bytes = std::max<int64_t>(int64_t{4} << 20, 2 * c.l2_bytes);
+  // Channels-last samples too large for the budget are cut into tiles and taken in waves: the
+  // statistics of every tile of a wave, then their normalization. Half the L3 keeps a wave's x
+  // there between the two passes (the other half for y and everything else), so fewer, larger
+  // waves cost no extra reads from memory and fewer parallel passes. On the EPYC Zen 4 (32 MB L3),
+  // 2,512,64,64 channels-last in one wave instead of two: 2.99-3.96x -> 1.69-1.99x a copy, and
+  // 0.57-0.69x -> 1.00-1.17x F.group_norm's speed (paired single calls under load).
+  c.wave_bytes = c.l3_bytes / 2;
   const int64_t budget = env_bytes("OPBRIDGE_GROUP_NORM_CACHE_BUDGET");
   const int64_t stream = env_bytes("OPBRIDGE_GROUP_NORM_STREAM_BYTES");
+  const int64_t wave = env_bytes("OPBRIDGE_GROUP_NORM_WAVE_BYTES");
   if (budget > 0) c.cache_budget = c.cache_budget_streamed = budget;
   if (stream >= 0) c.stream_bytes = stream;
-  c.overridden = budget > 0 || stream >= 0;
+  if (wave >= 0) c.wave_bytes = wave;
+  c.overridden = budget > 0 || stream >= 0 || wave >= 0;
   return c;
 }
 
@@ -551,7 +560,7 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
   } else {
     const GroupNormCpuChoices& ch = group_norm_cpu_choices();
     const group_norm_isa::Args<T> a{x,    weight, bias, y, d, eps, act, mean, rstd, ch.cache_budget,
-                                    ch.cache_budget_streamed, ch.stream_bytes};
+                                    ch.cache_budget_streamed, ch.stream_bytes, ch.wave_bytes};
     switch (cpu_isa_resolve(isa)) {
 #if defined(OPBRIDGE_X86_DISPATCH)
       case CpuIsa::kAvx512: group_norm_isa::forward_avx512(a, pf); break;

@@ -31,6 +31,8 @@ struct Args {
   int64_t cache_budget_streamed;
   // Outputs of at least this many bytes are written with streaming stores.
   int64_t stream_bytes;
+  // Channels-last input a wave of tiles may hold, at least (a share of the L3; 0: none known).
+  int64_t wave_bytes;
 };
 
 template <class T> void forward_baseline(const Args<T>& a, const ParallelFor& pf);

@@ -777,7 +777,8 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
   // wave costs two parallel passes, which weigh on small tensors: (2, 320, 32, 32)
   // channels-last took 1.8-2.2x a copy in two waves of one sample (with waves of two budgets),
   // 1.3-1.6x in one wave (C++ harness, Xeon, 2 threads).
-  const int64_t wave_samples = gn_max(1, gn_min(N, 4 * budget / gn_max(1, sample_bytes)));
+  // Where the L3 holds more than that (a.wave_bytes), waves are as large as it allows.
+  const int64_t wave_samples = gn_max(1, gn_min(N, gn_max(4 * budget, a.wave_bytes) / gn_max(1, sample_bytes)));
   std::vector<GnMoments> partial(static_cast<size_t>(wave_samples * tiles_per_sample * G));
   for (int64_t n0 = 0; n0 < N; n0 += wave_samples) {
     const int64_t ns = gn_min(wave_samples, N - n0);
