@@ -65,6 +65,57 @@ def test_group_norm_vs_floor_checks_and_reports(program):
     assert result.stdout.splitlines()[0].count(";") >= 4, result.stdout  # the machine line: CPU, threads, L2
 
 
+CHOICES = re.compile(r"^kernel choices: L2 (?P<l2>\d+) KiB, L3 (?P<l3>\d+) KiB .*; cache budget (?P<budget>\d+) KiB "
+                     r"\((?P<budget_streamed>\d+) KiB with streaming stores\); streaming stores from (?P<stream>\d+) KiB; "
+                     r"channels-last waves of (?P<wave>\d+) KiB or more(?P<set>.*)$", re.M)
+
+
+def sysfs_cache_kib(level: int) -> int | None:
+    """The data or unified cache of `level` that Linux reports for CPU 0, in KiB (None: no report)."""
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if int((index / "level").read_text()) == level and (index / "type").read_text().strip() != "Instruction":
+                size = (index / "size").read_text().strip()
+                return int(size[:-1]) * {"K": 1, "M": 1024}[size[-1]]
+        except (OSError, ValueError, KeyError):
+            return None
+    return None
+
+
+def test_group_norm_vs_floor_prints_the_kernel_choices(program):
+    result = run(program, "--rounds", "1", "--groups", "4", "2,64,9,9")
+    assert result.returncode == 0, result.stdout + result.stderr
+    m = CHOICES.search(result.stdout)
+    assert m is not None, result.stdout
+    for level in (2, 3):
+        kib = sysfs_cache_kib(level)
+        if kib is not None:
+            assert int(m[f"l{level}"]) == kib, (level, result.stdout)
+    l2 = int(m["l2"])
+    if l2 > 0:
+        assert int(m["budget"]) == min(max(l2 // 2, 128), 8192), result.stdout
+        assert int(m["budget_streamed"]) == 2 * int(m["budget"]), result.stdout
+        assert int(m["stream"]) == max(4096, 2 * l2), result.stdout
+    assert int(m["wave"]) == int(m["l3"]) // 2, result.stdout
+    assert m["set"] == "", result.stdout
+
+
+def test_group_norm_vs_floor_overrides_stay_exact(program):
+    # Streaming stores for every output and a budget below one sample: the streamed and tiled
+    # paths at sizes that otherwise take neither, still checked against float64.
+    env = {"OPBRIDGE_GROUP_NORM_STREAM_BYTES": "0", "OPBRIDGE_GROUP_NORM_CACHE_BUDGET": "4K",
+           "OPBRIDGE_GROUP_NORM_WAVE_BYTES": "0"}
+    result = subprocess.run([str(program), "--rounds", "1", "--groups", "4", "3,12,5,7", "2,64,9,9"],
+                            capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="2", **env),
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    m = CHOICES.search(result.stdout)
+    assert m is not None and (m["budget"], m["budget_streamed"], m["stream"], m["wave"]) == ("4", "4", "0", "0"), result.stdout
+    assert "OPBRIDGE_GROUP_NORM" in m["set"], result.stdout
+    rows = [r for r in map(ROW.match, result.stdout.splitlines()) if r]
+    assert len(rows) == 4 and all(float(r["err"]) <= 1e-4 for r in rows), result.stdout
+
+
 @pytest.mark.parametrize("args, message", [
     (["--groups", "5", "2,12,4,4"], "C is not a multiple of G = 5"),
     (["2,12,4"], "usage:"),

@@ -23,7 +23,6 @@
 // Default shapes: those of the GroupNormVsCopy asv benchmark. Exit status 1 if a result is wrong.
 #include <immintrin.h>
 #include <omp.h>
-#include <unistd.h>
 
 #include <opbridge/group_norm.h>
 #include <opbridge/parallel.h>
@@ -145,9 +144,17 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-  std::printf("%s; %d threads; L2 %ld KiB per core; %d-float vectors; G = %lld; float32; %d rounds\n",
-              cpu_model().c_str(), omp_get_max_threads(), l2 / 1024, kW, static_cast<long long>(groups), rounds);
+  const opbridge::GroupNormCpuChoices& ch = opbridge::group_norm_cpu_choices();
+  std::printf("%s; %d threads; %d-float vectors; G = %lld; float32; %d rounds\n", cpu_model().c_str(),
+              omp_get_max_threads(), kW, static_cast<long long>(groups), rounds);
+  // The kernel's cache-dependent choices on this machine, beside the figures they produce.
+  std::printf("kernel choices: L2 %lld KiB, L3 %lld KiB (as the OS reports them); cache budget %lld KiB "
+              "(%lld KiB with streaming stores); streaming stores from %lld KiB; channels-last waves of "
+              "%lld KiB or more%s\n",
+              static_cast<long long>(ch.l2_bytes / 1024), static_cast<long long>(ch.l3_bytes / 1024),
+              static_cast<long long>(ch.cache_budget / 1024), static_cast<long long>(ch.cache_budget_streamed / 1024),
+              static_cast<long long>(ch.stream_bytes / 1024), static_cast<long long>(ch.wave_bytes / 1024),
+              ch.overridden ? " (set by OPBRIDGE_GROUP_NORM_CACHE_BUDGET / _STREAM_BYTES / _WAVE_BYTES)" : "");
   std::printf("time / time of a copy (medians of per-round ratios); unit: a group (NCHW) or a sample (NHWC)\n");
   std::printf("%-14s %-13s %9s  %-11s %-11s %-11s %s\n", "N,C,H,W", "layout", "unit KiB", "floor", "kernel",
               "+ SiLU", "max |error|");

@@ -115,6 +115,23 @@ struct GroupNormParams {
 // function hands its kernel (defined with the declaration, group_norm_decl.cpp).
 GroupNormParams group_norm_params(const KernelCall& k);
 
+// The cache-dependent choices of the CPU kernels (float32 and 16-bit), made once per process
+// from the caches the OS reports for CPU 0 (Linux sysfs; the C library's report of the L2 where
+// sysfs has none). For experiments, OPBRIDGE_GROUP_NORM_CACHE_BUDGET,
+// OPBRIDGE_GROUP_NORM_STREAM_BYTES and OPBRIDGE_GROUP_NORM_WAVE_BYTES (bytes, optional K / M / G
+// suffix; read on first use; other values are ignored) replace the derived values (the first
+// sets both budgets).
+struct GroupNormCpuChoices {
+  int64_t l2_bytes = 0;      // per-core L2 (0: not reported)
+  int64_t l3_bytes = 0;      // L3 that CPU 0 shares (0: not reported)
+  int64_t cache_budget = 0;  // bytes of a group / sample kept in cache between the two passes
+  int64_t cache_budget_streamed = 0;  // the same where the output is written with streaming stores
+  int64_t stream_bytes = 0;  // outputs of at least this many bytes are written with streaming stores
+  int64_t wave_bytes = 0;    // channels-last input a wave of tiles may hold, at least (half the L3)
+  bool overridden = false;   // whether the environment replaced a derived value
+};
+const GroupNormCpuChoices& group_norm_cpu_choices();
+
 // Forward on the CPU.
 //   x:      [N, C, S] or [N, S, C] input (see GroupNormDims; N, C or S may be 0: nothing is
 //           computed then)

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -30,30 +32,82 @@ constexpr int64_t kBlock = 2048;
 // enough tiles per sample to balance the threads.
 constexpr int64_t kTileBytes = int64_t{64} << 10;
 
-// Half the per-core L2 (what one thread may keep in cache between the statistics pass and the
-// normalization, leaving the rest for the output and everything else), from the C library's
-// report of the CPU caches; 512 KB where it reports nothing (every current x86 core has at least
-// 1 MB of L2).
-int64_t cache_budget_bytes() {
-  static const int64_t budget = [] {
-    long l2 = -1;
-#if defined(_SC_LEVEL2_CACHE_SIZE)
-    l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-#endif
-    if (l2 <= 0) return int64_t{512} << 10;
-    return std::clamp<int64_t>(static_cast<int64_t>(l2) / 2, int64_t{128} << 10, int64_t{8} << 20);
-  }();
-  return budget;
+// The size of the data or unified cache of `level` that the OS reports for CPU 0 (Linux sysfs),
+// 0 where it reports none. glibc's sysconf(_SC_LEVEL3_CACHE_SIZE) is not used for the L3: on an
+// AMD EPYC Zen 4 guest it said 320 MiB where sysfs (and CPUID leaf 0x8000001D) said 32 MiB.
+int64_t sysfs_cache_bytes(int level) {
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream fl(dir + "level"), ft(dir + "type"), fs(dir + "size");
+    if (!fl) break;
+    int l = 0;
+    std::string type, size;
+    fl >> l;
+    ft >> type;
+    fs >> size;
+    if (l != level || type == "Instruction" || size.empty()) continue;
+    char* end = nullptr;
+    const long long v = std::strtoll(size.c_str(), &end, 10);
+    if (v <= 0) continue;
+    const char unit = *end;
+    return static_cast<int64_t>(v) * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : unit == 'G' ? 1 << 30 : 1);
+  }
+  return 0;
 }
 
-// Outputs of at least this many bytes are written with streaming (non-temporal) stores: they
-// exceed what the per-core caches hold (L2 is 1-2 MB on current x86), so most of y would be
-// evicted before the next op reads it anyway, and skipping the read-for-ownership of every output
-// line saves a third of the memory traffic. Measured on a Zen 5 (1 MB L2, 32 MB L3): 1.3-1.8x
-// faster on 8-16 MB tensors; on a Xeon with 2 MB L2 and 260 MB L3 still 1.1-1.2x at 8 MB
-// (1.16x vs 1.32x the time of a copy), where plain stores would leave y in its large L3.
-int64_t stream_bytes() {
-  return int64_t{4} << 20;
+// A byte count from the environment variable `name` (digits with an optional K, M or G suffix),
+// or -1 where it is unset or not such a number.
+int64_t env_bytes(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return -1;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  if (end == v || n < 0) return -1;
+  const int64_t mult = *end == 'K' ? 1024 : *end == 'M' ? 1024 * 1024 : *end == 'G' ? int64_t{1} << 30 : 1;
+  if (*end != '\0' && (end[1] != '\0' || mult == 1)) return -1;
+  return static_cast<int64_t>(n) * mult;
+}
+
+GroupNormCpuChoices detect_choices() {
+  GroupNormCpuChoices c;
+  c.l2_bytes = sysfs_cache_bytes(2);
+  c.l3_bytes = sysfs_cache_bytes(3);
+#if defined(_SC_LEVEL2_CACHE_SIZE)
+  if (c.l2_bytes <= 0) c.l2_bytes = std::max<long>(0, sysconf(_SC_LEVEL2_CACHE_SIZE));
+#endif
+  // Half the per-core L2: what one thread may keep in cache between the statistics pass and the
+  // normalization, leaving the rest for the output and everything else; 512 KB where the OS
+  // reports nothing (every current x86 core has at least 1 MB of L2).
+  c.cache_budget = c.l2_bytes <= 0 ? int64_t{512} << 10
+                                   : std::clamp<int64_t>(c.l2_bytes / 2, int64_t{128} << 10, int64_t{8} << 20);
+  // Where the output is streamed it takes no room in the L2, so x may have all of it. On an EPYC
+  // Zen 4 (1 MB L2), 8,256,32,32 channels-last (1 MB samples) then runs one task per sample
+  // instead of waves of tiles: 1.44-1.87x -> 0.88-1.15x a copy (forward, 2 threads, paired
+  // single calls under load). With a 2 MB L2 (the Xeon) no asv shape changes path.
+  c.cache_budget_streamed = 2 * c.cache_budget;
+  // Outputs larger than the L2s of two cores are written with streaming (non-temporal) stores:
+  // most of y would be evicted before the next op reads it anyway, and skipping the
+  // read-for-ownership of every output line saves a third of the memory traffic. At least 4 MiB,
+  // the threshold measured on a Zen 5 (1 MB L2, 32 MB L3: 1.3-1.8x faster on 8-16 MB tensors)
+  // and on a Xeon (2 MB L2, 260 MB L3: still 1.1-1.2x at 8 MB, where plain stores would leave y
+  // in its L3). No choice depends on the L3: on an EPYC Zen 4 (32 MB L3, which holds x and y of
+  // 8 MB) ordinary stores were not faster at 8 MB either.
+  c.stream_bytes = std::max<int64_t>(int64_t{4} << 20, 2 * c.l2_bytes);
+  // Channels-last samples too large for the budget are cut into tiles and taken in waves: the
+  // statistics of every tile of a wave, then their normalization. Half the L3 keeps a wave's x
+  // there between the two passes (the other half for y and everything else), so fewer, larger
+  // waves cost no extra reads from memory and fewer parallel passes. On the EPYC Zen 4 (32 MB L3),
+  // 2,512,64,64 channels-last in one wave instead of two: 2.99-3.96x -> 1.69-1.99x a copy, and
+  // 0.57-0.69x -> 1.00-1.17x F.group_norm's speed (paired single calls under load).
+  c.wave_bytes = c.l3_bytes / 2;
+  const int64_t budget = env_bytes("OPBRIDGE_GROUP_NORM_CACHE_BUDGET");
+  const int64_t stream = env_bytes("OPBRIDGE_GROUP_NORM_STREAM_BYTES");
+  const int64_t wave = env_bytes("OPBRIDGE_GROUP_NORM_WAVE_BYTES");
+  if (budget > 0) c.cache_budget = c.cache_budget_streamed = budget;
+  if (stream >= 0) c.stream_bytes = stream;
+  if (wave >= 0) c.wave_bytes = wave;
+  c.overridden = budget > 0 || stream >= 0 || wave >= 0;
+  return c;
 }
 
 // sum(x[i] - shift) over n elements, accumulated in blocks of lanes, folded in double.
@@ -211,6 +265,11 @@ int64_t nhwc_tile_rows(int64_t C) {
 }
 
 }  // namespace
+
+const GroupNormCpuChoices& group_norm_cpu_choices() {
+  static const GroupNormCpuChoices c = detect_choices();
+  return c;
+}
 
 namespace group_norm_isa {
 template <class T>
@@ -499,8 +558,9 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
   if constexpr (std::is_same_v<T, double>) {
     return group_norm_cpu_f64(x, weight, bias, y, d, eps, act, mean, rstd, pf);
   } else {
-    const group_norm_isa::Args<T> a{x, weight, bias, y, d, eps, act, mean, rstd, cache_budget_bytes(),
-                                    stream_bytes()};
+    const GroupNormCpuChoices& ch = group_norm_cpu_choices();
+    const group_norm_isa::Args<T> a{x,    weight, bias, y, d, eps, act, mean, rstd, ch.cache_budget,
+                                    ch.cache_budget_streamed, ch.stream_bytes, ch.wave_bytes};
     switch (cpu_isa_resolve(isa)) {
 #if defined(OPBRIDGE_X86_DISPATCH)
       case CpuIsa::kAvx512: group_norm_isa::forward_avx512(a, pf); break;
@@ -535,9 +595,10 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T
   if constexpr (std::is_same_v<T, double>) {
     group_norm_backward_scalar(dy, x, weight, bias, dx, d, eps, act, ds.data(), db.data(), grstd.data(), pf);
   } else {
+    const GroupNormCpuChoices& ch = group_norm_cpu_choices();
     const group_norm_isa::BackwardArgs<T> a{dy,        x,         weight,       bias,          dx, d, eps, act,
-                                            ds.data(), db.data(), grstd.data(), cache_budget_bytes(),
-                                            stream_bytes()};
+                                            ds.data(), db.data(), grstd.data(), ch.cache_budget,
+                                            ch.stream_bytes};
     switch (cpu_isa_resolve(CpuIsa::kAuto)) {
 #if defined(OPBRIDGE_X86_DISPATCH)
       case CpuIsa::kAvx512: group_norm_isa::backward_avx512(a, pf); break;

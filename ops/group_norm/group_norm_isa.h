@@ -25,10 +25,14 @@ struct Args {
   float* mean;  // [N, G] or nullptr
   float* rstd;  // [N, G] or nullptr
   // Bytes of input one thread may keep in its own cache between reading it for the statistics
-  // and reading it again to normalize (half the per-core L2, see cache_budget_bytes()).
+  // and reading it again to normalize (half the per-core L2, see group_norm_cpu_choices()).
   int64_t cache_budget;
+  // The same where y is written with streaming stores (y then takes no room in the cache).
+  int64_t cache_budget_streamed;
   // Outputs of at least this many bytes are written with streaming stores.
   int64_t stream_bytes;
+  // Channels-last input a wave of tiles may hold, at least (a share of the L3; 0: none known).
+  int64_t wave_bytes;
 };
 
 template <class T> void forward_baseline(const Args<T>& a, const ParallelFor& pf);

@@ -378,7 +378,8 @@ void gn_forward_nchw(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
       // The next group, also past this task's range: a pool that hands out tasks in order
       // (ORT's does) gives it to this thread or to one that reads it from L3 soon after. A
       // group larger than the cache budget is read from memory twice anyway: no prefetch.
-      const bool prefetch = ng + 1 < a.d.N * G && group_elems * static_cast<int64_t>(sizeof(T)) <= a.cache_budget;
+      const int64_t budget = stream ? a.cache_budget_streamed : a.cache_budget;
+      const bool prefetch = ng + 1 < a.d.N * G && group_elems * static_cast<int64_t>(sizeof(T)) <= budget;
       const T* next = prefetch ? xg + group_elems : nullptr;
       for (int64_t ci = 0; ci < Cg; ++ci) {
         const int64_t c = g * Cg + ci;
@@ -747,8 +748,9 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
     }
   };
   const auto stats_out = [&](float* p, int64_t n) { return p == nullptr ? nullptr : p + n * G; };
+  const int64_t budget = stream ? a.cache_budget_streamed : a.cache_budget;
 
-  if (sample_bytes <= a.cache_budget && N >= kGnMinSampleTasks) {
+  if (sample_bytes <= budget && N >= kGnMinSampleTasks) {
     // One task per sample: statistics, then normalization from cache.
     const int64_t grain = gn_max(1, kGnMinTaskElems / gn_max(1, S * C));
     pf(N, grain, [&](int64_t begin, int64_t end) {
@@ -775,7 +777,8 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
   // wave costs two parallel passes, which weigh on small tensors: (2, 320, 32, 32)
   // channels-last took 1.8-2.2x a copy in two waves of one sample (with waves of two budgets),
   // 1.3-1.6x in one wave (C++ harness, Xeon, 2 threads).
-  const int64_t wave_samples = gn_max(1, gn_min(N, 4 * a.cache_budget / gn_max(1, sample_bytes)));
+  // Where the L3 holds more than that (a.wave_bytes), waves are as large as it allows.
+  const int64_t wave_samples = gn_max(1, gn_min(N, gn_max(4 * budget, a.wave_bytes) / gn_max(1, sample_bytes)));
   std::vector<GnMoments> partial(static_cast<size_t>(wave_samples * tiles_per_sample * G));
   for (int64_t n0 = 0; n0 < N; n0 += wave_samples) {
     const int64_t ns = gn_min(wave_samples, N - n0);
