@@ -548,13 +548,13 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
 
     print(f"opbridge optimize: {input_path} -> {output_path}", file=out)
     if result.changed:
-        print(f"rewritten into {DOMAIN}::{OP_TYPE}:", file=out)
+        print(f"rewritten into {DOMAIN} ops:", file=out)
         width = max(len(k) for k in result.counts)
         for label, n in result.counts.items():
             if n:
                 print(f"  {label:{width}s}  x{n}", file=out)
     else:
-        print("no GroupNorm pattern found: the model is unchanged", file=out)
+        print("no GroupNorm pattern found, nor multi-scale deformable attention: the model is unchanged", file=out)
         # Written as read (the rules' shape inference filled in value types it need not keep).
         model = None
         gc.collect()
