@@ -1470,3 +1470,22 @@ def make_grid_samples_runnable(model: Any) -> int:
                 graph.outputs[k] = result
         changed += 1
     return changed
+
+
+def runnable_original(path: str, folder: str) -> str | None:
+    """A copy of the model at ``path``, written into ``folder``, with make_grid_samples_runnable
+    applied; None when it has no such GridSample. Tensors kept in external data stay there (the
+    copy's data file is written one tensor at a time)."""
+    import os
+
+    ir = _ir()
+    model = ir.load(path)
+    if not make_grid_samples_runnable(model):
+        return None
+    out = os.path.join(folder, "original-float32-grid-sample.onnx")
+    external = any(isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values())
+    if external:
+        ir.save(model, out, external_data=os.path.basename(out) + ".data")
+    else:
+        ir.save(model, out)
+    return out
