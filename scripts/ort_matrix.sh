@@ -7,13 +7,14 @@
 # 1. builds the wheel with the current (dev) Python: pip wheel --no-build-isolation (reuses build/);
 # 2. exports a few models with torch from that environment and the wheel's opbridge
 #    (tests/exported_models.py), once per wheel;
-# 3. per version: a torch-free venv under .ort-matrix/venv-<ver> (created once, then reused while
+# 3. per version: a torch-free venv under $HOME/.cache/opbridge-ort-matrix/venv-<ver> (created once, reused while
 #    its requirements stay the same) with onnxruntime==<ver>, numpy, onnx, onnxscript, onnx-ir,
 #    pytest and the wheel (--no-deps), runs the torch-free test modules (tests/test_ort_*.py,
 #    tests/test_check.py, tests/test_optimize*.py: they never import torch). An onnxruntime older
 #    than 1.18 gets the `tools` extra's floors (pyproject.toml) exactly: the oldest runtime and the
 #    oldest onnx, onnxscript and onnx-ir opbridge supports, together; the others get the newest.
-# Environment: PYTHON (dev interpreter, default: python), OPBRIDGE_MATRIX_DIR (cache, default .ort-matrix).
+# Environment: PYTHON (dev interpreter, default: python), OPBRIDGE_MATRIX_DIR (wheel and models, default
+# .ort-matrix), OPBRIDGE_ORT_VENV_DIR (the venvs, default $HOME/.cache/opbridge-ort-matrix).
 # Exit status: non-zero when any version fails.
 set -euo pipefail
 
@@ -21,9 +22,11 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 py=${PYTHON:-python}
 cache=${OPBRIDGE_MATRIX_DIR:-$root/.ort-matrix}
+# The venvs outlive the clone (CI starts from a fresh one): kept in $HOME like the torch matrix's.
+venvs=${OPBRIDGE_ORT_VENV_DIR:-$HOME/.cache/opbridge-ort-matrix}
 if [ $# -gt 0 ]; then versions=("$@"); else versions=(1.17.3 1.24.4 1.32.0); fi
 tests=(tests/test_ort_*.py tests/test_check.py tests/test_optimize.py tests/test_optimize_files.py)
-mkdir -p "$cache"
+mkdir -p "$cache" "$venvs"
 t_start=$SECONDS
 
 # The `tools` extra's floors, exact: "onnx==1.23 onnx-ir==1.1 onnxscript==0.5.7".
@@ -69,15 +72,15 @@ fi
 declare -A result
 status=0
 for v in "${versions[@]}"; do
-  venv="$cache/venv-$v"
+  venv="$venvs/venv-$v"
   t0=$SECONDS
-  deps="onnxruntime==$v $(deps_for "$v") pytest"
+  deps="onnxruntime==$v $(deps_for "$v") pytest (python $("$py" -c 'import sys; print(sys.version.split()[0])'))"
   if [ "$(cat "$venv/.ready" 2>/dev/null || true)" != "$deps" ]; then
     echo "== creating $venv: $deps"
     rm -rf "$venv"
     "$py" -m venv "$venv"
     # shellcheck disable=SC2086  # several requirement specs
-    "$venv/bin/python" -m pip install -q $deps
+    "$venv/bin/python" -m pip install -q ${deps% (python *}
     echo "$deps" > "$venv/.ready"
   fi
   "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"

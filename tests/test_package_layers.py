@@ -26,6 +26,8 @@ LAYERS = {
     "opbridge._cmake": 0,
     "opbridge._decl": 0,
     "opbridge._core": 0,
+    "opbridge._ort": 0,  # finding onnxruntime (or saying which extra installs it)
+    "opbridge._memory": 0,  # how much memory the machine has for a job
     # the frameworks: torch ops and modules, ONNX export, the ORT session
     "opbridge.ops": 1,
     "opbridge.nn": 1,
