@@ -145,13 +145,16 @@ class Poly:
         return Poly(out)
 
     def rename(self, alias: dict) -> "Poly":
-        if not alias:
+        """self with leaves replaced by the Polys ``alias`` gives for them."""
+        if not alias or not any(x in alias for k in self.terms for x in k):
             return self
-        out: dict = {}
+        out = ZERO
         for k, v in self.terms.items():
-            key = tuple(sorted(alias.get(x, x) for x in k))
-            out[key] = out.get(key, 0) + v
-        return Poly(out)
+            term = Poly.const(v)
+            for x in k:
+                term = term * alias.get(x, Poly.leaf(x))
+            out = out + term
+        return out
 
     def single_leaf(self) -> str | None:
         if len(self.terms) == 1:
@@ -245,19 +248,22 @@ class _Sizes:
         self._ints: dict[int, list[Poly] | None] = {}
         self.layouts: dict[int, "_Info"] = {}  # values whose layout a rule has derived
         self.s_size: Poly | None = None  # the size of the values' S axis
-        self.alias: dict[str, str] = {}  # leaf -> the leaf it is taken to equal
+        self.alias: dict[str, Poly] = {}  # leaf -> the size it is taken to equal
 
     def unify(self, a: Poly, b: Poly) -> None:
         """Takes two sizes to be equal: the batch (or query count) of the values, locations and
         weights, which the chain's GridSample and Mul need equal for the model to run at all."""
         a, b = self.canon(a), self.canon(b)
-        la, lb = a.single_leaf(), b.single_leaf()
-        if a == b or la is None or lb is None:
+        if a == b:
+            return
+        if b.single_leaf() is None:
+            a, b = b, a
+        leaf = b.single_leaf()
+        if leaf is None or leaf in (x for k in a.terms for x in k):
             return
         for k, v in list(self.alias.items()):
-            if v == lb:
-                self.alias[k] = la
-        self.alias[lb] = la
+            self.alias[k] = v.rename({leaf: a})
+        self.alias[leaf] = a
 
     def canon(self, p: Poly) -> Poly:
         return p.rename(self.alias)
@@ -289,7 +295,12 @@ class _Sizes:
     def _dims_uncached(self, value: Any, depth: int) -> list[Poly] | None:
         shape = value.shape
         if shape is None:
-            return None
+            # Shape inference gave up: the rank and dims from the producer where it is simple.
+            r = self.rank(value)
+            if r is None:
+                return None
+            derived = self._derived_dims(value, r, depth) or [None] * r
+            return [d if d is not None else self._leaf("dim", value, i) for i, d in enumerate(derived)]
         out: list[Poly] = []
         derived = None
         for i, d in enumerate(shape.dims):
@@ -307,6 +318,40 @@ class _Sizes:
                 derived = self._derived_dims(value, len(shape), depth) or []
             out.append(derived[i] if i < len(derived) and derived[i] is not None else self._leaf("dim", value, i))
         return out
+
+    def rank(self, value: Any, depth: int = 0) -> int | None:
+        if value.shape is not None:
+            return len(value.shape)
+        if depth > 8:
+            return None
+        r = self._rank_from_producer(value)
+        if r is None:
+            # From a reader: a Transpose's perm, or an elementwise op with a scalar.
+            for use in value.uses():
+                n = use.node
+                if n.op_type == "Transpose" and _attr_ints(n, "perm") is not None:
+                    return len(_attr_ints(n, "perm"))
+                if n.op_type in ("Identity", "Cast") or (n.op_type in _AFFINE and len(n.inputs) == 2 and any(
+                        (c := _const(v)) is not None and c.size == 1 for v in n.inputs)):
+                    r = self.rank(n.outputs[0], depth + 1)
+                    if r is not None:
+                        return r
+        return r
+
+    def _rank_from_producer(self, value: Any) -> int | None:
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        if node.op_type == "Reshape":
+            target = self.ints(node.inputs[1])
+            return None if target is None else len(target)
+        if node.op_type == "Transpose" and _attr_ints(node, "perm") is not None:
+            return len(_attr_ints(node, "perm"))
+        if node.op_type in ("Identity", "Cast", "Softmax", "Sub", "Mul", "Add", "Div", "Where") and node.inputs:
+            ranks = {len(v.shape) if v.shape is not None else None for v in node.inputs
+                     if v is not None and _const(v) is None}
+            return ranks.pop() if len(ranks) == 1 else None
+        return None
 
     def _derived_dims(self, value: Any, rank: int, depth: int) -> list[Poly | None] | None:
         """Dims of a value that shape inference left unknown, from its producer (a few ops)."""
@@ -807,9 +852,10 @@ class _Analysis:
         lchains = [_back(g.inputs[1], True) for g, _ in grids]
         wchain = _back(weights, False)
         best: tuple[int, str] = (-1, "the values, locations or weights do not come from tensors of the expected ranks")
-        for vsrc in _candidates(_common(vchains), _VALUE_FORMS):
-            for lsrc in _candidates(_common(lchains), _LOC_FORMS):
-                for wsrc in _candidates([v for v, _ in wchain], _WEIGHT_FORMS):
+        sizes = self.sizes
+        for vsrc in _candidates(_common(vchains), _VALUE_FORMS, sizes):
+            for lsrc in _candidates(_common(lchains), _LOC_FORMS, sizes):
+                for wsrc in _candidates([v for v, _ in wchain], _WEIGHT_FORMS, sizes):
                     self.stage = 0
                     try:
                         return self._verify(vsrc, lsrc, wsrc, vchains, lchains, wchain, grids, samples,
@@ -829,9 +875,12 @@ class _Analysis:
             if d is None or len(d) != len(src.form):
                 raise _Fail("a source's rank is unknown")
             dims.append(dict(zip(src.form, d)))
-        for role, sides in (("n", (0, 1, 2)), ("q", (1, 2))):
-            for i in sides[1:]:
-                sizes.unify(dims[sides[0]][role], dims[i][role])
+        for role in ("n", "q", "m", "l", "p", "LP"):
+            have = [d[role] for d in dims if role in d]
+            for other in have[1:]:
+                sizes.unify(have[0], other)
+        sizes.unify(dims[1]["c"], Poly.const(2))
+        dims = [{k: sizes.canon(v) for k, v in d.items()} for d in dims]
         vinfo = self._source_info(tr, vsrc)
         linfo = self._source_info(tr, lsrc)
         winfo = self._source_info(tr, wsrc)
@@ -887,7 +936,7 @@ class _Analysis:
         dims = self.sizes.dims(src.value)
         if dims is None or len(dims) != len(src.form):
             raise _Fail("a source's rank is unknown")
-        atoms = [_Atom(name, d) for name, d in zip(src.form, dims)]
+        atoms = [_Atom(name, self.sizes.canon(d)) for name, d in zip(src.form, dims)]
         tr.source_atoms.extend(atoms)
         if "S" in src.form:
             self.sizes.s_size = dims[src.form.index("S")]
@@ -1166,9 +1215,9 @@ def _expand_lp(roles: tuple) -> tuple:
     return tuple(out)
 
 
-def _candidates(values: list[Any], forms: dict) -> Iterator[_Source]:
+def _candidates(values: list[Any], forms: dict, sizes: "_Sizes") -> Iterator[_Source]:
     for v in values:
-        for form in forms.get(_rank(v), ()):
+        for form in forms.get(sizes.rank(v), ()):
             yield _Source(v, form)
 
 
