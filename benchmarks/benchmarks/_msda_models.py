@@ -154,7 +154,8 @@ def d_fine(batch=1, height=96, width=128, points=(3, 3, 3)) -> Built:
 def _text_masks(input_ids, special_tokens):
     """transformers' ``generate_masks_with_special_tokens_and_transfer_map`` (Grounding DINO's
     phrase masks) without ``torch.isin``, ``cummax`` and ``cummin``, which neither torch exporter
-    exports: the same values from comparisons over (token, token) pairs."""
+    exports, and without a boolean ``torch.eye``, which ORT cannot run: the same values from
+    comparisons over (token, token) pairs."""
     torch = _torch()
     batch, n = input_ids.shape
     special = (input_ids[..., None] == special_tokens).any(-1)  # (B, N)
@@ -166,7 +167,7 @@ def _text_masks(input_ids, special_tokens):
     nxt = torch.where(special[:, None, :], nxt, n).amin(-1)
     valid = (nxt != 0) & (nxt != n - 1) & (nxt != n)
     mask = (nxt.unsqueeze(2) == nxt.unsqueeze(1)) & valid.unsqueeze(1)
-    mask = torch.eye(n, device=input_ids.device, dtype=torch.bool).unsqueeze(0).expand(batch, -1, -1) | mask
+    mask = (idx[:, None] == idx[None, :])[None] | mask  # a bool EyeLike has no ORT kernel
     position_ids = idx[None, :] - prev - 1
     position_ids = torch.where(valid, position_ids, torch.zeros_like(position_ids))
     return mask, torch.clamp(position_ids, min=0).to(torch.long)
@@ -233,6 +234,9 @@ def oneformer_pixel_decoder(batch=1, height=96, width=128) -> Built:
         encoder_layers=2, num_attention_heads=4, dim_feedforward=32, num_queries=10, num_labels=3)
     channels = [8, 16, 24, 32]
     decoder = mod.OneFormerPixelDecoder(cfg, feature_channels=channels).eval()
+    # Built outside a PreTrainedModel, the decoder is not initialized by transformers: its
+    # level_embed (torch.Tensor(...)) would hold whatever memory it got, at times 1e30.
+    torch.nn.init.normal_(decoder.level_embed)
 
     class PixelDecoder(torch.nn.Module):
         def __init__(self):

@@ -440,7 +440,8 @@ class _Sizes:
             return d[slice(start, end)]
         if op == "Constant":
             return None  # get_const_tensor covers it
-        if op in ("Identity", "Cast", "Squeeze", "Unsqueeze"):
+        if op in ("Identity", "Cast", "Squeeze", "Unsqueeze", "Reshape"):
+            # A 0-D or 1-D integer tensor keeps its elements in order through these.
             return self.ints(ins[0], depth + 1)
         if op == "Gather":
             data, idx = self.ints(ins[0], depth + 1), _const(ins[1])
