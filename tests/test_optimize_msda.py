@@ -63,8 +63,8 @@ def _batch_axis(built, name):
 
 
 def _inputs_for(built, rng, resize):
-    """Fresh float64 inputs: the example's values plus noise, at another image size and batch 2
-    where the export is dynamic."""
+    """Fresh float64 inputs: the example's values plus noise; with ``resize``, at another image
+    size (where it is dynamic) and twice the batch."""
     out = []
     for name, x in zip(built.names, built.inputs):
         b = _batch_axis(built, name)

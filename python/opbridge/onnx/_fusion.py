@@ -591,7 +591,9 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
         from . import _msda_rules
 
         msda = _msda_rules.Session(model.graph.initializers)
-        stages.append((_msda_rules.LABEL, _msda_rules.rules(msda), _msda_rules.finish))
+        # One pass per rule, longest form first: in one pass the shortest form would match at the
+        # ReduceSum before a longer one reaches the node that ends it.
+        stages += [(_msda_rules.LABEL, [rule], _msda_rules.finish) for rule in _msda_rules.rules(msda)]
     if silu:
         forms = ("sigmoid_mul", "swish", "quick_gelu", "div")
         stages.append((LABEL_SILU, [FuseSilu.rule(form) for form in forms], None))

@@ -1318,33 +1318,34 @@ def _make_rule_class():
     ir = _ir()
 
     class DeformableAttention(pattern.RewriteRuleClassBase):
-        """ReduceSum(Mul(samples, weights)) [-> Reshape -> Transpose] over per-level GridSamples
-        -> ai.opbridge::MultiScaleDeformableAttention [-> the layout the chain had]."""
+        """ReduceSum(Mul(samples, weights)) [-> the Reshape/Transpose ops of ``tail``] over
+        per-level GridSamples -> ai.opbridge::MultiScaleDeformableAttention [-> the layout the
+        chain had]."""
 
-        def __init__(self, session: Any, name: str, tail: int) -> None:
+        def __init__(self, session: Any, name: str, tail: tuple) -> None:
             super().__init__(name=name)
             self.session = session
             self.tail = tail
             self._plan: _Plan | None = None
             self._sizes: _Sizes | None = None
 
-        def pattern(self, op, a, b, axes, shape):
+        def pattern(self, op, a, b, axes, s0, s1, s2):
             y = op.ReduceSum(op.Mul(a, b, _outputs=["product"]), axes, _outputs=["summed"])
-            if self.tail >= 1:
-                y = op.Reshape(y, shape, _outputs=["reshaped"])
-            if self.tail >= 2:
-                y = op.Transpose(y, _outputs=["transposed"])
+            shapes = iter((s0, s1, s2))
+            for i, kind in enumerate(self.tail):
+                y = (op.Reshape(y, next(shapes), _outputs=[f"t{i}"]) if kind == "Reshape"
+                     else op.Transpose(y, _outputs=[f"t{i}"]))
             return y
 
-        def check(self, context, a, b, axes, product, summed, shape=None, reshaped=None, transposed=None, **_):
+        def check(self, context, a, b, axes, product, summed, **kw):
             mul, red = product.producer(), summed.producer()
-            tail = [v.producer() for v in (reshaped, transposed) if v is not None]
+            tail = [kw[f"t{i}"].producer() for i in range(len(self.tail))]
             self._sizes = _Sizes()
             try:
                 self._plan = _Analysis(self._sizes).run(mul, red, tail)
             except _Fail as e:
                 reason = str(e)
-                if self.tail == 0 and _feeds_from_grid_sample(mul):
+                if not self.tail and _feeds_from_grid_sample(mul):
                     for g in _grid_sample_nodes(mul):
                         self.session.reasons.setdefault(id(g), reason)
                 return pattern.MatchResult().fail(reason)
@@ -1451,10 +1452,17 @@ class Session:
         return name
 
 
+# The data-movement ops after the sum that a rule takes into the rewrite, so that the node's output
+# goes straight to the layout the model reads next (where that is the op's own, no op at all):
+# the function's view + transpose, and the dynamo exporter's extra Reshape between them.
+_TAILS = (("Reshape", "Reshape", "Transpose"), ("Reshape", "Transpose"), ("Reshape",), ())
+
+
 def rules(session: Session) -> list:
-    """The rules, longest form first (each shorter one matches a prefix of a longer one)."""
+    """The rules, longest form first (each shorter one matches a prefix of a longer one): each is
+    applied to the whole model in turn."""
     cls = _make_rule_class()
-    return [cls.rule(session, f"opbridge.ms_deform_attn.{n}", n) for n in (2, 1, 0)]
+    return [cls.rule(session, f"opbridge.ms_deform_attn.{len(t)}{''.join(k[0] for k in t)}", t) for t in _TAILS]
 
 
 def finish(model: Any) -> None:
