@@ -54,7 +54,7 @@ DEFAULT = {
     "ultralytics_rtdetr": dict(dynamo=True, opset=20, dynamic=False),
 }
 # float32 against torch in float64; float16 against torch in float64 too (its inputs rounded).
-TOL = {"float32": 2e-4, "float64": 1e-9, "float16": 2e-2}
+TOL = {"float32": 2e-4, "float16": 2e-2}
 
 
 def _batch_axis(built, name):
@@ -139,7 +139,7 @@ def _case(tmp_path, family, *, dynamo, opset, dynamic, dtype="float32"):
 
     out = io.StringIO()
     report = optimize(src, dst, out=out, dims=_example_dims(src, built),
-                      tolerance=TOL[dtype] if dtype != "float32" else None)
+                      tolerance=TOL[dtype] if dtype == "float16" else None)
     text = out.getvalue()
     assert report.ok, text
     assert report.result.counts.get(_msda_rules.LABEL) == built.modules, text
@@ -147,7 +147,7 @@ def _case(tmp_path, family, *, dynamo, opset, dynamic, dtype="float32"):
     assert _grid_samples(dst) == 0, text
     assert _ours(dst) == built.modules
 
-    np_dtype = {"float32": np.float32, "float64": np.float64, "float16": np.float16}[dtype]
+    np_dtype = {"float32": np.float32, "float16": np.float16}[dtype]
     rewritten = opbridge.InferenceSession(dst)
     names = [i.name for i in rewritten.get_inputs()]
     # Fresh inputs at the exported sizes against the torch model in float64.
@@ -176,7 +176,9 @@ def test_each_family_is_rewritten(tmp_path, family):
 MATRIX = [(f, dynamo, opset, dynamic, "float32") for f in DEFAULT
           for dynamo, opsets in ((False, (16, 17, 18, 19, 20)), (True, (18, 19, 20, 21)))
           for opset in opsets for dynamic in (False, True)]
-MATRIX += [(f, False, 17, False, dt) for f in DEFAULT for dt in ("float64", "float16")]
+# float16 too; not float64: ORT's CPU provider has no float64 Conv or GridSample, so the check of
+# `optimize` cannot run such an original.
+MATRIX += [(f, False, 17, False, "float16") for f in DEFAULT]
 
 
 @pytest.mark.slow
@@ -257,7 +259,7 @@ def _ref_msda(value, locations, weights):
     """The op's formula in float64 numpy (bilinear, zero padding, align_corners=False)."""
     value, locations, weights = (np.asarray(a, np.float64) for a in (value, locations, weights))
     n, _, m, d = value.shape
-    _, q, _, nl, p, _ = locations.shape
+    q = locations.shape[1]
     out = np.zeros((n, q, m, d))
     start = 0
     for lv, (h, w) in enumerate(LEVELS):
@@ -271,7 +273,7 @@ def _ref_msda(value, locations, weights):
                 xi, yi = x0 + dx, y0 + dy
                 wt = (1 - np.abs(x - xi)) * (1 - np.abs(y - yi)) * weights[:, :, :, lv, :]
                 ok = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
-                ni, qi, mi, pi = np.indices(xi.shape)
+                ni, _, mi, _ = np.indices(xi.shape)
                 vals = img[ni, np.clip(yi, 0, h - 1), np.clip(xi, 0, w - 1), mi]  # (n, q, m, p, d)
                 out += np.sum(np.where(ok[..., None], wt[..., None] * vals, 0.0), axis=3)
     return out.reshape(n, q, m * d)

@@ -19,6 +19,7 @@ the TorchScript exporter).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 import warnings
@@ -360,7 +361,7 @@ def mmcv_fallback(batch=1, levels=_LEVELS, queries=12) -> Built:
     around the re-implemented `multi_scale_deformable_attn_pytorch`, level sizes a tensor as mmcv
     passes them."""
     torch = _torch()
-    nn, F = torch.nn, torch.nn.functional
+    nn = torch.nn
 
     class MultiScaleDeformableAttention(nn.Module):
         def __init__(self, embed_dims=32, num_heads=4, num_levels=4, num_points=2):
@@ -427,9 +428,10 @@ def export(built: Built, path: str, *, dynamo: bool, opset: int, dynamic: bool =
     """The plain export of ``built`` (torch.onnx.export, no opbridge) to ``path``."""
     torch = _torch()
     model, inputs = built.model, built.inputs
-    if dtype == "float16":
-        model = model.half()
-        inputs = tuple(x.half() if x.is_floating_point() else x for x in inputs)
+    if dtype != "float32":
+        cast = getattr(torch, dtype)
+        model = copy.deepcopy(model).to(cast)  # the caller's model stays float32
+        inputs = tuple(x.to(cast) if x.is_floating_point() else x for x in inputs)
     # transformers' torch._check calls become aten._is_all_true, which the dynamo exporter cannot
     # export; transformers' own switch turns them off.
     env = mock.patch.dict(os.environ, {"TRANSFORMERS_DISABLE_TORCH_CHECK": "1"}) if dynamo else contextlib.nullcontext()
