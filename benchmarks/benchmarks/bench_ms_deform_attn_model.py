@@ -6,7 +6,10 @@ input 2x3x512x512 -- as transformers runs it and after ``opbridge.nn.convert``:
   * torch eager: native vs converted (speed-up = native / converted);
   * ONNX Runtime: the plain dynamo export of the native model (the MSDA function becomes a
     GridSample/Concat chain) vs the converted model exported by ``opbridge.onnx.export`` (one
-    ai.opbridge::MultiScaleDeformableAttention node per layer) and with lowering="standard".
+    ai.opbridge::MultiScaleDeformableAttention node per layer) and with lowering="standard", and
+    vs that plain export rewritten by ``opbridge optimize`` (the file a user already holds);
+    ``OptimizeVsConvert`` tracks the rewrite's speed-up over the plain export divided by
+    convert + re-export's, side by side (goal: >= 0.95).
 
 Needs the `models` extra (transformers); skipped with a reason where it is missing. One forward
 takes seconds: the speed-ups are measured with few rounds. Quick run outside asv:
@@ -99,7 +102,9 @@ def _ort_runner(variant):
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
-        if variant == "plain dynamo export":
+        if variant == "plain dynamo export, opbridge optimize":
+            proto, custom = _optimized(native, x), True
+        elif variant == "plain dynamo export":
             proto, custom = torch.onnx.export(native, (x,), dynamo=True, opset_version=18,
                                               verbose=False).model_proto, False
         elif variant == "converted, custom lowering":
@@ -116,6 +121,27 @@ def _ort_runner(variant):
         raise _CACHE[variant]
     _CACHE[variant] = ort_runner(sess, {name: ort_value(x.numpy(), "float32")})
     return _CACHE[variant]
+
+
+def _optimized(native, x):
+    """The plain dynamo export of ``native`` rewritten by ``opbridge.optimize`` (through files, as
+    the command runs), as a ModelProto."""
+    import io
+    import os
+    import tempfile
+
+    import onnx
+    import torch
+
+    from opbridge._optimize import optimize
+
+    with tempfile.TemporaryDirectory() as folder:
+        src, dst = os.path.join(folder, "plain.onnx"), os.path.join(folder, "optimized.onnx")
+        torch.onnx.export(native, (x,), src, dynamo=True, opset_version=18, external_data=False, verbose=False)
+        report = optimize(src, dst, out=io.StringIO())
+        if not report.ok:
+            raise NotImplementedError(f"opbridge optimize failed: {report.error}")
+        return onnx.load(dst)
 
 
 def _speedup(ours, theirs, rounds=3):
@@ -136,7 +162,8 @@ def _speedup(ours, theirs, rounds=3):
 
 
 TORCH_VARIANTS = ["native", "converted"]
-ORT_VARIANTS = ["plain dynamo export", "converted, custom lowering", "converted, standard lowering"]
+ORT_VARIANTS = ["plain dynamo export", "converted, custom lowering", "converted, standard lowering",
+                "plain dynamo export, opbridge optimize"]
 
 
 class DeformableDetrTorch:
@@ -193,6 +220,26 @@ class DeformableDetrSpeedup:
     track_speedup.unit = "x"
 
 
+class OptimizeVsConvert:
+    """(plain export / optimized plain export) / (plain export / converted export), all three in
+    ORT side by side in one process: what ``opbridge optimize`` gives a user who holds only the
+    ONNX file, relative to re-exporting after ``opbridge.nn.convert``."""
+
+    timeout = 2400
+
+    def setup(self):
+        self.plain = _ort_runner(ORT_VARIANTS[0])
+        self.converted = _ort_runner("converted, custom lowering")
+        self.optimized = _ort_runner("plain dynamo export, opbridge optimize")
+
+    def track_ratio(self):
+        # (plain / optimized) / (plain / converted) = converted / optimized: timed directly, the
+        # two alternating, which is less noisy than the quotient of two measured speed-ups.
+        return _speedup(self.optimized, self.converted, rounds=5)
+
+    track_ratio.unit = "x"
+
+
 if __name__ == "__main__":
     from ._common import THREADS
 
@@ -204,3 +251,6 @@ if __name__ == "__main__":
             print(f"{v}: {bench.track_speedup(v)}x")
         except NotImplementedError as e:
             print(f"{v}: skipped ({e})")
+    ratio = OptimizeVsConvert()
+    ratio.setup()
+    print(f"optimize / convert speed-up ratio: {ratio.track_ratio()}")

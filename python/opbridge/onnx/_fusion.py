@@ -539,7 +539,8 @@ LABEL_TRANSPOSES = "Transpose pairs around channels-last GroupNorms removed"
 LABEL_SILU = 'GroupNorm + SiLU fused into GroupNorm(activation="silu")'
 
 # What each caller may rewrite: optimize takes every source; export only what torch emits.
-SOURCES = ("decomposition", "gn18", "gn21", "com.microsoft")
+# "msda": multi-scale deformable attention (onnx/_msda_rules.py).
+SOURCES = ("decomposition", "gn18", "gn21", "com.microsoft", "msda")
 EXPORT_SOURCES = ("decomposition", "gn18", "gn21")
 
 
@@ -585,6 +586,14 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
         stages.append((LABEL_MS, [MicrosoftGroupNorm.rule(session, ms_rule_name)], None))
         # A cancelled pair on a graph input leaves an Identity (see TransposePair.rewrite).
         stages.append((LABEL_TRANSPOSES, [TransposePair.rule(ms_rule_name)], passes.IdentityEliminationPass()))
+    msda = None
+    if "msda" in sources:
+        from . import _msda_rules
+
+        msda = _msda_rules.Session(model.graph.initializers)
+        # One pass per rule, longest form first: in one pass the shortest form would match at the
+        # ReduceSum before a longer one reaches the node that ends it.
+        stages += [(_msda_rules.LABEL, [rule], _msda_rules.finish) for rule in _msda_rules.rules(msda)]
     if silu:
         forms = ("sigmoid_mul", "swish", "quick_gelu", "div")
         stages.append((LABEL_SILU, [FuseSilu.rule(form) for form in forms], None))
@@ -600,7 +609,8 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
         passes.RemoveUnusedNodesPass()(model)
         passes.RemoveUnusedOpsetsPass()(model)
         _finish(model)
-    return RewriteResult(counts=counts, skipped=list(session.skipped))
+    skipped = list(session.skipped) + (_msda_rules.leftovers(model, msda) if msda is not None else [])
+    return RewriteResult(counts=counts, skipped=skipped)
 
 
 def infer_shapes_ir(model: Any) -> None:
