@@ -1,11 +1,15 @@
-"""Our ops inside an AOTInductor package (.pt2) against the same module in eager mode, on the CPU:
-a package calls a custom op through torch's generic by-name call (the proxy executor), which
-unboxes its arguments from a serialized node list on every call. One module per op at the
-smallest shapes of the op's own benchmarks (where a per-call cost shows most); both run from
-Python (the package through torch._inductor.aoti_load_package), so the Python call is in both.
+"""Our ops inside an AOTInductor package (.pt2) against the same module in eager mode, on the CPU.
+One module per op at the smallest shapes of the op's own benchmarks (where a per-call cost shows
+most); both run from Python. A package's call has two costs eager has not: the callable that
+torch._inductor.aoti_load_package returns flattens the inputs and unflattens the outputs with
+pytree on every call, and the package calls a custom op through torch's generic by-name call (the
+proxy executor). The first is measured by comparing the callable with the loader's own
+`boxed_run` (a list of tensors in and out, as the C++ AOTIModelPackageLoader::run takes them).
 
-track_pt2_time_over_eager: time(package) / time(eager), the median of rounds that alternate the
-two (measure_speedup); above 1.05 the generic call costs more than 5%.
+track_pt2_time_over_eager: time(package callable) / time(eager), the median of rounds that
+alternate the two (measure_speedup).
+track_pt2_boxed_run_time_over_eager: the same with the loader's boxed_run instead of the callable;
+above 1.05 the package's own call (the by-name call of our op included) costs more than 5%.
 
 Without asv: `python -m benchmarks.benchmarks.bench_aoti` (from the repository root) prints the ratios,
 five repeats each.
@@ -85,15 +89,20 @@ def compile_package(case, folder):
     return path
 
 
-def ratio(case, path):
-    """time(package) / time(eager) for `case`, measured side by side."""
+def ratio(case, path, boxed_run=False):
+    """time(package) / time(eager) for `case`, measured side by side; the package called through
+    torch's callable, or (boxed_run) through its loader's boxed_run."""
     torch = torch_or_skip()
     torch.set_num_threads(THREADS)
     module, inputs = _module_and_inputs(case)
     package = torch._inductor.aoti_load_package(path)
     with torch.no_grad():
         eager = lambda: module(*inputs)  # noqa: E731
-        pt2 = lambda: package(*inputs)  # noqa: E731
+        if boxed_run:
+            # boxed_run takes the list's tensors over (it empties the list): a new list per call.
+            pt2 = lambda: package.loader.boxed_run(list(inputs))[0]  # noqa: E731
+        else:
+            pt2 = lambda: package(*inputs)  # noqa: E731
         np.testing.assert_allclose(pt2().numpy(), eager().numpy(), rtol=0, atol=1e-5)
         return measure_speedup(eager, pt2)
 
@@ -118,11 +127,21 @@ class AotiPackageVsEager:
 
     track_pt2_time_over_eager.unit = "ratio"
 
+    def track_pt2_boxed_run_time_over_eager(self, paths, case):
+        return ratio(case, self.path, boxed_run=True)
+
+    track_pt2_boxed_run_time_over_eager.unit = "ratio"
+
 
 if __name__ == "__main__":
     folder = tempfile.mkdtemp(prefix="opbridge-aoti-bench-")
     for case in CASES:
         path = compile_package(case, folder)
-        figures = [ratio(case, path) for _ in range(5)]
-        print(f"{case:28s} package / eager: median {np.median(figures):.3f} (five repeats: "
-              f"{', '.join(f'{f:.3f}' for f in figures)})")
+        figures = {False: [], True: []}
+        for _ in range(5):  # the two ways of calling alternate, so that load changes hit both alike
+            for boxed_run in (False, True):
+                figures[boxed_run].append(ratio(case, path, boxed_run))
+        for boxed_run, how in ((False, "callable"), (True, "boxed_run")):
+            f = figures[boxed_run]
+            print(f"{case:28s} package ({how:9s}) / eager: median {np.median(f):.3f} (five repeats: "
+                  f"{', '.join(f'{x:.3f}' for x in f)})")
