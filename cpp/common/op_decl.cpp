@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -1138,6 +1139,15 @@ const char* attr_type_key(AttrType t) {
     case AttrType::kFloats: return "float[]";
   }
   return "?";
+}
+
+double float_attribute(double v) {
+  if (std::isnan(v)) return v;
+  // Out of float32's range the conversion is undefined behaviour; ONNX writes such a value as inf.
+  if (std::fabs(v) > static_cast<double>(std::numeric_limits<float>::max())) {
+    return std::copysign(std::numeric_limits<double>::infinity(), v);
+  }
+  return static_cast<double>(static_cast<float>(v));
 }
 
 std::string shortest_double(double v) {

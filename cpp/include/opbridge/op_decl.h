@@ -99,6 +99,12 @@ const char* attr_type_key(AttrType t);
 // The shortest decimal form that reads back as exactly `v` ("1e-05", "0.5").
 std::string shortest_double(double v);
 
+// The value a float attribute has in every call: its float32 rounding, as ONNX stores float
+// attributes (beyond float32's range: +-inf, NaN stays NaN). Torch, its fake kernel, ONNX Runtime
+// and opbridge._core all round so, so that an op decides alike in each at a boundary (radius=0.3
+// is 0.30000001192092896 everywhere, eps=1e-5 is float32(1e-5) in torch as in an exported model).
+double float_attribute(double v);
+
 // An attribute value (the member its type names is meaningful).
 struct AttrValue {
   AttrType type = AttrType::kInt;
