@@ -75,3 +75,16 @@ def test_shapes_example(tmp_path):
     (tmp_path / "readme.py").write_text(block)
     run_python([tmp_path / "readme.py"], tmp_path / "site", tmp_path)
     assert (tmp_path / "model.onnx").is_file()
+
+
+def test_index_ops_example(tmp_path):
+    # In CI (about 40 s on 2 cores: one pip build, then the project's own tests).
+    # Ops that return int64 indices: a segment maximum with its argmax (an output without a
+    # gradient, which the declared backward takes from the forward) and a radius search (an int64
+    # output of float inputs, a float attribute used as float32 in torch as in ONNX Runtime).
+    if not opbridge.build_info().get("torch_version"):
+        pytest.skip("opbridge was built without torch: the example's torch extension cannot be built")
+    project = REPO / "examples" / "index_ops"
+    pip_install(project, tmp_path / "site", tmp_path / "build")
+    out = run_project_tests(project, tmp_path / "site")
+    assert re.search(r"\b8 passed\b", out), out
