@@ -168,7 +168,7 @@ def test_integer_outputs_are_compared_exactly():
     xyz = torch.zeros(1, n, 3, dtype=torch.float64)
     xyz[0, :, 0] = torch.arange(n, dtype=torch.float64) / 16
     right = np.array([[0, n - 1, (n - 1) // 2]], dtype=np.int64)
-    args = dict(export=False, gradcheck=False, opcheck=False, cuda=False, dtypes=[torch.float32])
+    args = {"export": False, "gradcheck": False, "opcheck": False, "cuda": False, "dtypes": [torch.float32]}
     opbridge.testing.check_op("opbridge::furthest_point_sample", lambda x, m: right, [(xyz, 3)], **args)
     wrong = right + np.array([[0, 0, 1]])
     with pytest.raises(OpCheckError) as info:
