@@ -11,6 +11,7 @@ import re
 import pytest
 
 import opbridge
+from opbridge._newop import _PLAIN_VALUES
 from cmake_helpers import REPO
 from scaffold_helpers import pip_install, run_project_tests, run_python
 
@@ -40,6 +41,8 @@ def _register_gradient_call(source: str) -> tuple:
 def test_rms_norm_example_registers_its_gradient_as_the_scaffold_does():
     template = (REPO / "python" / "opbridge" / "_templates" / "new_op" / "project" / "op.py.tmpl").read_text()
     template = template.replace("@ns@", "myops").replace("@op@", "rms_norm")
+    for key, value in _PLAIN_VALUES.items():  # the scaffold without --index-output
+        template = template.replace(f"@{key}@", value)
     example = (EXAMPLE / "python" / "myops" / "ops" / "rms_norm.py").read_text()
     assert _register_gradient_call(example) == _register_gradient_call(template) == (["myops::rms_norm"],
                                                                                      ["differentiable"])
