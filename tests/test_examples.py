@@ -91,3 +91,13 @@ def test_index_ops_example(tmp_path):
     pip_install(project, tmp_path / "site", tmp_path / "build")
     out = run_project_tests(project, tmp_path / "site")
     assert re.search(r"\b8 passed\b", out), out
+    # The README's Python block, as a user copies it, and ONNX Runtime's outputs are torch's.
+    (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
+    check = ("import numpy as np\n"
+             "np.testing.assert_array_equal(argmax_ort, argmax.numpy())\n"
+             "np.testing.assert_allclose(y_ort, y.numpy(), rtol=1e-6)\n"
+             "assert near.shape == (4, 8) and near.dtype == torch.int64\n"
+             "print('same result')\n")
+    (tmp_path / "readme.py").write_text(block + check)
+    out = run_python([tmp_path / "readme.py"], tmp_path / "site", tmp_path)
+    assert "same result" in out.stdout, out.stdout + out.stderr
