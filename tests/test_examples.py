@@ -11,6 +11,7 @@ import re
 import pytest
 
 import opbridge
+from opbridge._newop import _PLAIN_VALUES
 from cmake_helpers import REPO
 from scaffold_helpers import pip_install, run_project_tests, run_python
 
@@ -40,6 +41,8 @@ def _register_gradient_call(source: str) -> tuple:
 def test_rms_norm_example_registers_its_gradient_as_the_scaffold_does():
     template = (REPO / "python" / "opbridge" / "_templates" / "new_op" / "project" / "op.py.tmpl").read_text()
     template = template.replace("@ns@", "myops").replace("@op@", "rms_norm")
+    for key, value in _PLAIN_VALUES.items():  # the scaffold without --index-output
+        template = template.replace(f"@{key}@", value)
     example = (EXAMPLE / "python" / "myops" / "ops" / "rms_norm.py").read_text()
     assert _register_gradient_call(example) == _register_gradient_call(template) == (["myops::rms_norm"],
                                                                                      ["differentiable"])
@@ -75,3 +78,26 @@ def test_shapes_example(tmp_path):
     (tmp_path / "readme.py").write_text(block)
     run_python([tmp_path / "readme.py"], tmp_path / "site", tmp_path)
     assert (tmp_path / "model.onnx").is_file()
+
+
+def test_index_ops_example(tmp_path):
+    # In CI (about 40 s on 2 cores: one pip build, then the project's own tests).
+    # Ops that return int64 indices: a segment maximum with its argmax (an output without a
+    # gradient, which the declared backward takes from the forward) and a radius search (an int64
+    # output of float inputs, a float attribute used as float32 in torch as in ONNX Runtime).
+    if not opbridge.build_info().get("torch_version"):
+        pytest.skip("opbridge was built without torch: the example's torch extension cannot be built")
+    project = REPO / "examples" / "index_ops"
+    pip_install(project, tmp_path / "site", tmp_path / "build")
+    out = run_project_tests(project, tmp_path / "site")
+    assert re.search(r"\b8 passed\b", out), out
+    # The README's Python block, as a user copies it, and ONNX Runtime's outputs are torch's.
+    (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
+    check = ("import numpy as np\n"
+             "np.testing.assert_array_equal(argmax_ort, argmax.numpy())\n"
+             "np.testing.assert_allclose(y_ort, y.numpy(), rtol=1e-6)\n"
+             "assert near.shape == (4, 8) and near.dtype == torch.int64\n"
+             "print('same result')\n")
+    (tmp_path / "readme.py").write_text(block + check)
+    out = run_python([tmp_path / "readme.py"], tmp_path / "site", tmp_path)
+    assert "same result" in out.stdout, out.stdout + out.stderr

@@ -47,7 +47,7 @@ def test_forward_matches_float64_reference(rng, shape, groups, dtype, affine):
         w = None
     if affine in ("none", "weight_only"):
         b = None
-    eps = float(rng.uniform(1e-6, 1e-2))
+    eps = float(np.float32(rng.uniform(1e-6, 1e-2)))  # float attributes are float32 (docs/declarations.md)
     y = opbridge.ops.group_norm(x, groups, w, b, eps)
     ref = ref_group_norm(x.double().numpy(), groups, None if w is None else w.double().numpy(),
                          None if b is None else b.double().numpy(), eps)

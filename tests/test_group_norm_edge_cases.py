@@ -81,12 +81,15 @@ def test_constant_groups_with_zero_eps_give_nan_like_torch(rng, run):
 
 @pytest.mark.torch
 @pytest.mark.skipif(not HAS_TORCH, reason="no torch")
-def test_constant_group_with_tiny_eps_float32():
-    # rstd = 1/sqrt(1e-300) overflows float: the deviation 0 must still give y = bias, not NaN.
+def test_tiny_eps_is_float32_as_in_onnx_runtime():
+    # Float attributes are float32 (docs/declarations.md): eps=1e-300 is 0 in torch as in a model,
+    # so a constant group gives what eps=0 gives in both, 0/0 (NaN, as torch's F.group_norm).
     x = np.full((1, 2, 4), 7.25, np.float32)
-    b = np.array([1.5, -2.0], np.float32)
-    y = run_torch(x, 1, np.ones(2, np.float32), b, 1e-300)
-    np.testing.assert_array_equal(y, np.broadcast_to(b[None, :, None], x.shape))
+    w, b = np.ones(2, np.float32), np.array([1.5, -2.0], np.float32)
+    y = run_torch(x, 1, w, b, 1e-300)
+    assert np.isnan(y).all()
+    np.testing.assert_array_equal(y, run_ort(x, 1, w, b, 1e-300))
+    np.testing.assert_array_equal(y, torch.nn.functional.group_norm(torch.from_numpy(x), 1, eps=0.0).numpy())
 
 
 @pytest.mark.parametrize("run", BACKENDS)

@@ -57,7 +57,7 @@ def _inputs(rng, shape, dtype, offset=1.5):
 @pytest.mark.parametrize("shape,groups", SHAPES, ids=[f"{s}-G{g}" for s, g in SHAPES])
 def test_core_matches_reference_on_each_path(core_isa, rng, shape, groups, dtype, tol):
     x, w, b = _inputs(rng, shape, dtype)
-    eps = float(rng.uniform(1e-6, 1e-3))
+    eps = float(np.float32(rng.uniform(1e-6, 1e-3)))  # float attributes are float32 (docs/declarations.md)
     y = _core.group_norm(x, groups, w, b, eps)
     assert y.dtype == dtype and y.shape == x.shape
     ref = ref_group_norm(x, groups, w, b, eps)
@@ -234,7 +234,8 @@ def test_torch_op_on_each_path(torch_isa, rng, shape, groups, dtype):
     x, w, b = (torch.from_numpy(a).to(tdt) for a in _inputs(rng, shape, np.float64))
     y = opbridge.ops.group_norm(x, groups, w, b, 1e-4)
     assert y.dtype == tdt
-    ref = ref_group_norm(x.double().numpy(), groups, w.double().numpy(), b.double().numpy(), 1e-4)
+    # eps as the op uses it: float32, as ONNX stores float attributes (docs/declarations.md).
+    ref = ref_group_norm(x.double().numpy(), groups, w.double().numpy(), b.double().numpy(), float(np.float32(1e-4)))
     tol = TORCH_TOL[dtype]
     np.testing.assert_allclose(y.double().numpy(), ref, rtol=tol, atol=tol * 4)
 

@@ -82,7 +82,7 @@ def test_forward_matches_reference(rng, shape, groups, dtype, layout, act):
     tdt = getattr(torch, dtype)
     x, w, b = _inputs(rng, shape, tdt)
     xl = _to_layout(x, layout)
-    eps = float(rng.uniform(1e-6, 1e-3))
+    eps = float(np.float32(rng.uniform(1e-6, 1e-3)))  # float attributes are float32 (docs/declarations.md)
     y = opbridge.ops.group_norm(xl, groups, w, b, eps, activation=act)
     ref = ref_group_norm(x.double().numpy(), groups, w.double().numpy(), b.double().numpy(), eps, act)
     assert y.dtype == tdt and y.shape == x.shape

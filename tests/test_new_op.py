@@ -219,6 +219,30 @@ print(y.grad_fn.name())
     assert "OpbridgeBackward[myproj::scaled_mul]" in out.stdout, out.stdout + out.stderr
 
 
+def test_index_output_scaffold(tmp_path):
+    # --index-output: a second output of int64 indices, without a gradient (the backward takes y's
+    # gradient only). The generated tests pass (check_op: indices compared exactly, gradients, both
+    # exporters, ONNX Runtime), and so does the README's block.
+    if not opbridge.build_info().get("torch_version"):
+        pytest.skip("opbridge was built without torch: the scaffold's torch extension cannot be built")
+    with pytest.raises(ValueError, match="--index-output makes a CPU op"):
+        new_op("peak_mul", dir=tmp_path / "cudaproj", index_output=True, cuda=True)
+    project = new_op("peak_mul", dir=tmp_path / "idxproj", namespace="idxproj", index_output=True).dir
+    assert '.output("peak", "I", "x[-1]"' in (project / "ops" / "peak_mul" / "peak_mul_decl.cpp").read_text()
+    pip_install(project, tmp_path / "site", tmp_path / "build")
+    out = run_project_tests(project, tmp_path / "site")
+    assert re.search(r"\b4 passed\b", out), out
+    (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
+    check = ("import numpy as np\n"
+             "assert peak_ort.dtype == np.int64 and not y[1].requires_grad\n"
+             "np.testing.assert_array_equal(peak_ort, y[1].numpy())\n"
+             "np.testing.assert_array_equal(y[1].numpy(), (x * weight).numpy().argmax(0))\n"
+             "print('same result')\n")
+    (tmp_path / "example.py").write_text(block + check)
+    out = run_python([tmp_path / "example.py"], tmp_path / "site", tmp_path)
+    assert "same result" in out.stdout, out.stdout + out.stderr
+
+
 def test_generated_readme_example_runs(built, tmp_path):
     # The README's Python block, as a user copies it: torch op, export, ONNX Runtime.
     project, site = built

@@ -231,6 +231,11 @@ BAD = [
      ["min_radius", "max_radius", "sample_num"], r"max_radius must be > 0, got 0", True),
     ("bq-min-radius", "ball_query", "BallQuery", [0.5, 0.25, 4, _pts(2, 5, 3), _pts(2, 3, 3)],
      ["min_radius", "max_radius", "sample_num"], r"min_radius must be >= 0 and < max_radius = 0.25, got 0.5", True),
+    # Float attributes are float32 everywhere (as ONNX stores them): 0.3 and the double nearest
+    # float32(0.3) are one radius, refused as an empty shell by torch as by ONNX Runtime.
+    ("bq-float32-radii", "ball_query", "BallQuery", [0.3, 0.30000001192092896, 4, _pts(2, 5, 3), _pts(2, 3, 3)],
+     ["min_radius", "max_radius", "sample_num"],
+     r"min_radius must be >= 0 and < max_radius = 0.30000001192092896, got 0.30000001192092896", True),
     ("bq-batch", "ball_query", "BallQuery", [0.0, 1.0, 4, _pts(2, 5, 3), _pts(3, 3, 3)],
      ["min_radius", "max_radius", "sample_num"],
      r"center_xyz must have B = xyz.shape\[0\] = 2 clouds, got center_xyz.shape\[0\] = 3", True),

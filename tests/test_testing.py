@@ -158,3 +158,19 @@ def test_first_order_only_op_gets_the_second_order_guard_checked():
     names = {c.name: c.status for c in report.checks}
     assert names["second-order gradients are a clear error, sample 0"] == "ok"
     assert "gradgradcheck, sample 0" not in names
+
+
+def test_integer_outputs_are_compared_exactly():
+    # Points on a line, x = i / 16 (exact in float32): farthest point sampling from point 0 takes
+    # the far end, then the middle. A reference off by one at index 15000 is within float32's
+    # tolerance (1e-5 + 1e-4 * 15000 > 1) and must still fail.
+    n = 30001
+    xyz = torch.zeros(1, n, 3, dtype=torch.float64)
+    xyz[0, :, 0] = torch.arange(n, dtype=torch.float64) / 16
+    right = np.array([[0, n - 1, (n - 1) // 2]], dtype=np.int64)
+    args = {"export": False, "gradcheck": False, "opcheck": False, "cuda": False, "dtypes": [torch.float32]}
+    opbridge.testing.check_op("opbridge::furthest_point_sample", lambda x, m: right, [(xyz, 3)], **args)
+    wrong = right + np.array([[0, 0, 1]])
+    with pytest.raises(OpCheckError) as info:
+        opbridge.testing.check_op("opbridge::furthest_point_sample", lambda x, m: wrong, [(xyz, 3)], **args)
+    assert "(int64 output, compared exactly); first at index (0, 2): got 15000, expected 15001" in str(info.value)

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <set>
 #include <stdexcept>
@@ -240,6 +241,15 @@ OpDecl& OpDecl::output(std::string name, std::string type_var, std::string rule,
   outputs_.push_back(std::move(o));
   return *this;
 }
+OpDecl& OpDecl::not_differentiable() {
+  derived_.finished = false;
+  if (outputs_.empty()) {
+    build_errors_.push_back("not_differentiable() before any output was declared");
+  } else {
+    outputs_.back().declared_not_differentiable = true;
+  }
+  return *this;
+}
 OpDecl& OpDecl::keeps_memory_format() {
   if (outputs_.empty()) {
     build_errors_.push_back("keeps_memory_format() before any output was declared");
@@ -281,6 +291,12 @@ OpDecl& OpDecl::gradient_of(const OpDecl& forward, std::vector<std::string> wrt)
   gradient_wrt_ = std::move(wrt);
   return *this;
 }
+
+namespace {
+bool is_floating(ElemType t) {
+  return t == ElemType::kFloat32 || t == ElemType::kFloat64 || t == ElemType::kFloat16 || t == ElemType::kBFloat16;
+}
+}  // namespace
 
 // ---------------------------------------------------------------- OpDecl reading
 
@@ -638,17 +654,39 @@ void OpDecl::finish_declaration() const {
   // A backward op: which inputs are gradients, and that its outputs match what it differentiates.
   if (gradient_of_ != nullptr) {
     const std::string where = "gradient_of(" + gradient_of_->name() + "): ";
-    size_t grads = 0;
+    const std::vector<OutputDecl>& fwd_outputs = gradient_of_->outputs();
+    size_t grads = 0, wanted = 0;
+    for (const OutputDecl& o : fwd_outputs) wanted += o.differentiable ? 1 : 0;
     for (ArgDecl& a : self->args_) {
       bool forward_arg = false;
       for (const ArgDecl& f : gradient_of_->args()) forward_arg = forward_arg || f.name == a.name;
-      a.gradient = a.is_input && !forward_arg;
+      a.forward_output = -1;
+      for (size_t o = 0; a.is_input && !forward_arg && o < fwd_outputs.size(); ++o) {
+        if (fwd_outputs[o].name == a.name) a.forward_output = static_cast<int64_t>(o);
+      }
+      if (a.forward_output >= 0) {
+        const OutputDecl& o = fwd_outputs[static_cast<size_t>(a.forward_output)];
+        const TypeVarDecl* mine = type_var(a.type_var);
+        const TypeVarDecl* theirs = gradient_of_->type_var(o.type_var);
+        if (mine == nullptr || theirs == nullptr || mine->types != theirs->types) {
+          errors.push_back(where + "input " + a.name + " is the forward's output " + o.name +
+                           ", so its type variable must allow the types of the forward's '" + o.type_var + "'");
+        }
+        if (a.optional) errors.push_back(where + "input " + a.name + " (the forward's output) cannot be optional");
+      }
+      a.gradient = a.is_input && !forward_arg && a.forward_output < 0;
       if (!a.is_input && !forward_arg) errors.push_back(where + "attribute " + a.name + " is not one of the forward's");
       grads += a.gradient ? 1 : 0;
     }
-    if (grads != gradient_of_->outputs().size()) {
-      errors.push_back(where + "needs one gradient input per forward output (" +
-                       std::to_string(gradient_of_->outputs().size()) + "), has " + std::to_string(grads));
+    if (grads != wanted) {
+      std::string skipped;
+      for (const OutputDecl& o : fwd_outputs) {
+        if (!o.differentiable) skipped += (skipped.empty() ? "" : ", ") + o.name;
+      }
+      errors.push_back(where + "needs one gradient input per differentiable forward output (" +
+                       std::to_string(wanted) + (skipped.empty() ? "" : "; not differentiable: " + skipped) +
+                       "), has " + std::to_string(grads) +
+                       " (an input named like a forward output is that output, not its gradient)");
     }
     if (gradient_wrt_.size() != outputs_.size()) {
       errors.push_back(where + std::to_string(gradient_wrt_.size()) + " inputs to differentiate, " +
@@ -676,6 +714,10 @@ void OpDecl::finish_declaration() const {
     if (!bound && !(tv != nullptr && tv->types.size() == 1)) {
       errors.push_back(where + "type variable '" + o.type_var + "' is bound by no required input and has more than one type");
     }
+    // Integers and bools have no gradient; a floating output has one unless declared otherwise.
+    bool floating = tv != nullptr;
+    for (size_t t = 0; tv != nullptr && t < tv->types.size(); ++t) floating = floating && is_floating(tv->types[t]);
+    o.differentiable = floating && !o.declared_not_differentiable;
     o.like_input = -1;
     o.dims.clear();
     const std::string rule = trim(o.rule);
@@ -793,6 +835,19 @@ Status check_attributes(const OpCall& call) {
   return Status::Ok();
 }
 
+Status check_index_values(const OpCall& call, std::string_view name, int64_t lo, int64_t hi) {
+  const TensorArg& t = call.in(name);
+  const int64_t* v = t.int64_data();
+  const int64_t n = t.numel();
+  for (int64_t i = 0; v != nullptr && i < n; ++i) {
+    if (v[i] < lo || v[i] >= hi) {
+      return Status::InvalidArgument(std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(v[i]) +
+                                     " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
 OpCall forward_call(const OpCall& backward) {
   const OpDecl* fwd = backward.decl().forward();
   if (fwd == nullptr) throw std::logic_error("forward_call: op " + backward.decl().name() + " has no forward");
@@ -818,10 +873,15 @@ std::string dims_string(const std::vector<int64_t>& shape) {
 // every size).
 Status check_gradient_shapes(const OpCall& call, const OpCall& fc) {
   const OpDecl& fwd = fc.decl();
+  // The k-th gradient input is that of the k-th differentiable output.
+  std::vector<size_t> differentiable;
+  for (size_t o = 0; o < fwd.outputs().size(); ++o) {
+    if (fwd.outputs()[o].differentiable) differentiable.push_back(o);
+  }
   size_t k = 0;
   for (const ArgDecl* a : call.decl().inputs()) {
-    if (!a->gradient) continue;
-    const size_t out = k++;
+    if (!a->gradient && a->forward_output < 0) continue;
+    const size_t out = a->gradient ? differentiable.at(k++) : static_cast<size_t>(a->forward_output);
     const TensorArg& g = call.input(static_cast<size_t>(a->input_index));
     if (!g.present || !g.rank_known) continue;
     const OutputDecl& o = fwd.outputs().at(out);
@@ -1140,6 +1200,15 @@ const char* attr_type_key(AttrType t) {
   return "?";
 }
 
+double float_attribute(double v) {
+  if (std::isnan(v)) return v;
+  // Out of float32's range the conversion is undefined behaviour; ONNX writes such a value as inf.
+  if (std::fabs(v) > static_cast<double>(std::numeric_limits<float>::max())) {
+    return std::copysign(std::numeric_limits<double>::infinity(), v);
+  }
+  return static_cast<double>(static_cast<float>(v));
+}
+
 std::string shortest_double(double v) {
   char buf[32];
   for (int prec = 1; prec <= 17; ++prec) {
@@ -1176,7 +1245,8 @@ std::string describe_ops_json(const std::vector<const OpDecl*>& ops, const std::
           << ",\"optional\":" << (a.optional ? "true" : "false") << ",\"rank\":" << a.rank
           << ",\"min_rank\":" << a.min_rank << ",\"shape\":" << json_string(a.shape_doc)
           << ",\"host_memory\":" << (a.host_memory ? "true" : "false")
-          << ",\"gradient\":" << (a.gradient ? "true" : "false");
+          << ",\"gradient\":" << (a.gradient ? "true" : "false")
+          << ",\"forward_output\":" << a.forward_output;
       } else {
         j << ",\"kind\":\"attr\",\"type\":\"" << attr_type_key(a.attr_type) << "\""
           << ",\"required\":" << (a.required ? "true" : "false");
@@ -1200,6 +1270,7 @@ std::string describe_ops_json(const std::vector<const OpDecl*>& ops, const std::
       j << (i ? "," : "") << "{\"name\":" << json_string(o.name) << ",\"type_var\":" << json_string(o.type_var)
         << ",\"rule\":" << json_string(o.rule) << ",\"doc\":" << json_string(o.doc)
         << ",\"keeps_memory_format\":" << (o.keeps_memory_format ? "true" : "false")
+        << ",\"differentiable\":" << (o.differentiable ? "true" : "false")
         << ",\"like\":" << o.like_input << ",\"exprs\":[";
       // Per dimension its postfix expression, a [kind, a, b] triple per step (DimTerm).
       for (size_t p = 0; p < o.dims.size(); ++p) {

@@ -70,10 +70,11 @@ Status fill_call(OpCall& call, const char* entry, const OpbridgeTensor* inputs, 
     if (attrs[i].present == 0) continue;
     AttrValue& v = call.attr(static_cast<size_t>(i));
     v.i = attrs[i].i;
-    v.f = attrs[i].f;
+    v.f = float_attribute(attrs[i].f);  // ONNX's float32, as everywhere
     v.s = attrs[i].s != nullptr ? attrs[i].s : "";
     if (attrs[i].ints != nullptr) v.ints.assign(attrs[i].ints, attrs[i].ints + attrs[i].n);
     if (attrs[i].floats != nullptr) v.floats.assign(attrs[i].floats, attrs[i].floats + attrs[i].n);
+    for (double& f : v.floats) f = float_attribute(f);
   }
   return Status::Ok();
 }

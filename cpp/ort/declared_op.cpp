@@ -169,13 +169,12 @@ void run_kernel(const OpSpec& spec, const KernelIO& io, const OpCall& call, cons
 }
 
 // The value of an attribute the node does not set: the declared default, with float defaults
-// rounded to float32. An ONNX float attribute is 32-bit, so a model that writes epsilon=1e-5
-// runs with float32(1e-5); leaving it out must give the same result, not the double 1e-5 that
-// torch's default is.
+// rounded to float32 (float_attribute), so that leaving epsilon out runs as epsilon=1e-5 written
+// in the model, and as torch's default.
 AttrValue onnx_default(const ArgDecl& a) {
   AttrValue v = a.default_value;
-  if (v.type == AttrType::kFloat) v.f = static_cast<double>(static_cast<float>(v.f));
-  for (double& f : v.floats) f = static_cast<double>(static_cast<float>(f));
+  if (v.type == AttrType::kFloat) v.f = float_attribute(v.f);
+  for (double& f : v.floats) f = float_attribute(f);
   return v;
 }
 

@@ -391,10 +391,13 @@ TorchCall::TorchCall(const OpDecl& decl, std::string_view qualname, StableIValue
     switch (a.attr_type) {
       case AttrType::kInt: v.i = args.int64(k); break;
       case AttrType::kBool: v.i = args.boolean(k) ? 1 : 0; break;
-      case AttrType::kFloat: v.f = args.float64(k); break;
+      case AttrType::kFloat: v.f = float_attribute(args.float64(k)); break;
       case AttrType::kString: v.s = args.string(k); break;
       case AttrType::kInts: v.ints = args.int64_list(k); break;
-      case AttrType::kFloats: v.floats = args.float64_list(k); break;
+      case AttrType::kFloats:
+        v.floats = args.float64_list(k);
+        for (double& f : v.floats) f = float_attribute(f);
+        break;
     }
   }
   const Tensor* first = nullptr;

@@ -95,6 +95,8 @@ class InputDecl:
     index: int  # position among the inputs
     # Of a backward op: an input that is the gradient of a forward output (not a forward argument).
     gradient: bool = False
+    # Of a backward op: the index of the forward output this input is (saved by autograd), or -1.
+    forward_output: int = -1
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,9 @@ class OutputDecl:
     keeps_memory_format: bool
     like: int  # input index whose shape the output has, or -1
     exprs: tuple  # per dimension (when like == -1) its postfix expression: ((kind, a, b), ...) as in DimTerm
+    # False for integer and bool outputs and those declared not_differentiable(): autograd treats
+    # them as constants, and a declared backward op takes no gradient for them.
+    differentiable: bool = True
 
     def sizes(self, size: Any, attr: Any, dynamic: Any = None) -> list:
         """The output's dimensions (like == -1) for one call. size(input, dim) gives an input's
@@ -417,14 +422,14 @@ class OpLibrary:
                 if a["kind"] == "input":
                     args.append(InputDecl(a["name"], a["onnx_name"], a["doc"], a["since"], a["type_var"],
                                           a["optional"], a["rank"], a["min_rank"], a["shape"], a["host_memory"], n_in,
-                                          bool(a.get("gradient", False))))
+                                          bool(a.get("gradient", False)), int(a.get("forward_output", -1))))
                     n_in += 1
                 else:
                     args.append(AttrDecl(a["name"], a["onnx_name"], a["doc"], a["since"], a["type"], a["required"],
                                          a.get("default", _NO_DEFAULT), tuple(a["choices"]), n_attr))
                     n_attr += 1
             outputs = [OutputDecl(x["name"], x["type_var"], x["rule"], x["doc"], x["keeps_memory_format"], x["like"],
-                                  _exprs(x)) for x in o["outputs"]]
+                                  _exprs(x), bool(x.get("differentiable", True))) for x in o["outputs"]]
             grad = o.get("gradient_of")
             self.ops[o["name"]] = OpDecl(o["name"], o["onnx_type"], o["since"], o["doc"], args,
                                          {k: list(v) for k, v in o["types"].items()}, outputs, self,

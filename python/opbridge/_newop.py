@@ -124,13 +124,50 @@ def _existing_project(root: Path) -> dict[str, str] | None:
     return found
 
 
+# --index-output: a second output, int64 indices (`peak`, per channel the first row of the largest
+# y), which has no gradient: the declaration, the kernel and the tests of an op that returns indices.
+_INDEX_KERNEL = """// peak[c] = the first row r with the largest y[r, c] (-1 where x has no rows); y: [rows, channels].
+template <class T>
+void peak(const T* y, int64_t* out, const @Op@Params& p) {
+  const int64_t C = p.channels;
+  for (int64_t c = 0; c < C; ++c) {
+    out[c] = p.rows > 0 ? 0 : -1;
+    for (int64_t r = 1; r < p.rows; ++r) {
+      if (y[r * C + c] > y[out[c] * C + c]) out[c] = r;
+    }
+  }
+}
+
+"""
+_INDEX_VALUES = {
+    "index_types": '\n          .types("I", {ElemType::kInt64})  // one type, bound by no input: a fixed output type',
+    "index_output": '\n          .output("peak", "I", "x[-1]", "per channel, the first row of the largest y (no gradient)")',
+    "index_call": '\n    peak<T>(k.out<T>(0), k.out<int64_t>(1), p);',
+    "return_type": "tuple[torch.Tensor, torch.Tensor]",
+    "index_doc": "\n    Returns (y, peak): peak (C,) int64, per channel the first row of the largest y (no gradient).",
+    "reference_return": ('    y = alpha * np.asarray(x, dtype=np.float64) * np.asarray(weight, dtype=np.float64)\n'
+                         '    return y, y.reshape(-1, y.shape[-1]).argmax(0)  # peak: the first maximum'),
+    "first": "[0]",
+    "ort_outputs": "y_ort, peak_ort",
+}
+_PLAIN_VALUES = {
+    "index_types": "", "index_output": "", "index_call": "", "index_kernel": "", "return_type": "torch.Tensor",
+    "index_doc": "", "first": "", "ort_outputs": "(y_ort,)",
+    "reference_return": "    return alpha * np.asarray(x, dtype=np.float64) * np.asarray(weight, dtype=np.float64)",
+}
+
+
 def new_op(name: str, dir: str | Path | None = None, namespace: str | None = None, domain: str | None = None,
-           cuda: bool = False) -> NewOp:
+           cuda: bool = False, index_output: bool = False) -> NewOp:
     """Scaffolds op ``name`` (snake_case) in a new project at ``dir`` (default ``./name``), or adds
     it to the project made by this function there. ``namespace``: torch namespace, C++ namespace
     and Python package (default: the folder's name); ``domain``: the ONNX domain of the project's
-    ops (default ``com.example.<namespace>``). Raises ValueError for bad names or when a file would
+    ops (default ``com.example.<namespace>``); ``index_output``: the op also returns int64 indices
+    (``peak``, without a gradient), CPU only. Raises ValueError for bad names or when a file would
     be overwritten."""
+    if index_output and cuda:
+        raise ValueError("--index-output makes a CPU op (its CUDA kernel would not fill the indices); leave out "
+                         "--cuda, or add the CUDA kernel by hand")
     if not _OP_RE.match(name) or keyword.iskeyword(name):
         raise ValueError(f"op name must be snake_case (lowercase letters, digits, single underscores), got {name!r}")
     root = Path(dir) if dir is not None else Path(name)
@@ -174,6 +211,9 @@ def new_op(name: str, dir: str | Path | None = None, namespace: str | None = Non
         "torch_build_req": f', "{pins["torch_req"]}"' if pins["torch_req"] else "",
         "cuda_block": _CUDA_BLOCK.format(NS=ns.upper()) if cuda else "",
     }
+    values.update(_INDEX_VALUES if index_output else _PLAIN_VALUES)
+    if index_output:
+        values["index_kernel"] = _INDEX_KERNEL.replace("@Op@", values["Op"])
 
     plan: dict[Path, str] = {}
     files = dict(_OP_FILES)

@@ -489,7 +489,8 @@ def _cmd_new_op(args: argparse.Namespace) -> int:
     from ._newop import new_op
 
     try:
-        made = new_op(args.name, dir=args.dir, namespace=args.namespace, domain=args.domain, cuda=args.cuda)
+        made = new_op(args.name, dir=args.dir, namespace=args.namespace, domain=args.domain, cuda=args.cuda,
+                      index_output=args.index_output)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if args.verbosity >= 0:
@@ -625,6 +626,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch namespace, C++ namespace and Python package (default: the folder's name)")
     n.add_argument("--domain", default=None, help="ONNX domain of the ops (default: com.example.NAMESPACE)")
     n.add_argument("--cuda", action="store_true", help="also a CUDA kernel and its compute function")
+    n.add_argument("--index-output", action="store_true",
+                   help="the op also returns int64 indices (an output without a gradient); CPU only")
     a = command(
         "pt2",
         "list the custom ops an AOTInductor package (.pt2) calls, the op library of each, and whether they "

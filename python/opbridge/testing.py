@@ -153,13 +153,23 @@ def _to_numpy(value: Any) -> np.ndarray:
 
 
 def _compare(got: Any, expected: Any, rtol: float, atol: float) -> str:
-    """"" when got matches expected (NaN where expected has NaN), else what differs."""
+    """"" when got matches expected (NaN where expected has NaN), else what differs. Integer and
+    bool outputs are compared exactly; floating ones within rtol and atol."""
     g = _to_numpy(got).astype(np.float64) if np.issubdtype(_to_numpy(got).dtype, np.floating) else _to_numpy(got)
     e = np.asarray(_to_numpy(expected))
     if g.shape != e.shape:
         return f"shape {tuple(g.shape)}, expected {tuple(e.shape)}"
     if g.size == 0:
         return ""
+    if g.dtype.kind in "biu":
+        # Indices, counts and masks: equal or wrong, whatever their size (a float tolerance would
+        # let an index that is off by one pass once it exceeds 1 / rtol).
+        same = g == e
+        if same.all():
+            return ""
+        idx = tuple(int(i) for i in np.argwhere(~same)[0])
+        return (f"{int((~same).sum())} of {same.size} elements differ ({g.dtype} output, compared exactly); first at "
+                f"index {idx}: got {g[idx].item()!r}, expected {e[idx].item()!r}")
     e = e.astype(np.float64)
     nan_g, nan_e = np.isnan(g), np.isnan(e)
     if (nan_g != nan_e).any():

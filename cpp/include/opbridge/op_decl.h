@@ -99,6 +99,12 @@ const char* attr_type_key(AttrType t);
 // The shortest decimal form that reads back as exactly `v` ("1e-05", "0.5").
 std::string shortest_double(double v);
 
+// The value a float attribute has in every call: its float32 rounding, as ONNX stores float
+// attributes (beyond float32's range: +-inf, NaN stays NaN). Torch, its fake kernel, ONNX Runtime
+// and opbridge._core all round so, so that an op decides alike in each at a boundary (radius=0.3
+// is 0.30000001192092896 everywhere, eps=1e-5 is float32(1e-5) in torch as in an exported model).
+double float_attribute(double v);
+
 // An attribute value (the member its type names is meaningful).
 struct AttrValue {
   AttrType type = AttrType::kInt;
@@ -199,6 +205,9 @@ struct ArgDecl {
   // Of a backward op (gradient_of()): an input that is the gradient of a forward output, not one
   // of the forward's arguments.
   bool gradient = false;
+  // Of a backward op (gradient_of()): the index of the forward output this input is (an input
+  // named like that output: autograd saves it from the forward), or -1.
+  int64_t forward_output = -1;
 };
 
 struct TypeVarDecl {
@@ -230,6 +239,10 @@ struct OutputDecl {
   int64_t like_input = -1;                    // rule "x": the index of x
   std::vector<std::vector<DimTerm>> dims;     // rule with dimensions: one postfix expression per dimension
   bool keeps_memory_format = false;           // torch: channels_last in -> channels_last out
+  // Whether the output has a gradient: false for integer and bool outputs (always) and for those
+  // declared not_differentiable(). A backward op takes gradients of the differentiable ones only.
+  bool differentiable = true;
+  bool declared_not_differentiable = false;   // not_differentiable() on a floating output
 };
 
 class OpDecl {
@@ -270,6 +283,10 @@ class OpDecl {
   OpDecl& types(std::string type_var, std::vector<ElemType> types);
   OpDecl& output(std::string name, std::string type_var, std::string rule, std::string doc = "");
   OpDecl& keeps_memory_format();           // last output: torch keeps x's memory format
+  // Last output: no gradient flows through it (a mask, a count as float). Integer and bool
+  // outputs never have one; autograd treats such outputs as constants, and a backward op declared
+  // with gradient_of() takes no gradient for them.
+  OpDecl& not_differentiable();
   OpDecl& check(ValidateFn fn);            // the op's own validation (after the generic checks)
   // Output shapes a rule cannot describe: fn replaces the rules in output_shape() (kernels'
   // ctx.output(index), ORT's shape inference). Python's fake kernel and ONNX inference take
@@ -281,8 +298,10 @@ class OpDecl {
   // sees arguments its forward would refuse.
   OpDecl& args_of(const OpDecl& forward);
   // This op is the backward of `forward`: its inputs other than forward's arguments are the
-  // gradients of forward's outputs (in order), its outputs the gradients of forward's inputs
-  // named in `wrt` (in order). Autograd is derived from it (opbridge.ops registers forward's
+  // gradients of forward's differentiable outputs (in order), except an input named like one of
+  // forward's outputs, which is that output (autograd saves it, so the backward recomputes
+  // nothing: an argmax, a mean); its outputs are the gradients of forward's inputs named in `wrt`
+  // (in order). Autograd is derived from it (opbridge.ops registers forward's
   // backward from this op), and the checks take a forward argument, not a gradient, as the
   // reference for dtypes and devices ("grad must have the dtype of x"). It must take every
   // argument of `forward` (args_of()), whose checks run on them as with args_of().
@@ -379,6 +398,10 @@ class OpDecl {
 Status check_call(const OpCall& call);
 // The call of the forward (forward()) that a backward op's call holds: the forward's arguments, by name.
 OpCall forward_call(const OpCall& backward);
+// For an op's check(): every value of the int64 input `name` lies in [lo, hi), where its values
+// are known (a host_memory() input, in the kernels; shape inference and fake kernels skip it), else
+// "segment_ids[3] = 99 is outside [0, 3)" (the index counts elements in row-major order).
+Status check_index_values(const OpCall& call, std::string_view name, int64_t lo, int64_t hi);
 // The checks of check_call that need only attribute values (string choices): ORT runs them when
 // it creates a kernel, so a bad value fails session creation, naming the node.
 Status check_attributes(const OpCall& call);

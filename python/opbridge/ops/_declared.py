@@ -372,8 +372,9 @@ def register_gradient(qualname: str, *, differentiable: Callable | None = None) 
     them again raises NotImplementedError naming the op.
 
     differentiable: the backward op written with differentiable torch ops (its arguments: the
-        gradients, then the op's), used where the gradients must themselves be differentiable
-        (create_graph=True), so that gradients of every order exist. Arguments of the declaration
+        backward op's: gradients, forward outputs and the op's arguments), used where the
+        gradients must themselves be differentiable (create_graph=True), so that gradients of
+        every order exist. Arguments of the declaration
         it does not take must have their default values there (else NotImplementedError)."""
     ns, name = qualname.split("::", 1)
     lib, op = _declared(qualname)
@@ -385,35 +386,63 @@ def register_gradient(qualname: str, *, differentiable: Callable | None = None) 
     if bwd is None:
         raise ValueError(f"register_gradient: {qualname} has no declared backward op (an op whose declaration is "
                          "gradient_of it)")
-    n_grads = sum(1 for i in bwd.inputs if i.gradient)
     positions = [next(k for k, a in enumerate(op.args) if a.name == w) for w in bwd.gradient_of[1]]
     backward_op = getattr(getattr(torch.ops, ns), bwd.name).default
     form = restricted(differentiable, bwd, "its differentiable backward") if differentiable is not None else None
+    # Where the backward op's arguments are each output's gradient, then the op's arguments, the
+    # graph can be built in C++ (register_autograd's backward_op); one that skips outputs without
+    # a gradient or takes forward outputs runs through this formula.
+    diff = [k for k, o in enumerate(op.outputs) if o.differentiable]
+    saved_outputs = sorted({a.forward_output for a in bwd.inputs if a.forward_output >= 0})
+    plain = (len(diff) == len(op.outputs) and not saved_outputs
+             and [a.name for a in bwd.args] == [a.name for a in bwd.inputs if a.gradient] + [a.name for a in op.args])
+    # Where each argument of the backward op comes from: ("grad", k) the gradient of output k,
+    # ("out", k) output k, ("arg", k) the op's argument k.
+    grad_iter = iter(diff)
+    sources: list = []
+    for a in bwd.args:
+        if isinstance(a, InputDecl) and a.gradient:
+            sources.append(("grad", next(grad_iter)))
+        elif isinstance(a, InputDecl) and a.forward_output >= 0:
+            sources.append(("out", a.forward_output))
+        else:
+            sources.append(("arg", next(k for k, f in enumerate(op.args) if f.name == a.name)))
+    no_grad_outputs = [k for k, o in enumerate(op.outputs) if not o.differentiable]
 
     def setup(ctx: Any, inputs: Any, output: Any) -> None:
+        outs = output if isinstance(output, tuple) else (output,)
         tensors = [k for k, v in enumerate(inputs) if isinstance(v, torch.Tensor)]
-        ctx.save_for_backward(*[inputs[k] for k in tensors])
+        ctx.save_for_backward(*[inputs[k] for k in tensors], *[outs[k] for k in saved_outputs])
         ctx.opbridge_tensors = tensors
         ctx.opbridge_others = [None if isinstance(v, torch.Tensor) else v for v in inputs]
+        # Floating outputs declared not_differentiable (integer ones are so for torch already).
+        marked = [outs[k] for k in no_grad_outputs if outs[k].is_floating_point()]
+        if marked:
+            ctx.mark_non_differentiable(*marked)
 
     def backward(ctx: Any, *grads: Any) -> Any:
         args = list(ctx.opbridge_others)
-        for k, t in zip(ctx.opbridge_tensors, ctx.saved_tensors):
+        saved = ctx.saved_tensors
+        for k, t in zip(ctx.opbridge_tensors, saved):
             args[k] = t
-        grads = grads[:n_grads]
+        outs = dict(zip(saved_outputs, saved[len(ctx.opbridge_tensors):]))
+        call = [grads[k] if kind == "grad" else outs[k] if kind == "out" else args[k] for kind, k in sources]
         if form is not None and torch.is_grad_enabled():
-            outs = form(*grads, *args)
+            got = form(*call)
         else:
-            outs = backward_op(*grads, *args)
-        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+            got = backward_op(*call)
+        got = got if isinstance(got, (tuple, list)) else (got,)
         result: list = [None] * len(args)
-        for k, g in zip(positions, outs):
+        for k, g in zip(positions, got):
             if args[k] is not None and ctx.needs_input_grad[k]:
                 result[k] = g
         return tuple(result)
 
     register_autograd(qualname, backward, setup_context=setup, double_backward=form is not None,
-                      backward_op=f"{ns}::{bwd.name}", backward_op_grads=positions)
+                      backward_op=f"{ns}::{bwd.name}" if plain else None,
+                      backward_op_grads=positions if plain else None)
+    if not plain:
+        _check_backward_op(f"register_gradient({qualname!r})", qualname, f"{ns}::{bwd.name}")
 
 
 def _libraries() -> list:
