@@ -532,6 +532,8 @@ def torch_cases(draw):
     else:
         ng = num_groups if (rank >= 2 and num_groups > 0 and c_eff % num_groups == 0) else None
         xv, note = _x_values(draw, rng, shape, vdtype, ng)
+    # Float attributes are float32 in every call: the op computes with float32(eps).
+    eps = float(np.float32(eps))
     if isinstance(layout, tuple) and layout[0] == "expand":
         # Stride 0 along that dim: the data must be constant along it.
         xv = np.broadcast_to(np.take(xv, [0], axis=layout[1]), shape).copy()
