@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import opbridge
-from onnx_models import IR_VERSION, single_node_model
+from helpers.onnx_models import IR_VERSION, single_node_model
 from opbridge.cli import main
 
 
@@ -133,7 +133,7 @@ BAD_PACKAGES = {
 
 
 def _bad_packages(tmp_path, names=tuple(BAD_PACKAGES)):
-    from scaffold_helpers import fake_op_package
+    from helpers.scaffold_helpers import fake_op_package
 
     site = tmp_path / "site"
     for name in names:

@@ -19,13 +19,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import opbridge
-from onnx_models import IR_VERSION, single_node_model
+from helpers.onnx_models import IR_VERSION, single_node_model
 from opbridge import cli
 from opbridge._optimize import LABEL_DECOMPOSITION
 
 jsonschema = pytest.importorskip("jsonschema")
 
-SCHEMAS = Path(__file__).resolve().parent.parent / "docs" / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 
 
 def _validate(doc: dict, command: str) -> None:
@@ -191,7 +191,7 @@ def test_optimize_json(tmp_path, capsys):
 
 def test_pt2_json(tmp_path, capsys):
     """A package that calls an op of no known library (the test of a package opbridge's ops can
-    run, which needs an AOTInductor build, is tests/test_aoti.py's)."""
+    run, which needs an AOTInductor build, is tests/deploy/test_aoti.py's)."""
     import zipfile
 
     pkg = tmp_path / "other.pt2"

@@ -16,7 +16,7 @@ import pytest
 import opbridge
 from opbridge._newop import new_op, pascal
 from opbridge.cli import main as cli_main
-from scaffold_helpers import pip_install, run_project_tests, run_python
+from helpers.scaffold_helpers import pip_install, run_project_tests, run_python
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -149,7 +149,7 @@ def test_cli(tmp_path, capsys):
 ])
 def test_opbridge_add_op_errors_name_the_problem(tmp_path, change, match):
     """The one opbridge_add_op (installed with the CMake package) stops with a clear message."""
-    from cmake_helpers import configure
+    from helpers.cmake_helpers import configure
 
     root = new_op("scaled_add", dir=tmp_path / "proj", namespace="myops", domain="com.example.myops").dir
     change(root)
@@ -279,7 +279,7 @@ def _scaled_mul_model(tmp_path, rng):
     """com.example.myproj::ScaledMul (built with onnx alone), inputs and the float64 result."""
     import numpy as np
     import onnx
-    from onnx_models import single_node_model
+    from helpers.onnx_models import single_node_model
 
     model = single_node_model("ScaledMul", "com.example.myproj", [("x", np.float64, [3, 5]), ("weight", np.float64, [5])],
                               {"alpha": -0.75})
@@ -356,7 +356,7 @@ def test_cuda_scaffold_compiles(tmp_path):
     """--cuda: the CUDA kernel and its compute function compile with nvcc and link into the ORT
     library and (with torch) the torch extension, which still load and run the CPU op on a
     machine without a GPU."""
-    from cmake_helpers import build, configure
+    from helpers.cmake_helpers import build, configure
 
     nvcc = _nvcc()
     if nvcc is None:
@@ -369,7 +369,7 @@ def test_cuda_scaffold_compiles(tmp_path):
     assert lib.is_file()
     import numpy as np
     import onnxruntime as ort
-    from onnx_models import single_node_model
+    from helpers.onnx_models import single_node_model
 
     m = single_node_model("ScaledMul", "com.example.cudaproj", [("x", np.float64, [3, 4]), ("weight", np.float64, [4])],
                           {"alpha": 0.5})
@@ -396,7 +396,7 @@ print("ok")
 @pytest.fixture(scope="module")
 def cuda_scaffold(tmp_path_factory):
     """A --cuda project built for this machine's GPU: (ORT library, torch library)."""
-    from cmake_helpers import build, configure
+    from helpers.cmake_helpers import build, configure
 
     nvcc = _nvcc()
     if nvcc is None:
@@ -440,7 +440,7 @@ def test_cuda_scaffold_runs_in_ort_cuda_provider(cuda_scaffold):
     fallback): float32 and float64 against float64 numpy."""
     import numpy as np
     import onnxruntime as ort
-    from onnx_models import single_node_model
+    from helpers.onnx_models import single_node_model
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("this onnxruntime has no CUDAExecutionProvider (install onnxruntime-gpu)")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from opbridge import _core
-from reference import group_norm as ref_group_norm
+from helpers.reference import group_norm as ref_group_norm
 
 
 def test_build_info():

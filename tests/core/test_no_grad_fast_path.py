@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import pytest
 
-from msda_inputs import make_inputs
+from helpers.msda_inputs import make_inputs
 
 torch = pytest.importorskip("torch")
 import opbridge.ops  # noqa: E402

@@ -1,4 +1,4 @@
-"""Cases for tests/test_cuda_runner.py (not collected on its own: the file name has no test_
+"""Cases for tests/cuda_ops/test_cuda_runner.py (not collected on its own: the file name has no test_
 prefix). Each test appends "name pid" to $RUNNER_CASES_OUT, so the runner's test can tell which
 ran and in which process. A sticky CUDA error is simulated by its message (the plugin knows it by
 its text, as it knows torch's)."""

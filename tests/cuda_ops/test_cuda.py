@@ -22,10 +22,10 @@ import pytest
 
 import opbridge
 
-import cuda_ref
-import reference as ref
+from helpers import cuda_ref
+from helpers import reference as ref
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CHECK_STREAMS = ROOT / "cuda" / "check_streams.py"
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -88,7 +88,7 @@ def test_cpu_sessions_work_with_cuda_ops_registered():
     # The library registers GroupNorm for both the CPU and the CUDA execution provider (when
     # built with CUDA); a CPU-only session must pick the CPU kernel.
     ort = pytest.importorskip("onnxruntime")
-    import onnx_models
+    from helpers import onnx_models
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((2, 6, 5)).astype(np.float32)
@@ -449,7 +449,7 @@ def test_ort_cuda_ops_run_on_orts_compute_stream(rng, op):
     (non-blocking) as its user_compute_stream; that stream is held back, then writes the input:
     a kernel on that stream sees the write, one queued on any other stream reads the NaN there
     before it."""
-    import onnx_models
+    from helpers import onnx_models
 
     f32 = np.float32
     if op == "GroupNorm":
@@ -499,7 +499,7 @@ def test_ort_cuda_ops_run_on_orts_compute_stream(rng, op):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_inverse_ort_cuda_singular_error_matches_cpu(rng, dtype):
     """A singular matrix: the CUDA provider reports what the CPU provider does."""
-    import onnx_models
+    from helpers import onnx_models
 
     a = (rng.standard_normal((4, 40, 40)) + np.eye(40) * 2 * np.sqrt(40)).astype(dtype)
     a[2, :, 0] = 0
@@ -519,7 +519,7 @@ def test_inverse_ort_cuda_singular_error_matches_cpu(rng, dtype):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
 @pytest.mark.parametrize("shape,groups", [((2, 6, 7), 3), ((2, 32, 16, 16), 8), ((1, 2, 70_000), 1)])
 def test_group_norm_ort_cuda_matches_reference(rng, dtype, shape, groups):
-    import onnx_models
+    from helpers import onnx_models
 
     x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
     scale = rng.standard_normal(shape[1]).astype(dtype)
@@ -595,7 +595,7 @@ def test_inverse_cuda_nan_propagates(rng, n):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [2, 4, 32, 70])
 def test_inverse_ort_cuda_matches_reference(rng, dtype, n):
-    import onnx_models
+    from helpers import onnx_models
 
     a = (rng.standard_normal((3, n, n)) + np.eye(n) * (2.0 * np.sqrt(n))).astype(dtype)
     model = onnx_models.single_node_model("Inverse", opbridge.DOMAIN, [("X", dtype, list(a.shape))])
@@ -686,7 +686,7 @@ def test_group_norm_cuda_other_layouts_give_contiguous(rng):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("activation", ["none", "silu"])
 def test_group_norm_ort_cuda_activation(rng, dtype, activation):
-    import onnx_models
+    from helpers import onnx_models
 
     shape, groups = (2, 32, 8, 8), 8
     x = (rng.standard_normal(shape) * 2 + 0.5).astype(dtype)
@@ -711,7 +711,7 @@ def test_group_norm_ort_cuda_activation(rng, dtype, activation):
 @pytest.mark.parametrize("attrs,match", [({"num_groups": 2, "activation": "gelu"}, "activation"),
                                          ({"num_groups": 2, "epsilon": 1}, "epsilon")])
 def test_group_norm_ort_cuda_bad_attribute_names_node(attrs, match):
-    import onnx_models
+    from helpers import onnx_models
 
     model = onnx_models.single_node_model("GroupNorm", opbridge.DOMAIN, [("X", np.float32, [2, 4, 3])], attrs,
                                           domain_version=2)
@@ -768,7 +768,7 @@ def test_inverse_cuda_on_singular_nan_graph_capture(rng, n):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("n", [2, 4, 70])
 def test_inverse_ort_cuda_on_singular_nan(rng, dtype, n):
-    import onnx_models
+    from helpers import onnx_models
 
     a = (rng.standard_normal((3, n, n)) + np.eye(n) * 2 * np.sqrt(n)).astype(dtype)
     a[1, :, 0] = 0
@@ -997,7 +997,7 @@ def test_point_cloud_ops_cuda_match_cpu(dtype):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    import onnx_models
+    from helpers import onnx_models
 
     ops = torch.ops.opbridge
     dt = getattr(torch, dtype)

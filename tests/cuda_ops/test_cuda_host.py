@@ -2,10 +2,10 @@
 
 The per-thread math of the MultiScaleDeformableAttention kernels and the work decomposition of
 the channels_last GroupNorm kernels live in host-device headers (ms_deform_attn_math.cuh,
-group_norm_nhwc.cuh). tests/cuda_host/ compiles them with the host compiler into small programs
+group_norm_nhwc.cuh). tests/cuda_ops/cuda_host/ compiles them with the host compiler into small programs
 that run them over every thread / lane / tile of the kernels' decomposition (grid-stride loops,
 lane shares summed as the shuffles do, atomics as additions), and these tests compare the results
-with float64 references. This runs everywhere; the device tests in tests/test_cuda.py run the
+with float64 references. This runs everywhere; the device tests in tests/cuda_ops/test_cuda.py run the
 real kernels where there is a GPU.
 """
 
@@ -21,11 +21,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import cuda_ref
-import reference as ref
+from helpers import cuda_ref
+from helpers import reference as ref
 
-ROOT = Path(__file__).resolve().parent.parent
-HOST = ROOT / "tests" / "cuda_host"
+ROOT = Path(__file__).resolve().parents[2]
+HOST = ROOT / "tests" / "cuda_ops" / "cuda_host"
 SIM = HOST / "sim"
 
 
@@ -41,8 +41,8 @@ def _compiler() -> str:
 
 
 def _flags(sim: bool) -> list[str]:
-    """The host compiler's flags for the programs of tests/cuda_host/ (sim: those built against
-    the emulated runtime in tests/cuda_host/sim/). With OPBRIDGE_CUDA_HOST_SANITIZE=1 every load
+    """The host compiler's flags for the programs of tests/cuda_ops/cuda_host/ (sim: those built against
+    the emulated runtime in tests/cuda_ops/cuda_host/sim/). With OPBRIDGE_CUDA_HOST_SANITIZE=1 every load
     and store is checked by AddressSanitizer and UndefinedBehaviorSanitizer (a read past a tensor's
     or a shared array's end fails the test)."""
     flags = ["-std=c++20" if sim else "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror"]
@@ -242,8 +242,8 @@ def test_group_norm_nhwc_kernel_decomposition(host_programs, tmp_path, rng, dtyp
 
 # ---- The kernel files themselves, on an emulated device ----------------------------------------
 #
-# tests/cuda_host/simt_ops.cpp links ops/*/*_kernel.cu, compiled with the host compiler
-# against tests/cuda_host/sim/ (a CPU emulation of the CUDA runtime: every CUDA thread a fiber
+# tests/cuda_ops/cuda_host/simt_ops.cpp links ops/*/*_kernel.cu, compiled with the host compiler
+# against tests/cuda_ops/cuda_host/sim/ (a CPU emulation of the CUDA runtime: every CUDA thread a fiber
 # with its own stack, __syncthreads and warp shuffles as real barriers between them, clusters
 # with distributed shared memory, shared memory as exact-size heap buffers; see sim/simt.h), and
 # calls the launchers as the adapters do. Under
@@ -881,7 +881,7 @@ def test_every_kernel_launched_in_emulation(simt_ops, request):
     everything = {name for name, f in vars(request.module).items() if name.startswith("test_") and callable(f)
                   and "simt_ops" in inspect.signature(f).parameters and name != request.node.originalname}
     if {it.originalname for it in emulated} != everything:
-        pytest.skip("kernel coverage is measured over the whole of tests/test_cuda_host.py")
+        pytest.skip("kernel coverage is measured over the whole of tests/cuda_ops/test_cuda_host.py")
     names = set()
     for src in KERNEL_FILES:
         names.update(re.findall(r"__global__ void (?:__launch_bounds__\([^)]*\)\s*)?(\w+)\(", src.read_text()))

@@ -1,7 +1,7 @@
 """Declarations that cannot hurt: every backward op runs its forward's checks, and a bad
 declaration is a clear error, never a crash.
 
-One project of the fixture ops (tests/fixtures/decl_safety), built once like a user's:
+One project of the fixture ops (tests/declarations/fixtures/decl_safety), built once like a user's:
 
 * ``seg_sum`` (a segment sum whose kernels index rows with the ids) and backward ops of it
   declared in three ways: from ``args_of`` without ``gradient_of`` (named as the backward in
@@ -25,7 +25,7 @@ import pytest
 
 import opbridge
 from opbridge._newop import new_op
-from scaffold_helpers import env_with, pip_install
+from helpers.scaffold_helpers import env_with, pip_install
 
 torch = pytest.importorskip("torch", reason="the fixture project's torch side")
 
@@ -301,7 +301,7 @@ print(json.dumps({"default": op._schema.arguments[2].default_value, "error": flo
 def test_the_build_refuses_a_bad_declaration(project, load_inputs):
     # The check opbridge_add_op runs once it links the ORT library: the build fails naming the op
     # and what is wrong, and leaves no library behind; the valid declaration builds again.
-    from cmake_helpers import require_toolchain
+    from helpers.cmake_helpers import require_toolchain
 
     _, _, build = project
     (lib,) = build.rglob("libdeclsafety_ort.so")

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 
 import opbridge
 from opbridge._decl import opbridge_library
-from reference import group_norm as gn_ref
+from helpers.reference import group_norm as gn_ref
 
 torch = pytest.importorskip("torch")
 import opbridge.ops  # noqa: E402

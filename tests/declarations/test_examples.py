@@ -12,8 +12,8 @@ import pytest
 
 import opbridge
 from opbridge._newop import _PLAIN_VALUES
-from cmake_helpers import REPO
-from scaffold_helpers import pip_install, run_project_tests, run_python
+from helpers.cmake_helpers import REPO
+from helpers.scaffold_helpers import pip_install, run_project_tests, run_python
 
 EXAMPLE = REPO / "examples" / "rms_norm"
 # What RMSNorm changes in the scaffold of `opbridge new-op rms_norm --namespace myops`.

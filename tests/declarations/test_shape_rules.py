@@ -3,7 +3,7 @@ ORT's shape inference, check_call) and by the Python evaluator (fake kernels, ON
 TorchScript), both compared with Python's own arithmetic on random expressions, plus the errors
 of rules that do not parse and of calls whose sizes come out negative.
 
-tests/shape_rules/shape_rules.cpp is compiled against the installed package's headers and its
+tests/declarations/shape_rules/shape_rules.cpp is compiled against the installed package's headers and its
 libopbridge_kernels.a (a second; no CMake)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """opbridge.testing.check_op on opbridge's own ops (GroupNorm, Inverse) with float64 numpy
-references (tests/reference.py), and that it reports failures readably: a wrong reference, a
+references (tests/helpers/reference.py), and that it reports failures readably: a wrong reference, a
 wrong gradient, a silently differentiable first-order-only op."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import reference
+from helpers import reference
 
 torch = pytest.importorskip("torch")
 import opbridge.ops  # noqa: E402

@@ -16,9 +16,9 @@ import onnx
 import pytest
 
 import opbridge
-import reference
-from cmake_helpers import REPO, build, configure, require_toolchain, run
-from onnx_models import single_node_model
+from helpers import reference
+from helpers.cmake_helpers import REPO, build, configure, require_toolchain, run
+from helpers.onnx_models import single_node_model
 
 torch = pytest.importorskip("torch", reason="the example op is a torch op")
 import onnxruntime as ort  # noqa: E402

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 import opbridge  # noqa: E402
 import opbridge.ops  # noqa: E402
-from cmake_helpers import REPO, build, configure  # noqa: E402
+from helpers.cmake_helpers import REPO, build, configure  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -26,7 +26,7 @@ import opbridge.nn  # noqa: E402
 import opbridge.onnx  # noqa: E402
 import opbridge.ops  # noqa: E402
 
-APP = Path(__file__).resolve().parents[1] / "examples" / "ray_serve" / "app.py"
+APP = Path(__file__).resolve().parents[2] / "examples" / "ray_serve" / "app.py"
 REQUESTS = 32  # bounded: the test sends exactly this many
 CONCURRENCY = 4
 TIMEOUT_S = 120

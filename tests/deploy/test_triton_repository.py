@@ -20,7 +20,7 @@ pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")
 import opbridge  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "triton"
 
 

@@ -4,8 +4,8 @@ page in page order in one temporary directory, each in a fresh process: `run` on
 ones in the slow suite (--run-slow), `run gpu` ones in the GPU suite (cuda marker); excerpts match
 the file they name; commands that cannot run name only scripts, modules, options and CMake
 variables that exist. Also: every `opbridge.…` the docs name in backticks resolves and every
-import statement they quote runs. Files the docs name: tests/test_docs_files.py; figures and
-messages they quote: tests/test_docs_claims.py."""
+import statement they quote runs. Files the docs name: tests/docs/test_docs_files.py; figures and
+messages they quote: tests/docs/test_docs_claims.py."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from docs_blocks import DOCS, KINDS, REPO, RUN_SUITES, SHELL, Block, all_blocks, code_spans, commands
-from docs_blocks import missing_excerpt_lines
+from helpers.docs_blocks import DOCS, KINDS, REPO, RUN_SUITES, SHELL, Block, all_blocks, code_spans, commands
+from helpers.docs_blocks import missing_excerpt_lines
 
 BLOCKS = all_blocks()
 RUN_LANGS = ("python", *SHELL)
@@ -71,7 +71,7 @@ def test_marker_parsing_finds_every_fence(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# T\n\nSee `a.py`:\n\n<!-- docs: excerpt a.py -->\n```python\nx = 1\n```\n\n"
                     "````\n```\nnested\n```\n````\n<!-- docs: not-run: needs a server -->\n```sh\nls\n```\n")
-    from docs_blocks import blocks
+    from helpers.docs_blocks import blocks
 
     got = blocks(page)
     assert [(b.line, b.lang, b.kind, b.args) for b in got] == [
@@ -162,7 +162,7 @@ def test_blocks_run_gpu(path, tmp_path):
 def test_a_failing_block_fails(tmp_path, monkeypatch):
     page = tmp_path / "page.md"
     page.write_text("<!-- docs: run -->\n```python\nraise SystemExit('wrong')\n```\n")
-    from docs_blocks import blocks
+    from helpers.docs_blocks import blocks
 
     monkeypatch.setattr(sys.modules[__name__], "BLOCKS", blocks(page))
     with pytest.raises(AssertionError, match=r"page.md:2 failed \(exit status 1\)"):

@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from docs_blocks import REPO, blocks
+from helpers.docs_blocks import REPO, blocks
 
 README = REPO / "README.md"
 DOC = REPO / "docs"
@@ -339,7 +339,7 @@ def test_group_norm_cuda_paragraph():
     """docs/group_norm.md's CUDA paragraph: the launcher takes the parameter struct it names, which
     holds the CPU kernel's sizes and activation; the CUDA compute function passes it
     group_norm_params (which reads the `activation` attribute); the generic torch kernel picks the
-    layout by the CPU op's rule. (What they compute: tests/test_cuda_host.py, tests/test_cuda.py.)"""
+    layout by the CPU op's rule. (What they compute: tests/cuda_ops/test_cuda_host.py, tests/cuda_ops/test_cuda.py.)"""
     page = _text(DOC / "group_norm.md")
     m = re.search(r"CUDA: the launcher takes `(\w+)` \(the CPU kernel's `(\w+)` and `(\w+)`", page)
     assert m, "docs/group_norm.md no longer states the launcher's arguments in the form this test reads"

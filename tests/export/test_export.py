@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import opbridge  # noqa: E402
 import opbridge.nn  # noqa: E402
 import opbridge.onnx  # noqa: E402
-from reference import group_norm as group_norm_ref  # noqa: E402
+from helpers.reference import group_norm as group_norm_ref  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

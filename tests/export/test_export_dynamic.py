@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import pytest
 
-import reference
+from helpers import reference
 
 pytestmark = pytest.mark.torch
 

@@ -22,8 +22,8 @@ import opbridge
 from opbridge import _optimize
 from opbridge._check import check
 from opbridge.cli import main
-from optimize_support import group_norm_decomposition_with_table
-from reference import group_norm as ref_group_norm
+from helpers.optimize_support import group_norm_decomposition_with_table
+from helpers.reference import group_norm as ref_group_norm
 
 TWO_GB = 2**31
 ROWS, COLS = 45_000, 4096  # float32: 737 MB per table, 2.21 GB for three
@@ -200,7 +200,7 @@ def test_external_data_on_request(tmp_path, rng, dynamo):
     # applies the activation (see optimize_support.needs_ort_silu), else only the structure.
     gns = [n for n in onnx.load(path, load_external_data=False).graph.node if n.domain == opbridge.DOMAIN]
     assert len(gns) == 1
-    from optimize_support import ort_applies_silu
+    from helpers.optimize_support import ort_applies_silu
 
     if ort_applies_silu():
         np.testing.assert_allclose(got[0], y.numpy(), rtol=1e-4, atol=1e-4)

@@ -15,7 +15,7 @@ a buffer, a constant torch lifts and folds), at 1 GB (the 1-D slice at 2.24 GB);
 UNet2DConditionModel at Stable Diffusion 1.5's size (3.44 GB); the 64-matmul model at 2.2 GB,
 both exporters. Those run with --run-slow. In the default suite: the model that mixes every kind,
 at 0.45 GB, both exporters; and the same model through opbridge's steps instrumented
-(tests/large_model_probe.py): no step of ours reads a large tensor except to write it, once, and
+(tests/helpers/large_model_probe.py): no step of ours reads a large tensor except to write it, once, and
 none grows the process by more than a small bound. All need the machine to themselves (the
 `serial` marker: skipped under pytest-xdist and AddressSanitizer).
 
@@ -41,7 +41,7 @@ import pytest
 import opbridge
 import opbridge.cli
 import opbridge.onnx
-from cmake_helpers import REPO
+from helpers.cmake_helpers import REPO
 
 pytestmark = [pytest.mark.torch]
 
@@ -53,7 +53,7 @@ OPTIMIZE_SLACK = 1.5 * GB
 # inference on a graph without tensors); each large tensor of the probe's model is 50 MB, so a
 # copy of any of them, or onnx's data propagation over a 1-D one (70 bytes per element), fails it.
 STEP_GROWTH_BOUND = 32 << 20
-PROBE = REPO / "tests" / "large_model_probe.py"
+PROBE = REPO / "tests" / "helpers" / "large_model_probe.py"
 
 
 def _large_model():
@@ -280,7 +280,7 @@ def test_real_size_model_exports_and_optimizes_in_bounded_memory(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# No step of ours copies a large tensor: instrumented (tests/large_model_probe.py)
+# No step of ours copies a large tensor: instrumented (tests/helpers/large_model_probe.py)
 # ---------------------------------------------------------------------------------------------
 
 

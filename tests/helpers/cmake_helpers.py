@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # A cold build of a consumer takes ~10-30 s on 2 cores; this only guards against a hang.
 TIMEOUT_S = 900
 

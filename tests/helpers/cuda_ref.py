@@ -1,18 +1,18 @@
-"""float64 references for the CUDA tests (tests/test_cuda.py, tests/test_cuda_host.py), written
+"""float64 references for the CUDA tests (tests/cuda_ops/test_cuda.py, tests/cuda_ops/test_cuda_host.py), written
 from the ops' definitions, independent of the kernels:
 
 * MultiScaleDeformableAttention as Deformable-DETR's ``ms_deform_attn_core_pytorch`` computes it
   (torch.nn.functional.grid_sample, bilinear, zero padding, align_corners=False, of the grid
   2 * location - 1), differentiable, so torch.autograd gives the reference gradients. A NaN or
   infinite location contributes 0 (the op's definition): it is moved far outside the map first.
-* GroupNorm on channels_last data and with SiLU, through tests/reference.py's GroupNorm.
+* GroupNorm on channels_last data and with SiLU, through tests/helpers/reference.py's GroupNorm.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-import reference as ref
+from helpers import reference as ref
 
 
 def ms_deform_attn(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):

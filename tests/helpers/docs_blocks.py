@@ -1,5 +1,5 @@
 """The fenced code blocks of README.md and docs/*.md with their markers (the convention is
-described in docs/README.md, "Code blocks"), and the small parsers tests/test_docs.py checks them
+described in docs/README.md, "Code blocks"), and the small parsers tests/docs/test_docs.py checks them
 with: comment stripping for excerpts, inline code spans, and the commands of shell blocks."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 MARKER = re.compile(r"^\s*<!--\s*docs:\s*(?P<body>.*?)\s*-->\s*$")

@@ -1,9 +1,9 @@
 """Models exported by opbridge.onnx.export, saved with inputs and torch's outputs, so that
 environments without torch (the onnxruntime version matrix) can run real exported models.
 
-    python tests/exported_models.py OUT_DIR      # needs torch; writes NAME.onnx + NAME.npz
+    python tests/helpers/exported_models.py OUT_DIR      # needs torch; writes NAME.onnx + NAME.npz
 
-tests/test_ort_exported.py runs them when OPBRIDGE_EXPORTED_MODELS names that directory.
+tests/ort/test_ort_exported.py runs them when OPBRIDGE_EXPORTED_MODELS names that directory.
 """
 
 from __future__ import annotations
@@ -145,6 +145,6 @@ def export_all(out_dir: str | Path) -> list[Path]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python tests/exported_models.py OUT_DIR")
+        sys.exit("usage: python tests/helpers/exported_models.py OUT_DIR")
     for path in export_all(sys.argv[1]):
         print(path)

@@ -1,5 +1,5 @@
 """Instruments opbridge's own steps of export and optimize, in a process of its own (run by
-tests/test_large_models.py):
+tests/export/test_large_models.py):
 
 * each step's peak RSS above the RSS it started at (the kernel's high-water mark, reset through
   /proc/self/clear_refs before the step): what the step itself allocated, in Python or in C++
@@ -24,7 +24,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "benchmarks", "benchmarks"))
 
 STAGES: list[list] = []
 READS: list[list] = []

@@ -15,7 +15,7 @@ mmap'd arenas are invisible to LSan's scan, so live memory that only they point 
 array's buffer made by _core -- would be reported as leaked). Stacks are unwound through frame
 pointers (fast_unwind_on_malloc), which the sanitized build keeps; an allocation that ORT makes
 for us (an OrtStatus we failed to release) has ORT's frames on top, which have no frame pointers,
-and is not attributed to us: such leaks show up in tests/test_leaks.py's RSS checks only if large.
+and is not attributed to us: such leaks show up in tests/reliability/test_leaks.py's RSS checks only if large.
 """
 
 from __future__ import annotations

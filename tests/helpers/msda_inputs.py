@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-import reference
+from helpers import reference
 
 try:
     import ml_dtypes

@@ -11,8 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import opbridge
-from onnx_models import IR_VERSION
-from reference import group_norm as ref_group_norm
+from helpers.onnx_models import IR_VERSION
+from helpers.reference import group_norm as ref_group_norm
 
 
 def silu(y: np.ndarray) -> np.ndarray:
@@ -20,7 +20,7 @@ def silu(y: np.ndarray) -> np.ndarray:
 
 
 def group_norm_act_ref(x, num_groups, weight=None, bias=None, eps=1e-5, activation="none"):
-    """GroupNorm (tests/reference.py) then the activation, in float64."""
+    """GroupNorm (tests/helpers/reference.py) then the activation, in float64."""
     y = ref_group_norm(x, num_groups, weight, bias, eps)
     if activation == "silu":
         y = silu(y)

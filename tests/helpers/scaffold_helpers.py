@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cmake_helpers import TIMEOUT_S, require_toolchain
+from helpers.cmake_helpers import TIMEOUT_S, require_toolchain
 
 
 def pip_install(project: Path, target: Path, build_dir: Path, *config: str) -> None:

@@ -1,7 +1,7 @@
-"""The installed CMake package, used from C++ (tests/cmake_consumer/): find_package(opbridge),
+"""The installed CMake package, used from C++ (tests/install/cmake_consumer/): find_package(opbridge),
 ONNX Runtime C++ programs that register opbridge's ops by path and by linking opbridge::ort, and
 the framework-free kernels of opbridge::kernels. The expected values are float64 results of
-tests/cmake_consumer/eigen_reference.cpp (Eigen's LU for Inverse, its array expressions for
+tests/install/cmake_consumer/eigen_reference.cpp (Eigen's LU for Inverse, its array expressions for
 GroupNorm: nothing of opbridge); the C++ programs only load, run and write .npy files."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import onnx
 import pytest
 
 import opbridge
-from cmake_helpers import REPO, build, configure, run
-from onnx_models import single_node_model
+from helpers.cmake_helpers import REPO, build, configure, run
+from helpers.onnx_models import single_node_model
 
 torch = pytest.importorskip("torch", reason="the models are exported from torch")
 import opbridge.onnx  # noqa: E402
@@ -130,17 +130,17 @@ def test_torch_component(tmp_path):
 # ---- the C++ programs ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def consumer(tmp_path_factory) -> Path:
-    """tests/cmake_consumer, configured against the installed package and built."""
+    """tests/install/cmake_consumer, configured against the installed package and built."""
     build_dir = tmp_path_factory.mktemp("cmake_consumer")
     # OPBRIDGE_SOURCE_DIR: also build eigen_reference (Eigen through the repo's conan setup).
-    configure(REPO / "tests" / "cmake_consumer", build_dir,
+    configure(REPO / "tests" / "install" / "cmake_consumer", build_dir,
               {"opbridge_DIR": opbridge.cmake_dir(), "OPBRIDGE_SOURCE_DIR": REPO})
     build(build_dir)
     return build_dir
 
 
 def eigen_reference(consumer: Path, tmp_path: Path, op: str, *arrays: np.ndarray, args: tuple = ()) -> np.ndarray:
-    """The float64 result of tests/cmake_consumer/eigen_reference for `op` on `arrays`."""
+    """The float64 result of tests/install/cmake_consumer/eigen_reference for `op` on `arrays`."""
     paths = []
     for i, a in enumerate(arrays):
         paths.append(tmp_path / f"ref_in{i}.npy")
@@ -318,7 +318,7 @@ BACKWARD_DIRECT_CASES = [((3, 40, 9, 7), 4), ((2, 64, 40, 40), 8)]
 def test_backward_kernel_without_any_framework(consumer, tmp_path, rng, shape, groups, layout, activation, ranges):
     # group_norm_backward_cpu from C++ with and without dx: dx = nullptr (dweight and dbias only)
     # is a path of the C++ API that neither torch nor ORT takes.
-    from reference import group_norm_backward as ref_backward
+    from helpers.reference import group_norm_backward as ref_backward
 
     x = (rng.standard_normal(shape) * 1.7 + 0.3).astype(np.float32)
     dy = rng.standard_normal(shape).astype(np.float32)

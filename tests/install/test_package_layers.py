@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PKG = Path(__file__).resolve().parent.parent / "python" / "opbridge"
+PKG = Path(__file__).resolve().parents[2] / "python" / "opbridge"
 
 # Layer of each module (the longest matching prefix decides); the package itself (its
 # __init__.py) is the facade on top.

@@ -22,7 +22,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import opbridge
-from onnx_models import IR_VERSION, single_node_model
+from helpers.onnx_models import IR_VERSION, single_node_model
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 BUILT_TORCH = opbridge.build_info().get("torch_version", "")
@@ -120,7 +120,7 @@ TORCH_PACKAGES = {
 @pytest.fixture
 def torch_packages(tmp_path):
     """A folder (for PYTHONPATH) with the TORCH_PACKAGES installed, and the model of group_norm_model."""
-    from scaffold_helpers import fake_op_package
+    from helpers.scaffold_helpers import fake_op_package
 
     site = tmp_path / "torch_packages"
     for name, (code, _) in TORCH_PACKAGES.items():

@@ -15,7 +15,7 @@ import pytest
 
 import opbridge
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # Checked with `mypy --strict` (pyproject.toml's [tool.mypy]) as a user's project sees them: the
 # installed package, _core through its stub.
 TYPED_MODULES = ["opbridge", "opbridge._library", "opbridge._session", "opbridge._cmake", "opbridge._ort",

@@ -107,7 +107,7 @@ def test_torch_ops_and_export_without_onnxruntime(tmp_path, rng):
         print("RESULT " + json.dumps({"y": y.tolist(), "nodes": nodes, "error": error,
                                       "ort_imported": "onnxruntime" in sys.modules}))
     """))
-    from reference import group_norm
+    from helpers.reference import group_norm
 
     np.testing.assert_allclose(np.array(out["y"]), group_norm(x.astype(np.float64), 3, activation="silu"),
                                rtol=1e-5, atol=1e-5)

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 import opbridge  # noqa: E402
 import opbridge.nn  # noqa: E402
 import opbridge.onnx  # noqa: E402
-from reference import group_norm as ref_group_norm  # noqa: E402
+from helpers.reference import group_norm as ref_group_norm  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

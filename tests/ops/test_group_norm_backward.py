@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import opbridge  # noqa: E402
 import opbridge.ops  # noqa: E402
-from reference import group_norm_backward as ref_backward  # noqa: E402
+from helpers.reference import group_norm_backward as ref_backward  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -209,7 +209,7 @@ def test_backward_checks_come_from_the_declarations(rng):
                                                    1e-5, "none")
     # ONNX Runtime's GroupNormBackward kernel: the same verdict and message.
     import onnxruntime as ort
-    from onnx_models import single_node_model
+    from helpers.onnx_models import single_node_model
 
     model = single_node_model("GroupNormBackward", "ai.opbridge", [("grad", np.float64, [2, 4, 5]),
                                                                     ("X", np.float64, [2, 4, 3])],

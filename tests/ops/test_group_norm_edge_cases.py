@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 
 import opbridge
 from fuzz import harness, oracle
-from onnx_models import single_node_model
-from reference import group_norm as ref_group_norm
+from helpers.onnx_models import single_node_model
+from helpers.reference import group_norm as ref_group_norm
 
 HAS_TORCH = True
 try:

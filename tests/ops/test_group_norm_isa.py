@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from opbridge import _core
-from reference import group_norm as ref_group_norm
+from helpers.reference import group_norm as ref_group_norm
 
 ISAS = ["baseline", "avx2", "avx512"]
 
@@ -259,4 +259,4 @@ def test_torch_op_16bit_output_is_the_rounded_float_result(torch_isa, rng, dtype
 
 
 # The kernel's optional per-group statistics (mean / rstd) are a path of the C++ API only:
-# tests/test_cmake_consumer.py checks them through tests/cmake_consumer/group_norm_direct.cpp.
+# tests/install/test_cmake_consumer.py checks them through tests/install/cmake_consumer/group_norm_direct.cpp.

@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch")
 import opbridge  # noqa: E402
 import opbridge.ops  # noqa: E402
 from opbridge.ops.group_norm import _group_norm_backward_composite  # noqa: E402
-from reference import group_norm as ref_group_norm  # noqa: E402
-from reference import group_norm_backward as ref_group_norm_backward  # noqa: E402
+from helpers.reference import group_norm as ref_group_norm  # noqa: E402
+from helpers.reference import group_norm_backward as ref_group_norm_backward  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -384,7 +384,7 @@ def test_unknown_activation_is_a_clear_error_everywhere(rng):
         opbridge.ops.group_norm(x, 2, w, b, activation="relu")
     with pytest.raises(ValueError, match=r"opbridge::group_norm: " + _MSG):  # fake kernel
         opbridge.ops.group_norm(x.to("meta"), 2, activation="relu")
-    from torch_errors import raises_tagged
+    from helpers.torch_errors import raises_tagged
 
     # torch.ops on the C++ kernel: the stable ABI's RuntimeError, tagged ValueError.
     # The backward is an op declared of its own (gradient_of group_norm): its messages name it.

@@ -10,8 +10,8 @@ import pytest
 
 import opbridge
 
-import onnx_models
-import reference as ref
+from helpers import onnx_models
+from helpers import reference as ref
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 

@@ -9,8 +9,8 @@ import pytest
 
 import opbridge
 from onnx import helper as onnx_helper
-from onnx_models import single_node_model
-from reference import group_norm as ref_group_norm
+from helpers.onnx_models import single_node_model
+from helpers.reference import group_norm as ref_group_norm
 
 TOL = {np.float32: 2e-5, np.float64: 1e-12}
 

@@ -14,8 +14,8 @@ import onnxruntime as ort
 import pytest
 
 import opbridge
-import reference
-from onnx_models import single_node_model
+from helpers import reference
+from helpers.onnx_models import single_node_model
 
 SIZES = (1, 2, 3, 4, 5, 8, 16, 64, 256)
 BATCHES = ((), (7,), (2, 3))

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 import opbridge
 from fuzz import harness
 from fuzz.ops.inverse import CHECKED_LIMIT
-from onnx_models import single_node_model
+from helpers.onnx_models import single_node_model
 
 HAS_TORCH = True
 try:

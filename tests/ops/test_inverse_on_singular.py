@@ -1,7 +1,7 @@
 """opbridge.ops.inverse(x, on_singular="raise" | "nan") in torch (forward, autograd, fake kernel)
 and its export (ai.opbridge::Inverse's on_singular attribute; com.microsoft::Inverse), checked
 against float64 numpy references and ONNX Runtime. The torch-free half (kernel variants, ORT op,
-schemas) is tests/test_ort_inverse.py."""
+schemas) is tests/ops/test_ort_inverse.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 import opbridge
-import reference
+from helpers import reference
 from test_inverse import make_singular, random_matrices
 from test_ort_inverse import assert_nan_exactly_at, batch_with_singular
 

@@ -1,6 +1,6 @@
 """MultiScaleDeformableAttention: the CPU kernels (opbridge._core, every instruction-set variant),
 the ORT op ai.opbridge::MultiScaleDeformableAttention and the torch op opbridge::ms_deform_attn,
-against the float64 reference written from the formula (tests/reference.py).
+against the float64 reference written from the formula (tests/helpers/reference.py).
 
 Tests without the `torch` marker need only numpy, onnx and onnxruntime. Export: test_ms_deform_attn_export.py;
 invalid input: test_ms_deform_attn_errors.py.
@@ -14,8 +14,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import opbridge
-import reference
-from msda_inputs import (DTYPES, assert_within, backward_allowances, f64, forward_allowance, level_tensors,
+from helpers import reference
+from helpers.msda_inputs import (DTYPES, assert_within, backward_allowances, f64, forward_allowance, level_tensors,
                          make_inputs, np_dtype, random_levels)
 
 ISAS = ("baseline", "avx2", "avx512")

@@ -290,7 +290,7 @@ def test_transformers_pixel_decoder_attention(family, cls, masked):
 
 
 def test_transformers_v2_discrete_left_alone_with_warning():
-    # The v2 form's "default" method is converted (tests/test_ms_deform_attn_v2.py); its
+    # The v2 form's "default" method is converted (tests/ops/test_ms_deform_attn_v2.py); its
     # "discrete" one (nearest-pixel gather) is other arithmetic and stays.
     mod = _transformers_module("rt_detr_v2")
     cfg = importlib.import_module("transformers").RTDetrV2Config(d_model=32, decoder_attention_heads=4,

@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import opbridge
-from msda_inputs import level_tensors
+from helpers.msda_inputs import level_tensors
 
 LEVELS = [(3, 4), (2, 2)]  # S = 16
 N, M, D, LQ, P = 2, 2, 3, 5, 2
@@ -235,7 +235,7 @@ def test_torch_fake_kernel_cannot_see_values(case):
 def test_torch_backward_op(case):
     import torch
 
-    from torch_errors import raises_tagged
+    from helpers.torch_errors import raises_tagged
 
     _, _, message, exc, _ = case
     go = torch.ones(N, LQ, M * D)
@@ -249,7 +249,7 @@ def test_torch_backward_op(case):
 def test_torch_backward_grad_output_shape(device):
     import torch
 
-    from torch_errors import raises_tagged
+    from helpers.torch_errors import raises_tagged
 
     go = torch.ones(N, LQ, 5, device=device)
     message = (r"opbridge::ms_deform_attn_backward: grad_output must have the output's "

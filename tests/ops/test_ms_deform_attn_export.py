@@ -9,7 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import opbridge
-from msda_inputs import assert_within, f64, forward_allowance, make_inputs
+from helpers.msda_inputs import assert_within, f64, forward_allowance, make_inputs
 
 EXPORTERS = pytest.mark.parametrize("dynamo", (True, False), ids=["dynamo", "torchscript"])
 # The dynamo exporter notes that the Dims it was given are named as given (torch 2.13).

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 import opbridge
-from msda_inputs import f64, make_inputs
+from helpers.msda_inputs import f64, make_inputs
 from test_ms_deform_attn_export import _attn_module, _dynamic, _encoder_attention, _torch
 
 EXPORTERS = pytest.mark.parametrize("dynamo", (True, False), ids=["dynamo", "torchscript"])
@@ -31,7 +31,7 @@ def _check_standard_only(proto):
 @EXPORTERS
 @pytest.mark.parametrize("opset", [16, 18])
 def test_standard_lowering_parity(rng, dynamo, opset):
-    import reference
+    from helpers import reference
 
     model = _attn_module()
     levels = [(6, 5), (3, 4), (1, 1), (1, 3)]
@@ -51,7 +51,7 @@ def test_standard_lowering_parity(rng, dynamo, opset):
 @pytest.mark.torch
 @EXPORTERS
 def test_standard_lowering_float64_computes_in_float32(rng, dynamo):
-    import reference
+    from helpers import reference
 
     model = _attn_module()
     levels = [(4, 3), (2, 2)]

@@ -1,7 +1,7 @@
 """opbridge.nn.convert on transformers' ``multi_scale_deformable_attention_v2`` layers (per-level
 point counts): RT-DETRv2, D-FINE, DEIMv2. Levels with fewer points than the most are padded with
 zero-weight points (opbridge/nn/ms_deform_attn_v2.py). Checked against a float64 reference built
-level by level from tests/reference.py (no padding involved), against the unconverted modules and
+level by level from tests/helpers/reference.py (no padding involved), against the unconverted modules and
 models in float64, and through both exporters and both lowerings in ONNX Runtime."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from torch import nn  # noqa: E402
 import opbridge  # noqa: E402
 import opbridge.nn  # noqa: E402
 import opbridge.onnx  # noqa: E402
-import reference  # noqa: E402
+from helpers import reference  # noqa: E402
 from opbridge.nn.ms_deform_attn_v2 import ms_deform_attn_v2  # noqa: E402
 
 # Non-power-of-two and non-square levels, and a 1 x 1 one.

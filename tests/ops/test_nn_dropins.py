@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import opbridge.nn  # noqa: E402
-import reference as ref  # noqa: E402
+from helpers import reference as ref  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

@@ -16,8 +16,8 @@ from onnx import TensorProto, helper
 
 import opbridge
 import opbridge.onnx
-import reference
-from onnx_models import IR_VERSION, single_node_model
+from helpers import reference
+from helpers.onnx_models import IR_VERSION, single_node_model
 from test_inverse import ISAS, SINGULAR_KINDS, assert_inverse_close, make_singular, needs_isa, random_matrices
 
 DTYPES = (np.float32, np.float64)

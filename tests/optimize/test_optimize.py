@@ -1,7 +1,7 @@
 """``opbridge optimize``: every GroupNorm form it rewrites, its check, its refusals, and ONNX's own
 GroupNormalization test cases after rewriting. Hand-built models (no torch) except where noted.
 
-Each rewritten model is compared with a float64 reference written here (tests/reference.py), on
+Each rewritten model is compared with a float64 reference written here (tests/helpers/reference.py), on
 fresh random inputs; models with a fused SiLU are also run through onnx's reference evaluator
 with ai.opbridge::GroupNorm evaluated by that reference (so that the graph is checked even where
 opbridge's ORT library lacks the activation attribute: see optimize_support.needs_ort_silu)."""
@@ -21,11 +21,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import opbridge
-from onnx_models import IR_VERSION
+from helpers.onnx_models import IR_VERSION
 from opbridge import _optimize
 from opbridge.cli import main
-from optimize_support import group_norm_act_ref, needs_ort_silu, reference_run, silu
-from reference import group_norm as ref_group_norm
+from helpers.optimize_support import group_norm_act_ref, needs_ort_silu, reference_run, silu
+from helpers.reference import group_norm as ref_group_norm
 
 NP_TYPES = {np.float32: TensorProto.FLOAT, np.float16: TensorProto.FLOAT16, np.float64: TensorProto.DOUBLE}
 # onnxruntime 1.17 (scripts/ort_matrix.sh) loads IR <= 9 / opset <= 20: no GroupNormalization-21.
@@ -394,7 +394,7 @@ def test_onnx_backend_group_normalization_cases_pass_after_rewriting(tmp_path, o
 
 
 def ms_ref(x, gamma, beta, groups, eps, activation, channels_last):
-    """The contrib op's documented semantics from tests/reference.py (NHWC moved to NCHW)."""
+    """The contrib op's documented semantics from tests/helpers/reference.py (NHWC moved to NCHW)."""
     xc = np.moveaxis(x.astype(np.float64), -1, 1) if channels_last else x.astype(np.float64)
     y = group_norm_act_ref(xc, groups, gamma, beta, eps, "silu" if activation else "none")
     return np.moveaxis(y, 1, -1) if channels_last else y

@@ -17,8 +17,8 @@ import pytest
 import opbridge
 from opbridge import _optimize
 from opbridge.cli import main
-from optimize_support import group_norm_decomposition_with_table
-from reference import group_norm as ref_group_norm
+from helpers.optimize_support import group_norm_decomposition_with_table
+from helpers.reference import group_norm as ref_group_norm
 
 C, G = 64, 8
 

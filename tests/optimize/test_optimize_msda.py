@@ -33,7 +33,7 @@ import opbridge  # noqa: E402
 from opbridge._optimize import optimize  # noqa: E402
 from opbridge.onnx import _msda_rules  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks",
                                 "benchmarks"))
 import _msda_models as M  # noqa: E402
 

@@ -27,10 +27,10 @@ from onnx import TensorProto, helper, numpy_helper
 import opbridge
 import opbridge.cli
 from fuzz import model_files as fuzz
-from onnx_models import IR_VERSION
+from helpers.onnx_models import IR_VERSION
 from opbridge.onnx import _reader
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _model(rng):
@@ -354,7 +354,7 @@ def test_declared_input_sizes_a_check_cannot_draw_are_refused(tmp_path, capsys):
     """A model may declare any input size: check and optimize draw random inputs of at most
     MAX_RANDOM_ELEMENTS elements and say which input is too large instead of allocating it."""
     from opbridge import _check
-    from optimize_support import group_norm_decomposition_with_table
+    from helpers.optimize_support import group_norm_decomposition_with_table
 
     model = group_norm_decomposition_with_table(np.random.default_rng(0), 8, 4, [3, 3], table_rows=4)[0]
     model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2**40

@@ -1,4 +1,4 @@
-"""Models exported with torch (tests/exported_models.py), run on the installed onnxruntime.
+"""Models exported with torch (tests/helpers/exported_models.py), run on the installed onnxruntime.
 
 Torch-free. scripts/ort_matrix.sh exports the models once with the dev environment and points
 OPBRIDGE_EXPORTED_MODELS at them, so every onnxruntime in the matrix runs the same files; without

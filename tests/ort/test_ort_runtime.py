@@ -20,8 +20,8 @@ import pytest
 from onnx import TensorProto, helper
 
 import opbridge
-from onnx_models import IR_VERSION, single_node_model
-from reference import group_norm as group_norm_ref
+from helpers.onnx_models import IR_VERSION, single_node_model
+from helpers.reference import group_norm as group_norm_ref
 
 ORT_VERSION = tuple(int(p) for p in ort.__version__.split(".")[:2])
 # ORT 1.17-1.23 crash building the shape-inference context of a custom op whose node omits an

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import opbridge.onnx
-from onnx_models import IR_VERSION
+from helpers.onnx_models import IR_VERSION
 
 
 def _model(x_shape, num_groups=2, scale_shape=None, bias_shape=None, attrs=None):

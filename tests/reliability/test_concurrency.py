@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 
 import opbridge
-from onnx_models import single_node_model
-from reference import group_norm as ref_group_norm
+from helpers.onnx_models import single_node_model
+from helpers.reference import group_norm as ref_group_norm
 
 
 def _gn_model(dtype, c, groups, eps=1e-5):

@@ -15,8 +15,8 @@ import pytest
 
 import opbridge
 from fuzz import harness, oracle
-from onnx_models import single_node_model
-from reference import group_norm as ref_group_norm
+from helpers.onnx_models import single_node_model
+from helpers.reference import group_norm as ref_group_norm
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS is read from /proc (Linux)")
 # Under AddressSanitizer freed memory sits in a quarantine: RSS then says nothing about leaks.
@@ -182,7 +182,7 @@ def worker():
 @pytest.mark.parametrize("times", [2, 3])
 def test_registering_twice_on_one_session_options_is_safe(rng, worker, times):
     # Run in the worker process: ORT versions that crash on a duplicate domain would take the
-    # test run down otherwise. Registration is idempotent (tests/test_ort_runtime.py checks it
+    # test run down otherwise. Registration is idempotent (tests/ort/test_ort_runtime.py checks it
     # in-process too).
     payload, ref = _ort_case(rng, times)
     status, reply = worker.run(payload)

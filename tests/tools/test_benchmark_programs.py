@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import opbridge
-from cmake_helpers import REPO
+from helpers.cmake_helpers import REPO
 
 SOURCE = REPO / "benchmarks" / "cpp" / "group_norm_vs_floor.cpp"
 ROW = re.compile(
@@ -185,6 +185,6 @@ def test_benchmarks_know_an_asv_quick_run(tmp_path, args, quick):
     asv.write_text(f'#!/bin/sh\n"{sys.executable}" -c "{code}" "$BENCH_ROOT"\n')
     asv.chmod(asv.stat().st_mode | stat.S_IEXEC)
     env = {k: v for k, v in os.environ.items() if k != "OPBRIDGE_BENCH_QUICK"}
-    env["BENCH_ROOT"] = str(Path(__file__).resolve().parent.parent / "benchmarks")
+    env["BENCH_ROOT"] = str(Path(__file__).resolve().parents[2] / "benchmarks")
     out = subprocess.run([str(asv), *args.split()], capture_output=True, text=True, env=env, check=True).stdout
     assert out.strip() == str(quick), out

@@ -14,7 +14,7 @@ import pytest
 
 from opbridge._newop import new_op
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script():

@@ -1,5 +1,5 @@
 // Host emulation of the channels_last GroupNorm CUDA kernels' work decomposition and per-thread
-// math (ops/group_norm/group_norm_nhwc.cuh), for tests/test_cuda_host.py on machines
+// math (ops/group_norm/group_norm_nhwc.cuh), for tests/cuda_ops/test_cuda_host.py on machines
 // without a GPU. Runs the partial kernel's functions for every tile and thread, merges each
 // unit's entries as a warp does, then the finalize and apply steps with the kernels' layouts
 // (grid-stride loops over a small grid, so that the strides are exercised), and checks that

@@ -1,5 +1,5 @@
 // Host emulation of the MultiScaleDeformableAttention CUDA kernels' per-thread math
-// (ops/ms_deform_attn/ms_deform_attn_math.cuh), for tests/test_cuda_host.py on machines
+// (ops/ms_deform_attn/ms_deform_attn_math.cuh), for tests/cuda_ops/test_cuda_host.py on machines
 // without a GPU. Runs the same functions the kernels run, over every thread (forward) and every
 // lane (backward) of the kernels' decomposition; the lanes' shares are summed as the warp
 // shuffles do and atomics become plain additions.

@@ -1,8 +1,8 @@
 // Runs opbridge's CUDA launchers on the CPU: the kernel files themselves (ops/*/*_kernel.cu,
-// compiled with the host compiler against the runtime emulation in tests/cuda_host/sim/), called
+// compiled with the host compiler against the runtime emulation in tests/cuda_ops/cuda_host/sim/), called
 // directly, or through the ops' CUDA compute functions as the generic torch and ORT kernels call
 // them (OP_compute: a KernelCall of the checked call, opbridge/kernel.h), for
-// tests/test_cuda_host.py. Built with AddressSanitizer and UndefinedBehaviorSanitizer under
+// tests/cuda_ops/test_cuda_host.py. Built with AddressSanitizer and UndefinedBehaviorSanitizer under
 // OPBRIDGE_CUDA_HOST_SANITIZE=1.
 //
 //   simt_ops OP TYPE SMS CC IN OUT

@@ -1,5 +1,5 @@
-// Checks of the CUDA host emulation itself (tests/cuda_host/sim/): small kernels that are right,
-// and kernels with the mistakes the emulation must report, for tests/test_cuda_host.py.
+// Checks of the CUDA host emulation itself (tests/cuda_ops/cuda_host/sim/): small kernels that are right,
+// and kernels with the mistakes the emulation must report, for tests/cuda_ops/test_cuda_host.py.
 //
 //   simt_selftest CASE
 //     reduce        a block reduction (shuffles + __syncthreads + shared memory) over 3 blocks of

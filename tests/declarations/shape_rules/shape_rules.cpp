@@ -1,5 +1,5 @@
 // Output rules of opbridge declarations (opbridge/op_decl.h) read and evaluated, for
-// tests/test_shape_rules.py. Usage: shape_rules RULE [X_DIM ...] [k=K] [stride=S]: declares an op
+// tests/declarations/test_shape_rules.py. Usage: shape_rules RULE [X_DIM ...] [k=K] [stride=S]: declares an op
 // with inputs x and y, int attributes k (default 2) and stride (1), a float attribute eps, and one
 // output with RULE; prints the declaration error, or the rule's postfix form, then the check's
 // verdict or the output's dimensions, for x of the dims given (-1: unknown) and y of shape (3, 5).

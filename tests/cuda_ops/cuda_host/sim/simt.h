@@ -1,7 +1,7 @@
 // A host emulation of the parts of the CUDA runtime and device language that opbridge's kernels
 // use, so that the kernel files themselves (ops/*/*_kernel.cu, their launchers included)
 // compile with the host compiler and run on the CPU under AddressSanitizer and
-// UndefinedBehaviorSanitizer (tests/test_cuda_host.py). Only for tests: nothing here is built
+// UndefinedBehaviorSanitizer (tests/cuda_ops/test_cuda_host.py). Only for tests: nothing here is built
 // into opbridge.
 //
 // This folder stands in for the CUDA headers (cuda_runtime.h, cuda_runtime_api.h, cuda_fp16.h,
