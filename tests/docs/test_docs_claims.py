@@ -4,6 +4,8 @@ cannot drift apart silently (docs/README.md, "Code blocks")."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -104,9 +106,20 @@ def test_torch_version_error_message():
     with pytest.raises(_library.TorchVersionError) as info:
         _library.check_torch_version("2.10.0+cpu")
     assert str(info.value) == " ".join(quoted[0].split())
-    package = "\n".join(f.read_text() for f in (REPO / "python" / "opbridge").rglob("*.py"))
-    assert 'f"opbridge: torch ops not registered. {' in package  # the warning install.md quotes
-    assert "opbridge: torch ops not registered." in _text(DOC / "install.md")
+    # The warning install.md quotes, as `import opbridge` gives it in a process that has imported
+    # that torch (where there is a torch library to register).
+    said = re.search(r'\("(opbridge: torch ops not registered\. )\.\.\."\)', _text(DOC / "install.md"))
+    assert said, "docs/install.md no longer quotes the warning in the form this test reads"
+    if importlib.util.find_spec("torch") is not None and _library.torch_library_path() is not None:
+        code = ("import json, warnings, torch\n"
+                "torch.__version__ = '2.10.0+cpu'\n"
+                "with warnings.catch_warnings(record=True) as w:\n"
+                "    warnings.simplefilter('always')\n"
+                "    import opbridge\n"
+                "print(json.dumps([str(x.message) for x in w if x.category is RuntimeWarning]))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == [said.group(1) + str(info.value)]
 
 
 def test_no_onnxruntime_message(monkeypatch):
@@ -336,10 +349,12 @@ def test_cuda_launcher_signatures():
 
 
 def test_group_norm_cuda_paragraph():
-    """docs/group_norm.md's CUDA paragraph: the launcher takes the parameter struct it names, which
-    holds the CPU kernel's sizes and activation; the CUDA compute function passes it
-    group_norm_params (which reads the `activation` attribute); the generic torch kernel picks the
-    layout by the CPU op's rule. (What they compute: tests/cuda_ops/test_cuda_host.py, tests/cuda_ops/test_cuda.py.)"""
+    """docs/group_norm.md's CUDA paragraph: the launcher (ops/group_norm/group_norm.cuh) takes the
+    parameter struct it names, which the public header declares with the CPU kernel's sizes and
+    activation. What the paragraph says the code does is tested by running it: the activation and
+    both layouts through the CUDA kernel file, tests/cuda_ops/test_cuda_host.py (emulated device) and
+    tests/cuda_ops/test_cuda.py (GPU); channels-last kept channels-last by the torch op,
+    tests/ops/test_group_norm_layouts.py."""
     page = _text(DOC / "group_norm.md")
     m = re.search(r"CUDA: the launcher takes `(\w+)` \(the CPU kernel's `(\w+)` and `(\w+)`", page)
     assert m, "docs/group_norm.md no longer states the launcher's arguments in the form this test reads"
@@ -348,11 +363,6 @@ def test_group_norm_cuda_paragraph():
     cpu = (REPO / "ops" / "group_norm" / "group_norm.h").read_text()
     params = re.search(rf"struct {m.group(1)} {{(.*?)}};", cpu, flags=re.S)
     assert params and all(re.search(rf"\b{t}\b", params.group(1)) for t in m.groups()[1:]), "the struct holds both"
-    kernel = (REPO / "ops" / "group_norm" / "group_norm_kernel.cu").read_text()
-    assert "group_norm_params(k)" in kernel and "OPBRIDGE_KERNEL(opbridge::group_norm_decl, kCuda" in kernel
-    decl = (REPO / "ops" / "group_norm" / "group_norm_decl.cpp").read_text()
-    assert 'attr_string("activation")' in decl
-    assert "uses_channels_last(" in (REPO / "cpp" / "torch" / "torch_ops.cpp").read_text()
 
 
 def test_export_memory_refusal_message(monkeypatch):
