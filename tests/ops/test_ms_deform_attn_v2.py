@@ -7,7 +7,9 @@ models in float64, and through both exporters and both lowerings in ONNX Runtime
 from __future__ import annotations
 
 import importlib
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +27,7 @@ from opbridge.nn.ms_deform_attn_v2 import ms_deform_attn_v2  # noqa: E402
 
 # Non-power-of-two and non-square levels, and a 1 x 1 one.
 LEVELS = [(7, 5), (3, 4), (1, 1)]
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks" / "benchmarks"
 FAMILIES = {"rt_detr_v2": "RTDetrV2", "d_fine": "DFine", "deimv2": "Deimv2"}
 
 
@@ -285,55 +288,20 @@ def test_default_method_converted_without_warning():
 
 # --- whole models, random init, built from configs -----------------------------------------------
 
-def _tiny_d_fine(points=(3, 5, 2)):
-    transformers = _transformers()
-    backbone = transformers.HGNetV2Config(
-        embedding_size=8, depths=[1, 1, 1, 1], hidden_sizes=[16, 24, 32, 48], stem_channels=[3, 8, 8],
-        stage_in_channels=[8, 16, 24, 32], stage_mid_channels=[8, 8, 8, 8], stage_out_channels=[16, 24, 32, 48],
-        stage_num_blocks=[1, 1, 1, 1], stage_numb_of_layers=[1, 1, 1, 1], out_features=["stage2", "stage3", "stage4"])
-    cfg = transformers.DFineConfig(
-        backbone_config=backbone, encoder_hidden_dim=32, encoder_in_channels=[24, 32, 48], encoder_ffn_dim=32,
-        encoder_attention_heads=4, d_model=32, decoder_in_channels=[32, 32, 32], decoder_ffn_dim=32, decoder_layers=2,
-        decoder_attention_heads=4, decoder_n_points=list(points), num_queries=10, num_denoising=0, num_labels=3,
-        lqe_hidden_dim=8, hidden_expansion=0.5, depth_mult=0.34, freeze_backbone_batch_norms=False)
-    return transformers.DFineForObjectDetection(cfg).eval()
+def _tiny(family):
+    """The whole tiny model of `family` (benchmarks/benchmarks/_msda_models.py, which
+    `opbridge optimize`'s tests and benchmarks use too), as a module returning (logits, boxes)."""
+    _transformers()
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    import _msda_models
+
+    return (_msda_models.d_fine(points=(3, 5, 2)) if family == "d_fine" else _msda_models.rt_detr_v2()).model
 
 
-def _tiny_rt_detr_v2():
-    transformers = _transformers()
-    backbone = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16, 24, 32], depths=[1, 1, 1, 1],
-                                         layer_type="basic", out_features=["stage2", "stage3", "stage4"])
-    cfg = transformers.RTDetrV2Config(
-        backbone_config=backbone, encoder_hidden_dim=32, encoder_in_channels=[16, 24, 32], encoder_ffn_dim=32,
-        encoder_attention_heads=4, d_model=32, decoder_in_channels=[32, 32, 32], decoder_ffn_dim=32, decoder_layers=2,
-        decoder_attention_heads=4, decoder_n_points=3, num_queries=10, num_denoising=0, num_labels=3,
-        hidden_expansion=0.5, freeze_backbone_batch_norms=False)
-    return transformers.RTDetrV2ForObjectDetection(cfg).eval()
-
-
-class _Detector(nn.Module):
-    def __init__(self, detr):
-        super().__init__()
-        self.detr = detr
-        # The configs' initializer_range (0.01) shrinks every tiny layer's output ~10x: the encoder
-        # memory the deformable attention samples would be ~1e-14. Scaled init keeps it O(1)
-        # (the deformable-attention layers keep their own init: its point grid).
-        for name, m in detr.named_modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                m.reset_parameters()
-            elif isinstance(m, nn.Linear) and "encoder_attn" not in name:
-                nn.init.normal_(m.weight, std=m.in_features ** -0.5)
-
-    def forward(self, pixel_values):
-        out = self.detr(pixel_values=pixel_values)
-        return out.logits, out.pred_boxes
-
-
-@pytest.mark.parametrize("make", [_tiny_d_fine, _tiny_rt_detr_v2], ids=["d_fine", "rt_detr_v2"])
-def test_model_converted(make):
-    model = _Detector(make()).double()
+@pytest.mark.parametrize("family", ["d_fine", "rt_detr_v2"])
+def test_model_converted(family):
+    model = _tiny(family).double()
     x = torch.randn(2, 3, 64, 96, dtype=torch.float64)  # levels 8x12, 4x6, 2x3
     with torch.no_grad():
         expected = model(x)
@@ -418,7 +386,7 @@ def _clear_topk_input(model):
 
 # ~10 s: the whole tiny D-FINE through the dynamo exporter (custom lowering) into ORT.
 def test_d_fine_model_export_ort():
-    model = _Detector(_tiny_d_fine())
+    model = _tiny("d_fine")
     x, expected = _clear_topk_input(model)
     opbridge.nn.convert(model)
     with warnings.catch_warnings():
