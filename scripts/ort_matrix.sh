@@ -10,8 +10,9 @@
 # 3. per version: a torch-free venv under $HOME/.cache/opbridge-ort-matrix/venv-<ver> (created once, reused while
 #    its requirements stay the same) with onnxruntime==<ver>, numpy, onnx, onnxscript, onnx-ir,
 #    pytest and the wheel (--no-deps), runs the torch-free test modules (tests/ort/test_ort_*.py,
-#    tests/cli/test_check.py, tests/optimize/test_optimize*.py: they never import torch). An onnxruntime older
-#    than 1.18 gets the `tools` extra's floors (pyproject.toml) exactly: the oldest runtime and the
+#    tests/ops/test_ort_inverse.py, tests/cli/test_check.py, tests/optimize/test_optimize*.py: they
+#    never import torch). An onnxruntime older than 1.18 gets the `tools` extra's floors
+#    (pyproject.toml) exactly: the oldest runtime and the
 #    oldest onnx, onnxscript and onnx-ir opbridge supports, together; the others get the newest.
 # Environment: PYTHON (dev interpreter, default: python), OPBRIDGE_MATRIX_DIR (wheel and models, default
 # .ort-matrix), OPBRIDGE_ORT_VENV_DIR (the venvs, default $HOME/.cache/opbridge-ort-matrix).
@@ -25,7 +26,7 @@ cache=${OPBRIDGE_MATRIX_DIR:-$root/.ort-matrix}
 # The venvs outlive the clone (CI starts from a fresh one): kept in $HOME like the torch matrix's.
 venvs=${OPBRIDGE_ORT_VENV_DIR:-$HOME/.cache/opbridge-ort-matrix}
 if [ $# -gt 0 ]; then versions=("$@"); else versions=(1.17.3 1.24.4 1.32.0); fi
-tests=(tests/ort/test_ort_*.py tests/cli/test_check.py tests/optimize/test_optimize.py tests/optimize/test_optimize_files.py)
+tests=(tests/ort/test_ort_*.py tests/ops/test_ort_inverse.py tests/cli/test_check.py tests/optimize/test_optimize.py tests/optimize/test_optimize_files.py)
 mkdir -p "$cache" "$venvs"
 t_start=$SECONDS
 

@@ -96,7 +96,7 @@ if [ "$ort_only" = 1 ]; then
   # -m "not torch": torch may be installed, but this build has no torch extension.
   # Every instruction-set variant of the kernels runs through _core (test_group_norm_isa.py,
   # test_inverse.py's and test_ort_inverse.py's isa parameters).
-  tests=(-m "not torch" tests/ops/test_group_norm_ort.py tests/ort/test_ort_*.py tests/cli/test_check.py tests/core/test_core.py
+  tests=(-m "not torch" tests/ops/test_group_norm_ort.py tests/ort/test_ort_*.py tests/ops/test_ort_inverse.py tests/cli/test_check.py tests/core/test_core.py
          tests/reliability/test_fuzz_ort.py tests/reliability/test_concurrency.py tests/reliability/test_leaks.py tests/ops/test_group_norm_edge_cases.py
          tests/ops/test_inverse.py tests/ops/test_inverse_edge_cases.py tests/ops/test_group_norm_isa.py tests/ops/test_ms_deform_attn.py
          tests/ops/test_ms_deform_attn_errors.py)
