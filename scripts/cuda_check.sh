@@ -10,7 +10,7 @@
 #   scripts/cuda_check.sh build        build and install opbridge for sm_90 only (H100/H200)
 #   scripts/cuda_check.sh test         every device test through scripts/cuda_tests.py (a CUDA
 #                                      error ends its process; the rest still run; the first
-#                                      failure is reported first), plus tests/test_cuda_host.py;
+#                                      failure is reported first), plus tests/cuda_ops/test_cuda_host.py;
 #                                      records which opbridge kernels ran (kernels.txt)
 #   scripts/cuda_check.sh memcheck     compute-sanitizer memcheck, restricted to opbridge's
 #                                      kernels, over the device tests (graph captures apart: see
@@ -189,7 +189,7 @@ stage_test() {
   # CUDA_CHECK_HOST=0 leaves it out of a rerun).
   local rc2=0
   if [ "${CUDA_CHECK_HOST:-1}" != 0 ]; then
-    run_pytest host tests/test_cuda_host.py tests/test_cuda.py -m "not cuda"
+    run_pytest host tests/cuda_ops/test_cuda_host.py tests/cuda_ops/test_cuda.py -m "not cuda"
     rc2=$?
   fi
   [ -f "$OUT/kernels.txt" ] && sort -u -o "$OUT/kernels.txt" "$OUT/kernels.txt"
@@ -212,7 +212,7 @@ sanitize() {  # tool, log name, pytest -k expression, time limit (s)
   [ "$tool" = racecheck ] && extra=(--racecheck-report all)
   ${SANITIZE_ENV:-env PYTORCH_NO_CUDA_MEMORY_CACHING=1} timeout "$limit" compute-sanitizer --tool "$tool" \
     "${filter[@]}" "${extra[@]}" --error-exitcode 99 --print-limit 20 --target-processes all \
-    "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/test_cuda.py -k "$expr" > "$OUT/$name.log" 2>&1
+    "$PY" -m pytest -q -p no:cacheprovider -m cuda tests/cuda_ops/test_cuda.py -k "$expr" > "$OUT/$name.log" 2>&1
   local rc=$?
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|error" "$OUT/$name.log" | tail -n 20
   tail -n 30 "$OUT/$name.log"
@@ -231,7 +231,7 @@ stage_capture() {
   use_wheels || return 1
   # 1. No sanitizer, caching allocator off (what the memcheck stage sets): an allocation during
   #    a capture then calls cudaMalloc, which a capture does not allow.
-  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 "$PY" -m pytest -q -rs -p no:cacheprovider -m cuda tests/test_cuda.py \
+  PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout 120 "$PY" -m pytest -q -rs -p no:cacheprovider -m cuda tests/cuda_ops/test_cuda.py \
     -k graph_capture > "$OUT/capture-nocache.log" 2>&1
   log "graph captures with PYTORCH_NO_CUDA_MEMORY_CACHING=1, no sanitizer: status $?"
   tail -n 15 "$OUT/capture-nocache.log"
@@ -348,7 +348,7 @@ stage_ortgpu() {
   "$PY" -c "import onnxruntime as o; import sys; sys.exit('CUDAExecutionProvider' not in o.get_available_providers())" ||
     { log "onnxruntime-gpu is not the onnxruntime imported"; return 1; }
   timeout "$STAGE_TIMEOUT" "$PY" scripts/cuda_tests.py \
-    --log "$OUT/ortgpu.jsonl" -- -m cuda tests/test_cuda.py tests/test_user_op.py tests/test_new_op.py -k "ort" > "$OUT/ortgpu.log" 2>&1
+    --log "$OUT/ortgpu.jsonl" -- -m cuda tests/cuda_ops/test_cuda.py tests/declarations/test_user_op.py tests/cli/test_new_op.py -k "ort" > "$OUT/ortgpu.log" 2>&1
   local rc=$?
   sed -n '/===== report =====/,$p' "$OUT/ortgpu.log"
   local seed="${CUDA_CHECK_SEED:-$(date +%s)}"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Runs device tests so that one cannot hide another (see tests/cuda_isolation.py).
+"""Runs device tests so that one cannot hide another (see tests/helpers/cuda_isolation.py).
 
     python scripts/cuda_tests.py [--log FILE] [--junit-prefix P] -- [pytest args: paths, -k, -m ...]
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from cuda_isolation import FATAL_EXIT, LOG_ENV, RESUME_ENV  # noqa: E402
+from helpers.cuda_isolation import FATAL_EXIT, LOG_ENV, RESUME_ENV  # noqa: E402
 
 MAX_RESTARTS = 200
 
@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
     start = time.time()
     for run in range(MAX_RESTARTS):
         before = len(read_log(log))
-        cmd = [args.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "cuda_isolation",
+        cmd = [args.python, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "helpers.cuda_isolation",
                *pytest_args]
         rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
         records = read_log(log)[before:]

@@ -6,12 +6,13 @@
 #
 # 1. builds the wheel with the current (dev) Python: pip wheel --no-build-isolation (reuses build/);
 # 2. exports a few models with torch from that environment and the wheel's opbridge
-#    (tests/exported_models.py), once per wheel;
+#    (tests/helpers/exported_models.py), once per wheel;
 # 3. per version: a torch-free venv under $HOME/.cache/opbridge-ort-matrix/venv-<ver> (created once, reused while
 #    its requirements stay the same) with onnxruntime==<ver>, numpy, onnx, onnxscript, onnx-ir,
-#    pytest and the wheel (--no-deps), runs the torch-free test modules (tests/test_ort_*.py,
-#    tests/test_check.py, tests/test_optimize*.py: they never import torch). An onnxruntime older
-#    than 1.18 gets the `tools` extra's floors (pyproject.toml) exactly: the oldest runtime and the
+#    pytest and the wheel (--no-deps), runs the torch-free test modules (tests/ort/test_ort_*.py,
+#    tests/ops/test_ort_inverse.py, tests/cli/test_check.py, tests/optimize/test_optimize*.py: they
+#    never import torch). An onnxruntime older than 1.18 gets the `tools` extra's floors
+#    (pyproject.toml) exactly: the oldest runtime and the
 #    oldest onnx, onnxscript and onnx-ir opbridge supports, together; the others get the newest.
 # Environment: PYTHON (dev interpreter, default: python), OPBRIDGE_MATRIX_DIR (wheel and models, default
 # .ort-matrix), OPBRIDGE_ORT_VENV_DIR (the venvs, default $HOME/.cache/opbridge-ort-matrix).
@@ -25,7 +26,7 @@ cache=${OPBRIDGE_MATRIX_DIR:-$root/.ort-matrix}
 # The venvs outlive the clone (CI starts from a fresh one): kept in $HOME like the torch matrix's.
 venvs=${OPBRIDGE_ORT_VENV_DIR:-$HOME/.cache/opbridge-ort-matrix}
 if [ $# -gt 0 ]; then versions=("$@"); else versions=(1.17.3 1.24.4 1.32.0); fi
-tests=(tests/test_ort_*.py tests/test_check.py tests/test_optimize.py tests/test_optimize_files.py)
+tests=(tests/ort/test_ort_*.py tests/ops/test_ort_inverse.py tests/cli/test_check.py tests/optimize/test_optimize.py tests/optimize/test_optimize_files.py)
 mkdir -p "$cache" "$venvs"
 t_start=$SECONDS
 
@@ -45,7 +46,7 @@ rm -rf "$cache/dist"
 wheel=$(ls "$cache"/dist/opbridge-*.whl)
 # Content key: the wheel's RECORD (a hash per file; zip timestamps change on every build) and the
 # model definitions. Models are exported again only when it changes.
-sha=$("$py" - "$wheel" tests/exported_models.py <<'PY'
+sha=$("$py" - "$wheel" tests/helpers/exported_models.py <<'PY'
 import hashlib, sys, zipfile
 z = zipfile.ZipFile(sys.argv[1])
 record = next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))
@@ -61,7 +62,7 @@ if [ "$(cat "$models/.wheel" 2>/dev/null || true)" != "$sha" ]; then
   echo "== exporting test models (torch, dev environment, opbridge from the wheel)"
   rm -rf "$models" "$cache/unpacked"
   "$py" -m zipfile -e "$wheel" "$cache/unpacked"
-  if ! PYTHONPATH="$cache/unpacked" "$py" tests/exported_models.py "$models" > "$cache/export.log" 2>&1; then
+  if ! PYTHONPATH="$cache/unpacked" "$py" tests/helpers/exported_models.py "$models" > "$cache/export.log" 2>&1; then
     cat "$cache/export.log"
     exit 1
   fi

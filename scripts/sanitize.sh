@@ -16,10 +16,10 @@
 # process, which fails the run. With --ort-only, LeakSanitizer is on, limited to opbridge's leaks:
 # the interpreter, numpy and ORT leave memory behind on purpose, so instead of LSan's at-exit check
 # the pytest process (at the end of the session) and the fuzz workers (when closed) ask for a report
-# and keep the leaks whose allocation stack passes through opbridge's native code (tests/lsan.py);
+# and keep the leaks whose allocation stack passes through opbridge's native code (tests/helpers/lsan.py);
 # any such leak fails the run. Not leak-checked: processes that tests start with subprocess.run, and
 # the full run with the torch extension (LSan there has not been validated against torch's own
-# intentional leaks and registries; tests/test_leaks.py's RSS checks cover the torch op).
+# intentional leaks and registries; tests/reliability/test_leaks.py's RSS checks cover the torch op).
 # Needs the environment the normal tests need (requirements/test.txt).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,7 +69,7 @@ export LD_PRELOAD="$libasan $libstdcxx"
 asan_options="alloc_dealloc_mismatch=0:abort_on_error=1:print_summary=1:strict_string_checks=1"
 if [ "$ort_only" = 1 ]; then
   # detect_leaks=1:leak_check_at_exit=0: LSan's bookkeeping on, its fatal at-exit check off (see
-  # above; tests/lsan.py runs the check, found as a plugin on the tests/ path).
+  # above; tests/helpers/lsan.py runs the check, found as a plugin on the tests/ path).
   export ASAN_OPTIONS="detect_leaks=1:leak_check_at_exit=0:$asan_options"
   # Every Python object from malloc: LSan scans malloc'd memory for pointers, but not pymalloc's
   # mmap'd arenas, so live memory referenced only from Python objects would look leaked.
@@ -96,18 +96,18 @@ if [ "$ort_only" = 1 ]; then
   # -m "not torch": torch may be installed, but this build has no torch extension.
   # Every instruction-set variant of the kernels runs through _core (test_group_norm_isa.py,
   # test_inverse.py's and test_ort_inverse.py's isa parameters).
-  tests=(-m "not torch" tests/test_group_norm_ort.py tests/test_ort_*.py tests/test_check.py tests/test_core.py
-         tests/test_fuzz_ort.py tests/test_concurrency.py tests/test_leaks.py tests/test_group_norm_edge_cases.py
-         tests/test_inverse.py tests/test_inverse_edge_cases.py tests/test_group_norm_isa.py tests/test_ms_deform_attn.py
-         tests/test_ms_deform_attn_errors.py)
+  tests=(-m "not torch" tests/ops/test_group_norm_ort.py tests/ort/test_ort_*.py tests/ops/test_ort_inverse.py tests/cli/test_check.py tests/core/test_core.py
+         tests/reliability/test_fuzz_ort.py tests/reliability/test_concurrency.py tests/reliability/test_leaks.py tests/ops/test_group_norm_edge_cases.py
+         tests/ops/test_inverse.py tests/ops/test_inverse_edge_cases.py tests/ops/test_group_norm_isa.py tests/ops/test_ms_deform_attn.py
+         tests/ops/test_ms_deform_attn_errors.py)
   kinds=ort
 else
   # test_cuda.py runs nvcc, which crashes with libasan preloaded (and this build has no CUDA).
-  tests=(tests --ignore=tests/test_cuda.py)
+  tests=(tests --ignore=tests/cuda_ops/test_cuda.py)
   kinds=all
 fi
 # The fuzz subset's worker processes inherit LD_PRELOAD and the options.
-"$PYTHON" -m pytest -q -p no:cacheprovider -p lsan "${tests[@]}" ${pytest_args[@]+"${pytest_args[@]}"}
+"$PYTHON" -m pytest -q -p no:cacheprovider -p helpers.lsan "${tests[@]}" ${pytest_args[@]+"${pytest_args[@]}"}
 if [ "$fuzz" -gt 0 ]; then
   "$PYTHON" -m tests.fuzz.run --cases "$fuzz" --kind "$kinds" --out build/sanitize/fuzz-failures
   # The fuzz workers' leak reports (the pytest run checked its own).

@@ -26,10 +26,10 @@ cache=${OPBRIDGE_TORCH_MATRIX_DIR:-$HOME/.cache/opbridge-torch-matrix}
 if [ $# -gt 0 ]; then versions=("$@"); else versions=(2.11.0 2.14.1); fi
 # The torch side, minus what needs a compiler (CMake consumers, users' ops), real models
 # (transformers / diffusers) and CUDA.
-tests=(tests/test_stable_abi.py tests/test_torch_import.py tests/test_group_norm.py tests/test_group_norm_backward.py
-       tests/test_group_norm_edge_cases.py tests/test_group_norm_layouts.py tests/test_inverse.py
-       tests/test_inverse_on_singular.py tests/test_ms_deform_attn.py tests/test_ms_deform_attn_errors.py
-       tests/test_no_grad_fast_path.py tests/test_export_dynamic.py tests/test_testing.py tests/test_nn_dropins.py)
+tests=(tests/install/test_stable_abi.py tests/install/test_torch_import.py tests/ops/test_group_norm.py tests/ops/test_group_norm_backward.py
+       tests/ops/test_group_norm_edge_cases.py tests/ops/test_group_norm_layouts.py tests/ops/test_inverse.py
+       tests/ops/test_inverse_on_singular.py tests/ops/test_ms_deform_attn.py tests/ops/test_ms_deform_attn_errors.py
+       tests/core/test_no_grad_fast_path.py tests/export/test_export_dynamic.py tests/declarations/test_testing.py tests/ops/test_nn_dropins.py)
 mkdir -p "$cache"
 t_start=$SECONDS
 

@@ -57,8 +57,8 @@ print(f"   opbridge {opbridge.__version__}, torch {md.version('torch')}, onnxrun
 PY
 echo "   ($((SECONDS - t0)) s)"
 
-tests=(tests/test_torch_import.py tests/test_ort_runtime.py tests/test_ort_exported.py tests/test_check.py
-       tests/test_core.py tests/test_group_norm.py tests/test_cli.py tests/test_without_onnxruntime.py)
+tests=(tests/install/test_torch_import.py tests/ort/test_ort_runtime.py tests/ort/test_ort_exported.py tests/cli/test_check.py
+       tests/core/test_core.py tests/ops/test_group_norm.py tests/cli/test_cli.py tests/install/test_without_onnxruntime.py)
 echo "== pytest ${tests[*]}"
 "$py" -m pytest -q -p no:cacheprovider "${tests[@]}"
 echo "== smoke tests passed ($((SECONDS - t0)) s)"

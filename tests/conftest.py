@@ -1,4 +1,4 @@
-"""Shared fixtures. References (float64, pure numpy) live in tests/reference.py."""
+"""Shared fixtures. References (float64, pure numpy) live in tests/helpers/reference.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Real-size models for memory and time measurements of export and optimize, and the child
-process that exports them (bench_large_models.py and tests/test_large_models.py run it).
+process that exports them (bench_large_models.py and tests/export/test_large_models.py run it).
 
 ``matmuls`` (``build``): N_PARAMS distinct torch.randn weights (d x d, together about GB
 gigabytes), each a MatMul of a (batch, d) activation followed by Tanh, and BLOCKS GroupNorm(8, 32)

@@ -1,6 +1,6 @@
 """Models with multi-scale deformable attention, built from configs with random init (no
 download), and their plain exports (no opbridge): what `opbridge optimize` is given. Shared by
-tests/test_optimize_msda.py and bench_msda_optimize.py.
+tests/optimize/test_optimize_msda.py and bench_msda_optimize.py.
 
 FAMILIES maps a name to a builder returning a `Built`: the model (tensors in, tensors out), example
 inputs, input names, which input axes may be dynamic, and how many deformable-attention modules it

@@ -2,7 +2,7 @@
 transformers' Deformable DETR, RT-DETR v1/v2, D-FINE, Grounding DINO, Mask2Former, OneFormer's pixel
 decoder; mmcv's and Ultralytics' fallback re-implemented): ORT seconds per forward of the plain
 export and of the same file after ``opbridge optimize``, and the speed-up, side by side in one
-process. The models are the small random-init configs of tests/test_optimize_msda.py at a larger
+process. The models are the small random-init configs of tests/optimize/test_optimize_msda.py at a larger
 image (320x416): the deformable attention's share of the time grows with the image.
 
 The plain export is the dynamo exporter's at opset 18 (TorchScript's writes a float64 grid for a

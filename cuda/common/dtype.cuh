@@ -22,7 +22,7 @@ template <> struct AccType<double> { using type = double; };
 template <class D> using acc = typename AccType<D>::type;
 
 // Host-device where the conversion exists on both sides (the host emulation tests in
-// tests/cuda_host/ run the kernels' index math with float and double).
+// tests/cuda_ops/cuda_host/ run the kernels' index math with float and double).
 __host__ __device__ __forceinline__ float to_acc(float v) { return v; }
 __host__ __device__ __forceinline__ double to_acc(double v) { return v; }
 __device__ __forceinline__ float to_acc(__half v) { return __half2float(v); }

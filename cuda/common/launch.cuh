@@ -26,7 +26,7 @@
 #include "opbridge/status.h"
 
 // Shared memory is declared through these macros, so that the host emulation of the runtime
-// (tests/cuda_host/sim/simt.h, which defines its own forms) can give every block and declaration
+// (tests/cuda_ops/cuda_host/sim/simt.h, which defines its own forms) can give every block and declaration
 // a buffer of its own, of exactly the declared size.
 //   OPBRIDGE_SHARED_ARRAY(T, name, count)  __shared__ T name[count]
 //   OPBRIDGE_SHARED_VAR(T, name)           __shared__ T name

@@ -4,7 +4,7 @@
 //   run_pt2 MODEL.pt2 INPUTS.bin OUTPUTS.bin [lib<ns>_torch.so ...]
 //
 // INPUTS.bin holds the inputs in order, OUTPUTS.bin gets the outputs: each tensor as int64 ndim,
-// int64 dims[ndim], then its float32 values in row-major order (tests/test_aoti.py writes and
+// int64 dims[ndim], then its float32 values in row-major order (tests/deploy/test_aoti.py writes and
 // reads them).
 #include <cstdint>
 #include <fstream>

@@ -9,7 +9,7 @@
 // [N, S, C] (channels_last = true: NHWC / NDHWC memory), S the product of the spatial dims (1
 // when there are none). group_norm_dims() derives that view from a shape.
 //
-// Edge cases (tests/test_group_norm_edge_cases.py):
+// Edge cases (tests/ops/test_group_norm_edge_cases.py):
 // - An empty x (any dimension 0) gives an empty y; nothing is computed or allocated, however
 //   large the other dimensions are (x = [2^62, 1, 0] is valid). group_norm_dims() gives S = 0
 //   then and never computes numel / (N * C), whose N * C may overflow.

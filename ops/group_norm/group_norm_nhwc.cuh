@@ -1,6 +1,6 @@
 // GroupNorm on channels_last ([N, S, C]) memory: the work decomposition and per-thread index
 // math of the NHWC kernels in group_norm_kernel.cu. Host-device code with no CUDA-only calls,
-// so tests/cuda_host/ compiles it with the host compiler and checks it against a float64
+// so tests/cuda_ops/cuda_host/ compiles it with the host compiler and checks it against a float64
 // reference on machines without a GPU. The including file provides to_acc(D) for its types.
 //
 // A group (n, g) is the Cg channels [g * Cg, (g + 1) * Cg) of every row s of sample n: S short

@@ -23,7 +23,7 @@
 // double, Half, BFloat16); the 16-bit types are computed in float (coordinates, tap weights and
 // sums), float and double in themselves.
 //
-// Edge cases (the contract of every kernel, CPU and CUDA; tests/test_ms_deform_attn*.py):
+// Edge cases (the contract of every kernel, CPU and CUDA; tests/ops/test_ms_deform_attn*.py):
 // - A sample whose pixel coordinates are not inside (-1, W_l) x (-1, H_l) -- every tap outside
 //   the map -- or are NaN or infinite contributes exactly 0 to the output, whatever its attention
 //   weight (even NaN or inf), and gets zero gradients (location and attention weight). This is

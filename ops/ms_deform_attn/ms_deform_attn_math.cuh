@@ -1,5 +1,5 @@
 // MultiScaleDeformableAttention: the per-thread index and bilinear math of the CUDA kernels
-// (ms_deform_attn_kernel.cu). Host-device code without CUDA-only calls, so tests/cuda_host/
+// (ms_deform_attn_kernel.cu). Host-device code without CUDA-only calls, so tests/cuda_ops/cuda_host/
 // compiles it with the host compiler and checks it against a float64 reference on machines
 // without a GPU. The including file declares, before including this header:
 //   to_acc(D) -> A                          element -> accumulation type

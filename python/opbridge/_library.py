@@ -1,7 +1,7 @@
 """Locating and loading opbridge's native libraries. Needs neither torch nor onnxruntime.
 
 Part of the package's core layer (with _decl, _cmake, _version): it imports nothing of ops/,
-onnx/ or the command line (tests/test_package_layers.py)."""
+onnx/ or the command line (tests/install/test_package_layers.py)."""
 
 from __future__ import annotations
 

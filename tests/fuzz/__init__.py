@@ -1,5 +1,5 @@
 """Fuzzing opbridge's ORT and torch ops: hypothesis-generated cases, each run in a long-lived
-child process, judged against the float64 references of tests/reference.py.
+child process, judged against the float64 references of tests/helpers/reference.py.
 
 - harness.py: the worker process protocol; a crash or hang of the worker is recorded with the
   case that caused it and the worker is restarted.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# reference.py and onnx_models.py live in tests/, which pytest puts on sys.path; `python -m
+# The helpers package (reference.py, onnx_models.py) lives in tests/, which pytest puts on sys.path; `python -m
 # tests.fuzz.run` from the repo root does not.
 _TESTS = str(Path(__file__).resolve().parent.parent)
 if _TESTS not in sys.path:

@@ -82,8 +82,8 @@ def _suite_models(root: Path) -> list[Path]:
     """The suite's own kinds of model: GroupNorm decompositions optimize rewrites (with a table it
     leaves alone, inline and in external data), opbridge nodes, a subgraph, com.microsoft's GroupNorm."""
     import opbridge
-    from onnx_models import IR_VERSION, single_node_model
-    from optimize_support import group_norm_decomposition_with_table
+    from helpers.onnx_models import IR_VERSION, single_node_model
+    from helpers.optimize_support import group_norm_decomposition_with_table
 
     rng = np.random.default_rng(0)
     out = []

@@ -1,4 +1,4 @@
-"""The fuzz CI subset as pytest tests (tests/test_fuzz_ort.py, tests/test_fuzz_torch.py).
+"""The fuzz CI subset as pytest tests (tests/reliability/test_fuzz_ort.py, tests/reliability/test_fuzz_torch.py).
 
 OPBRIDGE_FUZZ_CASES (default 200) cases per op; the seed derives from OPBRIDGE_FUZZ_SEED
 (default fixed, so CI is deterministic) and is printed. A failure is shrunk by hypothesis to a

@@ -1,4 +1,4 @@
-"""Long fuzz runs outside pytest (the CI subset is tests/test_fuzz_ort.py / test_fuzz_torch.py).
+"""Long fuzz runs outside pytest (the CI subset is tests/reliability/test_fuzz_ort.py / test_fuzz_torch.py).
 
     python -m tests.fuzz.run --cases 10000                 # every op, ORT and torch, split evenly
     python -m tests.fuzz.run --cases 2000 --kind ort --op group_norm --seed 7
@@ -28,7 +28,7 @@ import zlib
 from pathlib import Path
 
 # Runnable from the repo root as `python -m tests.fuzz.run`; tests/fuzz/__init__.py then puts
-# tests/ on sys.path for reference.py.
+# tests/ on sys.path for the helpers package.
 from . import harness
 from .ops import OPS
 

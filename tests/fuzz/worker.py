@@ -221,11 +221,11 @@ HANDLERS = {"init": _init, "ort": run_ort, "torch": run_torch, "selftest": _self
 
 
 def _lsan():
-    """tests/lsan.py under scripts/sanitize.sh (LeakSanitizer on), else None."""
+    """tests/helpers/lsan.py under scripts/sanitize.sh (LeakSanitizer on), else None."""
     if not os.environ.get("OPBRIDGE_LSAN_DIR"):
         return None
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    import lsan
+    from helpers import lsan
 
     return lsan
 

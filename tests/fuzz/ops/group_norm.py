@@ -19,7 +19,7 @@ import onnx
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-import reference
+from helpers import reference
 
 from .. import oracle
 from .. import strategies as S

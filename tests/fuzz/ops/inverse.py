@@ -20,7 +20,7 @@ import numpy as np
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-import reference
+from helpers import reference
 
 from .. import oracle
 from .. import strategies as S

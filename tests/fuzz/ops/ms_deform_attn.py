@@ -1,12 +1,12 @@
 """Fuzz cases for MultiScaleDeformableAttention: ai.opbridge::MultiScaleDeformableAttention in ORT
 and torch.ops.opbridge.ms_deform_attn (with gradients).
 
-Tolerances (the documented accuracy, docs/ms_deform_attn.md; tests/msda_inputs.py): for a valid
+Tolerances (the documented accuracy, docs/ms_deform_attn.md; tests/helpers/msda_inputs.py): for a valid
 case, every output element r satisfies
 
     |r - ref| <= TOL_SUM[dtype] * terms + TOL_COORD[dtype] * coords + tiny
 
-with ref the float64 reference on the same values (tests/reference.py, written from the
+with ref the float64 reference on the same values (tests/helpers/reference.py, written from the
 formula), terms the sum of the magnitudes of r's terms and coords its sensitivity to rounding
 the pixel coordinates (computed in float for all but float64). Gradients alike (TOL_GRAD); a
 location-gradient component whose pixel coordinate lies within rounding of an integer is not
@@ -21,8 +21,8 @@ import numpy as np
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-import reference
-from msda_inputs import (TOL_COORD, TOL_SUM, TINY, backward_allowances, f64, level_tensors)
+from helpers import reference
+from helpers.msda_inputs import (TOL_COORD, TOL_SUM, TINY, backward_allowances, f64, level_tensors)
 
 from .. import oracle
 from .. import strategies as S

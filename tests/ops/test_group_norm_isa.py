@@ -1,0 +1,262 @@
+"""GroupNorm's CPU kernel on every instruction-set path (baseline, AVX2, AVX-512), each forced in
+turn, so that all of them are tested on a machine that supports the widest one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from opbridge import _core
+from helpers.reference import group_norm as ref_group_norm
+
+ISAS = ["baseline", "avx2", "avx512"]
+
+try:
+    import ml_dtypes
+
+    CORE_DTYPES = [(np.float32, 2e-5), (np.float16, 4e-3), (ml_dtypes.bfloat16, 3e-2)]
+except ImportError:  # bfloat16 is then covered through the torch op below
+    CORE_DTYPES = [(np.float32, 2e-5), (np.float16, 4e-3)]
+
+# (shape, groups): tails shorter than one vector, S = 1, channels of odd length, groups
+# spanning several statistics blocks (4096 elements) with a remainder, one huge channel.
+SHAPES = [
+    ((2, 6, 5), 3),
+    ((3, 8), 4),
+    ((2, 4, 17, 3), 2),
+    ((1, 8, 1031), 2),
+    ((2, 64, 9, 9), 32),
+    ((1, 3, 10007), 1),
+]
+
+
+@pytest.fixture(params=ISAS)
+def core_isa(request):
+    """Forces _core's kernels onto one instruction-set path for the test."""
+    before = _core.cpu_isa()
+    got = _core.set_cpu_isa(request.param)
+    if got != request.param:
+        _core.set_cpu_isa(before)
+        pytest.skip(f"this CPU/build lacks {request.param} (best: {got})")
+    yield request.param
+    _core.set_cpu_isa(before)
+
+
+def _inputs(rng, shape, dtype, offset=1.5):
+    x = (rng.standard_normal(shape) * 3 + offset).astype(dtype)
+    w = rng.uniform(0.5, 2.0, shape[1]).astype(dtype)
+    b = rng.standard_normal(shape[1]).astype(dtype)
+    return x, w, b
+
+
+@pytest.mark.parametrize("dtype,tol", CORE_DTYPES, ids=[np.dtype(d).name for d, _ in CORE_DTYPES])
+@pytest.mark.parametrize("shape,groups", SHAPES, ids=[f"{s}-G{g}" for s, g in SHAPES])
+def test_core_matches_reference_on_each_path(core_isa, rng, shape, groups, dtype, tol):
+    x, w, b = _inputs(rng, shape, dtype)
+    eps = float(np.float32(rng.uniform(1e-6, 1e-3)))  # float attributes are float32 (docs/declarations.md)
+    y = _core.group_norm(x, groups, w, b, eps)
+    assert y.dtype == dtype and y.shape == x.shape
+    ref = ref_group_norm(x, groups, w, b, eps)
+    np.testing.assert_allclose(y.astype(np.float64), ref, rtol=tol, atol=tol * 4)
+    np.testing.assert_allclose(_core.group_norm(x, groups).astype(np.float64), ref_group_norm(x, groups),
+                               rtol=tol, atol=tol * 4)
+
+
+def test_large_mean_keeps_precision(core_isa, rng):
+    # mean 1e6, unit variance: float32 spacing at 1e6 is 0.06, so neither the statistics nor the
+    # output's offset may be formed in float from x and the mean directly.
+    x = (rng.standard_normal((2, 8, 40, 40)) + 1e6).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, 8).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    y = _core.group_norm(x, 4, w, b)
+    np.testing.assert_allclose(y, ref_group_norm(x, 4, w, b), rtol=0, atol=2e-5)
+
+
+def test_constant_groups_are_exact(core_isa, rng):
+    # Each group constant (values unrelated to each other): x - mean is exactly 0, so y == bias.
+    n, c, s, g = 2, 6, 5000, 3
+    vals = rng.uniform(-1e6, 1e6, (n, g)).astype(np.float32)
+    x = np.repeat(vals, c // g * s, axis=1).reshape(n, c, s)
+    w = rng.uniform(0.5, 2.0, c).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    y = _core.group_norm(x, g, w, b)
+    np.testing.assert_array_equal(y, np.broadcast_to(b[None, :, None], y.shape))
+
+
+def test_channels_with_far_apart_means(core_isa, rng):
+    # Within one group, channel means 0, 1e4, -3e3: blocks far from the running mean get
+    # re-centred; the group variance is dominated by the spread of the channel means.
+    x = rng.standard_normal((2, 3, 5000))
+    x[:, 1] += 1e4
+    x[:, 2] -= 3e3
+    x = x.astype(np.float32)
+    np.testing.assert_allclose(_core.group_norm(x, 1), ref_group_norm(x, 1), rtol=0, atol=2e-5)
+
+
+def test_outlier_first_element(core_isa, rng):
+    # The first element is the first block's shift; here it sits 1e4 standard deviations away.
+    x = rng.standard_normal((1, 4, 3000)).astype(np.float32)
+    x[0, 0, 0] = 1e4
+    y = _core.group_norm(x, 2)
+    np.testing.assert_allclose(y, ref_group_norm(x, 2), rtol=1e-6, atol=2e-5)
+
+
+def _nhwc(x):
+    """(N, C, *spatial) -> its (N, *spatial, C) memory (what channels_last=True takes)."""
+    return np.ascontiguousarray(np.moveaxis(x, 1, -1))
+
+
+@pytest.mark.parametrize("rows", [7, 3000])
+def test_nhwc_outlier_in_first_row(core_isa, rng, rows):
+    # [N, S, C]: a group's first shift is the mean of its first elements (its channels in the
+    # first rows); one of them sits 1e4 standard deviations away, so that group (only) must be
+    # summed again around its mean, in the first block and (rows=3000) in a sample cut into
+    # several blocks.
+    x = rng.standard_normal((2, 16, rows)).astype(np.float32)
+    x[1, 5, 0] = 1e4
+    w = rng.uniform(0.5, 2.0, 16).astype(np.float32)
+    b = rng.standard_normal(16).astype(np.float32)
+    y = _core.group_norm(_nhwc(x), 4, w, b, channels_last=True)
+    np.testing.assert_allclose(y, _nhwc(ref_group_norm(x, 4, w, b)), rtol=1e-6, atol=2e-5)
+
+
+def test_nhwc_channels_with_far_apart_means(core_isa, rng):
+    # [N, S, C], channel means 0, 1e4, -3e3, 5 within one group: the first row's mean is far from
+    # every channel, and later blocks are re-centred per group.
+    x = rng.standard_normal((2, 8, 3000))
+    x[:, 1::4] += 1e4
+    x[:, 2::4] -= 3e3
+    x[:, 3::4] += 5
+    x = x.astype(np.float32)
+    y = _core.group_norm(_nhwc(x), 2, channels_last=True)
+    np.testing.assert_allclose(y, _nhwc(ref_group_norm(x, 2)), rtol=0, atol=2e-5)
+
+
+def test_nhwc_large_mean_keeps_precision(core_isa, rng):
+    x = (rng.standard_normal((2, 24, 50, 41)) + 1e6).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, 24).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    y = _core.group_norm(_nhwc(x), 6, w, b, channels_last=True)
+    np.testing.assert_allclose(y, _nhwc(ref_group_norm(x, 6, w, b)), rtol=0, atol=2e-5)
+
+
+def test_nan_stays_in_its_group(core_isa, rng):
+    x = rng.standard_normal((2, 4, 100)).astype(np.float32)
+    x[1, 3, 7] = np.nan
+    y = _core.group_norm(x, 2)
+    assert np.isnan(y[1, 2:]).all()
+    assert np.isfinite(y[0]).all() and np.isfinite(y[1, :2]).all()
+    np.testing.assert_allclose(y[0], ref_group_norm(x[:1], 2)[0], rtol=2e-5, atol=2e-5)
+
+
+def test_float16_subnormal_outputs(core_isa, rng):
+    # weight 1e-6 puts the outputs in float16's subnormal range (< 6.1e-5): conversions must
+    # round there too, not flush to zero.
+    x = rng.standard_normal((2, 4, 77)).astype(np.float16)
+    w = np.full(4, 1e-6, np.float16)
+    y = _core.group_norm(x, 2, w)
+    ref = ref_group_norm(x, 2, w.astype(np.float64))
+    assert np.count_nonzero(y) > y.size // 2
+    # Half a subnormal step (2^-25) for the rounding, plus float16's relative error of x.
+    np.testing.assert_allclose(y.astype(np.float64), ref, rtol=2e-3, atol=2**-25 * 1.01)
+
+
+def test_paths_agree(rng):
+    x, w, b = _inputs(rng, (2, 32, 33, 35), np.float32)
+    before = _core.cpu_isa()
+    try:
+        outs = {}
+        for isa in ISAS:
+            if _core.set_cpu_isa(isa) == isa:
+                outs[isa] = _core.group_norm(x, 8, w, b)
+    finally:
+        _core.set_cpu_isa(before)
+    base = outs.pop("baseline")
+    for isa, y in outs.items():
+        np.testing.assert_allclose(y, base, rtol=1e-5, atol=1e-5, err_msg=isa)
+
+
+def test_set_cpu_isa_rejects_unknown_names():
+    with pytest.raises(ValueError, match="set_cpu_isa: name must be 'auto', 'baseline', 'avx2' or 'avx512', got 'sse9'"):
+        _core.set_cpu_isa("sse9")
+
+
+def test_auto_is_the_best_supported():
+    before = _core.cpu_isa()
+    try:
+        best = _core.set_cpu_isa("auto")
+        assert _core.cpu_isa_supported(best)
+        assert all(not _core.cpu_isa_supported(i) for i in ISAS[ISAS.index(best) + 1:])
+    finally:
+        _core.set_cpu_isa(before)
+
+
+def test_environment_variable_caps_the_level():
+    code = "from opbridge import _core; print(_core.cpu_isa())"
+    env = dict(os.environ, OPBRIDGE_CPU_ISA="baseline")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "baseline"
+
+
+@pytest.mark.torch
+def test_environment_variable_caps_the_torch_library():
+    pytest.importorskip("torch")
+    code = "import torch, opbridge; print(torch.ops.opbridge._cpu_isa())"
+    env = dict(os.environ, OPBRIDGE_CPU_ISA="baseline")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "baseline"
+
+
+# ---- the torch op on every path, all four dtypes -------------------------------------------
+
+
+# torch_isa: the fixture in conftest.py.
+
+
+TORCH_TOL = {"float32": 2e-5, "float64": 1e-12, "float16": 4e-3, "bfloat16": 3e-2}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape,groups", SHAPES, ids=[f"{s}-G{g}" for s, g in SHAPES])
+def test_torch_op_on_each_path(torch_isa, rng, shape, groups, dtype):
+    import torch
+
+    import opbridge
+
+    tdt = getattr(torch, dtype)
+    x, w, b = (torch.from_numpy(a).to(tdt) for a in _inputs(rng, shape, np.float64))
+    y = opbridge.ops.group_norm(x, groups, w, b, 1e-4)
+    assert y.dtype == tdt
+    # eps as the op uses it: float32, as ONNX stores float attributes (docs/declarations.md).
+    ref = ref_group_norm(x.double().numpy(), groups, w.double().numpy(), b.double().numpy(), float(np.float32(1e-4)))
+    tol = TORCH_TOL[dtype]
+    np.testing.assert_allclose(y.double().numpy(), ref, rtol=tol, atol=tol * 4)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_op_16bit_output_is_the_rounded_float_result(torch_isa, rng, dtype):
+    # The 16-bit kernels compute exactly what the float32 kernel computes on the widened input,
+    # then round to nearest even: bit for bit torch's own float -> 16-bit conversion.
+    import torch
+
+    import opbridge
+
+    tdt = getattr(torch, dtype)
+    x = torch.from_numpy(rng.standard_normal((2, 8, 300)) * 3).to(tdt)
+    w = torch.from_numpy(rng.uniform(0.5, 2.0, 8)).to(tdt)
+    b = torch.from_numpy(rng.standard_normal(8)).to(tdt)
+    y = opbridge.ops.group_norm(x, 4, w, b)
+    y32 = opbridge.ops.group_norm(x.float(), 4, w.float(), b.float())
+    assert torch.equal(y.view(torch.int16), y32.to(tdt).view(torch.int16))
+
+
+# The kernel's optional per-group statistics (mean / rstd) are a path of the C++ API only:
+# tests/install/test_cmake_consumer.py checks them through tests/install/cmake_consumer/group_norm_direct.cpp.

@@ -1,0 +1,314 @@
+"""`opbridge optimize` on multi-scale deformable attention in plain exports of the DETR family.
+
+Each model is built from a config with random init (transformers; mmcv's and Ultralytics' fallback
+re-implemented, see benchmarks/benchmarks/_msda_models.py), exported with torch.onnx.export and no
+opbridge, rewritten by ``opbridge.optimize`` (whose own check compares it with the original in ORT)
+and then run again on fresh inputs: one ``ai.opbridge::MultiScaleDeformableAttention`` node per
+deformable-attention module of the torch model, no GridSample left, and outputs equal to the torch
+model's computed in float64. A near-miss (a chain that computes something else) is left as it is,
+with the reason in the report, and the model's results stay the original's.
+
+The default suite runs one export per model family; the exporter/opset/dynamic/dtype matrix runs
+with --run-slow.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+onnx = pytest.importorskip("onnx")
+pytest.importorskip("onnxscript")
+ort = pytest.importorskip("onnxruntime")
+
+import opbridge  # noqa: E402
+from opbridge._optimize import optimize  # noqa: E402
+from opbridge.onnx import _msda_rules  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks",
+                                "benchmarks"))
+import _msda_models as M  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+# One export per family in the default suite. The TorchScript exporter is the faster one (the
+# dynamo exporter takes 20-80 s on some of these models); the dynamo exporter and dynamic shapes are
+# covered by the cheap families here, everything else in the matrix (--run-slow).
+DEFAULT = {
+    "deformable_detr": dict(dynamo=False, opset=17, dynamic=True),
+    "rt_detr": dict(dynamo=False, opset=16, dynamic=False),
+    "rt_detr_v2": dict(dynamo=False, opset=17, dynamic=False),
+    "d_fine": dict(dynamo=False, opset=18, dynamic=False),
+    "grounding_dino": dict(dynamo=False, opset=17, dynamic=False),
+    "mask2former": dict(dynamo=False, opset=19, dynamic=False),
+    "oneformer_pixel_decoder": dict(dynamo=False, opset=20, dynamic=True),
+    "mmcv_fallback": dict(dynamo=True, opset=18, dynamic=True),
+    "ultralytics_rtdetr": dict(dynamo=True, opset=20, dynamic=False),
+}
+# float32 against torch in float64; float16 against torch in float64 too (its inputs rounded).
+TOL = {"float32": 2e-4, "float16": 2e-2}
+
+
+def _batch_axis(built, name):
+    axes = built.dynamic.get(name, {})
+    return next((a for a, n in axes.items() if n == "batch"), None)
+
+
+def _inputs_for(built, rng, resize):
+    """Fresh float64 inputs: the example's values plus noise; with ``resize``, at another image
+    size (where it is dynamic) and twice the batch."""
+    out = []
+    for name, x in zip(built.names, built.inputs):
+        b = _batch_axis(built, name)
+        xs = x
+        if resize and b is not None:
+            xs = torch.cat([x, x], dim=b)
+        if not x.is_floating_point():
+            out.append(xs.clone())
+            continue
+        xs = xs.double()
+        if resize and xs.dim() == 4 and name in built.dynamic and 2 in built.dynamic[name]:
+            h, w = xs.shape[2:]
+            xs = torch.nn.functional.interpolate(xs, size=(h + h // 3, w - w // 4), mode="bilinear")
+        scale = float(xs.std()) or 1.0
+        out.append((xs + 0.1 * scale * torch.from_numpy(rng.standard_normal(tuple(xs.shape)))).contiguous())
+    return out
+
+
+def _torch_float64(built, inputs):
+    model = copy.deepcopy(built.model).double().eval()
+    with torch.no_grad():
+        y = model(*inputs)
+    return [t.numpy() for t in (y if isinstance(y, (tuple, list)) else (y,))]
+
+
+def _feeds(names, inputs, dtype):
+    return {n: (x.numpy().astype(dtype) if x.is_floating_point() else x.numpy()) for n, x in zip(names, inputs)}
+
+
+def _example_dims(path, built):
+    """The example's size for every symbolic dim of the exported inputs (the check's --dim)."""
+    dims = {}
+    graph = onnx.load(path, load_external_data=False).graph
+    for inp, x in zip(graph.input, built.inputs):
+        for i, d in enumerate(inp.type.tensor_type.shape.dim):
+            if d.dim_param:
+                dims[d.dim_param] = int(x.shape[i])
+    return dims
+
+
+def _close(got, expected, tol, what, text):
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        e = np.asarray(e, np.float64)
+        assert g.shape == e.shape, what
+        g = g.astype(np.float64)
+        finite = np.isfinite(e)  # Grounding DINO's logits are -inf where there is no text token
+        np.testing.assert_array_equal(g[~finite], e[~finite], err_msg=what)
+        g, e = g[finite], e[finite]
+        err = float(np.max(np.abs(g - e), initial=0.0)) / max(1.0, float(np.max(np.abs(e), initial=0.0)))
+        assert err <= tol, f"{what}: normalized max error {err:.3g}\n{text}"
+
+
+def _grid_samples(path):
+    return sum(1 for n in onnx.load(path, load_external_data=False).graph.node if n.op_type == "GridSample")
+
+
+def _ours(path):
+    return sum(1 for n in onnx.load(path, load_external_data=False).graph.node
+               if n.domain == _msda_rules.DOMAIN and n.op_type == _msda_rules.OP_TYPE)
+
+
+def _case(tmp_path, family, *, dynamo, opset, dynamic, dtype="float32"):
+    torch.manual_seed(0)
+    # A dynamic export from a batch-1 example: torch.export specializes sizes of 1, so batch 2.
+    built = M.FAMILIES[family](batch=2) if dynamic else M.FAMILIES[family]()
+    assert built.modules > 0
+    src = str(tmp_path / f"{family}.onnx")
+    dst = str(tmp_path / f"{family}.opbridge.onnx")
+    M.export(built, src, dynamo=dynamo, opset=opset, dynamic=dynamic, dtype=dtype)
+    assert _grid_samples(src) > 0, "the plain export has no GridSample to rewrite"
+
+    out = io.StringIO()
+    report = optimize(src, dst, out=out, dims=_example_dims(src, built),
+                      tolerance=TOL[dtype] if dtype == "float16" else None)
+    text = out.getvalue()
+    assert report.ok, text
+    assert report.result.counts.get(_msda_rules.LABEL) == built.modules, text
+    assert f"{_msda_rules.LABEL}  x{built.modules}" in text
+    assert _grid_samples(dst) == 0, text
+    assert _ours(dst) == built.modules
+
+    np_dtype = {"float32": np.float32, "float16": np.float16}[dtype]
+    rewritten = opbridge.InferenceSession(dst)
+    names = [i.name for i in rewritten.get_inputs()]
+    # Fresh inputs at the exported sizes against the torch model in float64.
+    rng = np.random.default_rng(1234)
+    inputs = _inputs_for(built, rng, resize=False)
+    if dtype == "float16":
+        inputs = [x.half().double() if x.is_floating_point() else x for x in inputs]
+    _close(rewritten.run(None, _feeds(names, inputs, np_dtype)), _torch_float64(built, inputs), TOL[dtype],
+           f"{family} against torch in float64", text)
+    if dynamic:
+        # Another image size and batch: level shapes computed in the graph. Against the original in
+        # ORT (a TorchScript trace may hold sizes of the example, so torch is no reference here).
+        inputs = _inputs_for(built, rng, resize=True)
+        feeds = _feeds(names, inputs, np_dtype)
+        original = _msda_rules.runnable_original(src, str(tmp_path)) or src
+        want = ort.InferenceSession(original, providers=["CPUExecutionProvider"]).run(None, feeds)
+        _close(rewritten.run(None, feeds), want, TOL[dtype], f"{family} at other sizes against the original", text)
+    return built, text
+
+
+@pytest.mark.parametrize("family", list(DEFAULT))
+def test_each_family_is_rewritten(tmp_path, family):
+    _case(tmp_path, family, **DEFAULT[family])
+
+
+MATRIX = [(f, dynamo, opset, dynamic, "float32") for f in DEFAULT
+          for dynamo, opsets in ((False, (16, 17, 18, 19, 20)), (True, (18, 19, 20, 21)))
+          for opset in opsets for dynamic in (False, True)]
+# float16 too; not float64: ORT's CPU provider has no float64 Conv or GridSample, so the check of
+# `optimize` cannot run such an original.
+MATRIX += [(f, False, 17, False, "float16") for f in DEFAULT]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, dynamo, opset, dynamic, dtype", [
+    m for m in MATRIX if dict(dynamo=m[1], opset=m[2], dynamic=m[3]) != DEFAULT[m[0]] or m[4] != "float32"])
+def test_matrix(tmp_path, family, dynamo, opset, dynamic, dtype):
+    _case(tmp_path, family, dynamo=dynamo, opset=opset, dynamic=dynamic, dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Near-misses: chains that are not the op are left alone, with the reason
+# ---------------------------------------------------------------------------------------------
+
+LEVELS = [(6, 8), (3, 4)]
+
+
+def _chain(value, sampling_locations, attention_weights, *, mode="bilinear", padding_mode="zeros",
+           align_corners=False, grid=lambda x: 2 * x - 1, weights_layout="nqmlp", reduce_dim=-1, swap_levels=False):
+    """mmcv's ``multi_scale_deformable_attn_pytorch`` (the same operations as _msda_models'), with
+    one thing changed per near-miss."""
+    F = torch.nn.functional
+    bs, _, heads, dims = value.shape
+    _, queries, heads, levels, points, _ = sampling_locations.shape
+    value_list = value.split([h * w for h, w in LEVELS], dim=1)
+    grids = grid(sampling_locations)
+    samples = []
+    for level, (h, w) in enumerate(LEVELS):
+        v = value_list[level].flatten(2).transpose(1, 2).reshape(bs * heads, dims, h, w)
+        g = grids[:, :, :, len(LEVELS) - 1 - level if swap_levels else level].transpose(1, 2).flatten(0, 1)
+        samples.append(F.grid_sample(v, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners))
+    if weights_layout == "points first":  # (l, p) read as (p, l): another weight layout
+        attention_weights = attention_weights.transpose(3, 4)
+    weights = attention_weights.transpose(1, 2).reshape(bs * heads, 1, queries, levels * points)
+    stacked = torch.stack(samples, dim=-2).flatten(-2)
+    if reduce_dim == -1:
+        out = (stacked * weights).sum(-1)
+    else:  # the sum over the queries instead of the samples
+        out = (stacked * weights).sum(reduce_dim, keepdim=True).expand(-1, -1, queries, -1)[..., 0]
+    return out.view(bs, heads * dims, queries).transpose(1, 2).contiguous()
+
+
+NEAR_MISSES = {
+    "nearest": (dict(mode="nearest"), "GridSample"),
+    "border padding": (dict(padding_mode="border"), "GridSample"),
+    "align_corners": (dict(align_corners=True), "align_corners"),
+    "another affine map": (dict(grid=lambda x: 2 * x - 0.5), "not 2·x − 1"),
+    "weights in another layout": (dict(weights_layout="points first"), "not laid out like the samples"),
+    "sum over the queries": (dict(reduce_dim=2), "not over the levels and points"),
+    "levels paired with other levels' locations": (dict(swap_levels=True), _msda_rules.NOT_REWRITTEN),
+}
+
+
+def _module(**kw):
+    class Attention(torch.nn.Module):
+        def forward(self, value, sampling_locations, attention_weights):
+            return _chain(value, sampling_locations, attention_weights, **kw)
+
+    return Attention().eval()
+
+
+def _attention_inputs(rng, n=2, q=5, m=2, d=4, points=3):
+    s = sum(h * w for h, w in LEVELS)
+    return (rng.standard_normal((n, s, m, d)).astype(np.float32),
+            rng.uniform(-0.1, 1.1, (n, q, m, len(LEVELS), points, 2)).astype(np.float32),
+            rng.uniform(0.1, 1.0, (n, q, m, len(LEVELS), points)).astype(np.float32))
+
+
+def _export_chain(path, module, inputs):
+    names = ["value", "sampling_locations", "attention_weights"]
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, tuple(torch.from_numpy(x) for x in inputs), path, dynamo=False, opset_version=17,
+                          input_names=names)
+    return names
+
+
+def _ref_msda(value, locations, weights):
+    """The op's formula in float64 numpy (bilinear, zero padding, align_corners=False)."""
+    value, locations, weights = (np.asarray(a, np.float64) for a in (value, locations, weights))
+    n, _, m, d = value.shape
+    q = locations.shape[1]
+    out = np.zeros((n, q, m, d))
+    start = 0
+    for lv, (h, w) in enumerate(LEVELS):
+        img = value[:, start:start + h * w].reshape(n, h, w, m, d)
+        start += h * w
+        x = locations[:, :, :, lv, :, 0] * w - 0.5
+        y = locations[:, :, :, lv, :, 1] * h - 0.5
+        x0, y0 = np.floor(x).astype(int), np.floor(y).astype(int)
+        for dy in (0, 1):
+            for dx in (0, 1):
+                xi, yi = x0 + dx, y0 + dy
+                wt = (1 - np.abs(x - xi)) * (1 - np.abs(y - yi)) * weights[:, :, :, lv, :]
+                ok = (xi >= 0) & (xi < w) & (yi >= 0) & (yi < h)
+                ni, _, mi, _ = np.indices(xi.shape)
+                vals = img[ni, np.clip(yi, 0, h - 1), np.clip(xi, 0, w - 1), mi]  # (n, q, m, p, d)
+                out += np.sum(np.where(ok[..., None], wt[..., None] * vals, 0.0), axis=3)
+    return out.reshape(n, q, m * d)
+
+
+def test_the_unchanged_chain_is_rewritten(tmp_path, rng):
+    """The near-misses' control: the same function unchanged is rewritten, to the op's formula."""
+    inputs = _attention_inputs(rng)
+    src, dst = str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx")
+    names = _export_chain(src, _module(), inputs)
+    out = io.StringIO()
+    report = optimize(src, dst, out=out)
+    assert report.ok and report.result.counts.get(_msda_rules.LABEL) == 1, out.getvalue()
+    assert _grid_samples(dst) == 0
+    fresh = _attention_inputs(np.random.default_rng(7))
+    got = opbridge.InferenceSession(dst).run(None, dict(zip(names, fresh)))[0]
+    np.testing.assert_allclose(got, _ref_msda(*fresh), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", list(NEAR_MISSES))
+def test_near_misses_are_left_alone_with_the_reason(tmp_path, rng, case):
+    kw, reason = NEAR_MISSES[case]
+    inputs = _attention_inputs(rng)
+    src, dst = str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx")
+    names = _export_chain(src, _module(**kw), inputs)
+    out = io.StringIO()
+    report = optimize(src, dst, out=out)
+    text = out.getvalue()
+    assert report.ok, text
+    assert not report.result.counts.get(_msda_rules.LABEL), text
+    notes = [s for s in report.result.skipped if _msda_rules.NOT_REWRITTEN in s]
+    assert notes, text
+    assert all(reason in s for s in notes), notes
+    assert _grid_samples(dst) == _grid_samples(src) == len(LEVELS)
+    fresh = dict(zip(names, _attention_inputs(np.random.default_rng(7))))
+    want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, fresh)[0]
+    got = opbridge.InferenceSession(dst).run(None, fresh)[0]
+    np.testing.assert_array_equal(got, want)

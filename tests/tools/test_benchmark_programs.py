@@ -1,0 +1,190 @@
+"""benchmarks/cpp/group_norm_vs_floor.cpp (GroupNorm's kernel against the memory floor) builds
+against the installed package as its header says, its float64 check of the kernel passes, and it
+prints one row per shape and layout. The asv suite's CUDA benchmarks skip at once where there is
+no GPU."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import opbridge
+from helpers.cmake_helpers import REPO
+
+SOURCE = REPO / "benchmarks" / "cpp" / "group_norm_vs_floor.cpp"
+ROW = re.compile(
+    r"^(?P<shape>\d+,\d+,\d+,\d+)\s+(?P<layout>contiguous|channels_last)\s+[\d.]+\s+"
+    r"(?P<floor>[\d.]+)x\s+(?P<kernel>[\d.]+)x\s+(?P<silu>[\d.]+)x\s+(?P<err>\S+)$"
+)
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> Path:
+    cxx = os.environ.get("CXX") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++ or $CXX)")
+    package = Path(opbridge.__file__).parent
+    library = package / "lib" / "libopbridge_kernels.a"
+    if not library.is_file():
+        pytest.skip(f"{library} is not installed")
+    exe = tmp_path_factory.mktemp("gn_vs_floor") / "gn_vs_floor"
+    # The build line of the program's header.
+    cmd = [cxx, "-O2", "-std=c++17", "-march=native", "-fopenmp", f"-I{package / 'include'}", "-o", str(exe),
+           str(SOURCE), str(library)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return exe
+
+
+def run(program: Path, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    return subprocess.run([str(program), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_group_norm_vs_floor_checks_and_reports(program):
+    # Odd sizes (tails of every vector loop, units that are no multiple of a vector) and a
+    # channels-last shape whose rows are whole vectors.
+    result = run(program, "--rounds", "1", "--groups", "4", "3,12,5,7", "2,64,9,9")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [m.groupdict() for m in map(ROW.match, result.stdout.splitlines()) if m]
+    assert [(r["shape"], r["layout"]) for r in rows] == [
+        ("3,12,5,7", "contiguous"), ("3,12,5,7", "channels_last"),
+        ("2,64,9,9", "contiguous"), ("2,64,9,9", "channels_last"),
+    ], result.stdout
+    for r in rows:
+        assert float(r["err"]) <= 1e-4, r
+        assert all(float(r[k]) > 0 for k in ("floor", "kernel", "silu")), r
+    assert "WRONG" not in result.stdout
+    assert result.stdout.splitlines()[0].count(";") >= 4, result.stdout  # the machine line: CPU, threads, L2
+
+
+CHOICES = re.compile(r"^kernel choices: L2 (?P<l2>\d+) KiB, L3 (?P<l3>\d+) KiB .*; cache budget (?P<budget>\d+) KiB "
+                     r"\((?P<budget_streamed>\d+) KiB with streaming stores\); streaming stores from (?P<stream>\d+) KiB; "
+                     r"channels-last waves of (?P<wave>\d+) KiB or more(?P<set>.*)$", re.M)
+
+
+def sysfs_cache_kib(level: int) -> int | None:
+    """The data or unified cache of `level` that Linux reports for CPU 0, in KiB (None: no report)."""
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if int((index / "level").read_text()) == level and (index / "type").read_text().strip() != "Instruction":
+                size = (index / "size").read_text().strip()
+                return int(size[:-1]) * {"K": 1, "M": 1024}[size[-1]]
+        except (OSError, ValueError, KeyError):
+            return None
+    return None
+
+
+def test_group_norm_vs_floor_prints_the_kernel_choices(program):
+    result = run(program, "--rounds", "1", "--groups", "4", "2,64,9,9")
+    assert result.returncode == 0, result.stdout + result.stderr
+    m = CHOICES.search(result.stdout)
+    assert m is not None, result.stdout
+    for level in (2, 3):
+        kib = sysfs_cache_kib(level)
+        if kib is not None:
+            assert int(m[f"l{level}"]) == kib, (level, result.stdout)
+    l2 = int(m["l2"])
+    if l2 > 0:
+        assert int(m["budget"]) == min(max(l2 // 2, 128), 8192), result.stdout
+        assert int(m["budget_streamed"]) == 2 * int(m["budget"]), result.stdout
+        assert int(m["stream"]) == max(4096, 2 * l2), result.stdout
+    assert int(m["wave"]) == int(m["l3"]) // 2, result.stdout
+    assert m["set"] == "", result.stdout
+
+
+def test_group_norm_vs_floor_overrides_stay_exact(program):
+    # Streaming stores for every output and a budget below one sample: the streamed and tiled
+    # paths at sizes that otherwise take neither, still checked against float64.
+    env = {"OPBRIDGE_GROUP_NORM_STREAM_BYTES": "0", "OPBRIDGE_GROUP_NORM_CACHE_BUDGET": "4K",
+           "OPBRIDGE_GROUP_NORM_WAVE_BYTES": "0"}
+    result = subprocess.run([str(program), "--rounds", "1", "--groups", "4", "3,12,5,7", "2,64,9,9"],
+                            capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="2", **env),
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    m = CHOICES.search(result.stdout)
+    assert m is not None and (m["budget"], m["budget_streamed"], m["stream"], m["wave"]) == ("4", "4", "0", "0"), result.stdout
+    assert "OPBRIDGE_GROUP_NORM" in m["set"], result.stdout
+    rows = [r for r in map(ROW.match, result.stdout.splitlines()) if r]
+    assert len(rows) == 4 and all(float(r["err"]) <= 1e-4 for r in rows), result.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--groups", "5", "2,12,4,4"], "C is not a multiple of G = 5"),
+    (["2,12,4"], "usage:"),
+    (["--groups", "0", "2,12,4,4"], "C is not a multiple of G = 0"),
+])
+def test_group_norm_vs_floor_refuses_bad_arguments(program, args, message):
+    result = run(program, *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert result.stdout == ""
+
+
+def test_cuda_kernel_bench_compiles(tmp_path):
+    """benchmarks/cuda/kernel_bench.cu (the launchers timed without torch, for GPU machines)
+    compiles with nvcc wherever the CUDA kernels are built (it runs only on a GPU)."""
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
+    if nvcc is None:
+        pytest.skip("no nvcc on this machine")
+    src = REPO / "benchmarks" / "cuda" / "kernel_bench.cu"
+    cmd = [nvcc, "-std=c++17", "-arch=sm_90", f"-I{REPO}", f"-I{REPO / 'cuda'}", f"-I{REPO / 'cpp' / 'include'}",
+           "-c", str(src), "-o", str(tmp_path / "kernel_bench.o")]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def test_cuda_benchmarks_skip_at_once_without_a_gpu():
+    """benchmarks/benchmarks/bench_cuda.py where there is no GPU: one parameter combination per
+    benchmark, whose setup raises NotImplementedError (asv: skipped) without importing torch. (asv
+    starts a process per benchmark and combination: 438 of them, each importing torch, took about
+    an hour on 2 cores.)"""
+    code = textwrap.dedent("""
+        import inspect, itertools, sys
+        sys.path.insert(0, "benchmarks")
+        from benchmarks import bench_cuda as b
+        if b.NO_GPU is None:
+            print("GPU")
+            raise SystemExit
+        classes = [c for _, c in inspect.getmembers(b, inspect.isclass) if c.__module__ == b.__name__]
+        assert len(classes) >= 4
+        for c in classes:
+            combos = list(itertools.product(*c.params))
+            assert len(combos) == 1 and len(c.params) == len(c.param_names), (c, c.params)
+            try:
+                c().setup(*combos[0])
+            except NotImplementedError as e:
+                assert "no CUDA device" in str(e) or "torch is not installed" in str(e)
+            else:
+                raise AssertionError(f"{c.__name__}.setup did not skip")
+        assert "torch" not in sys.modules
+        print("skipped", len(classes))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    if r.stdout.strip() == "GPU":
+        pytest.skip("this machine has an NVIDIA device: the benchmarks run")
+    assert r.stdout.startswith("skipped"), r.stdout
+
+
+@pytest.mark.parametrize("args, quick", [("run --quick", True), ("run", False)])
+def test_benchmarks_know_an_asv_quick_run(tmp_path, args, quick):
+    # asv tells benchmarks nothing of --quick: _common reads it from an ancestor's command line
+    # (then speed-ups take one round, so that the model benchmarks finish in minutes).
+    import stat
+
+    asv = tmp_path / "asv"
+    code = "import sys; sys.path.insert(0, sys.argv[1]); from benchmarks import _common; print(_common.QUICK)"
+    asv.write_text(f'#!/bin/sh\n"{sys.executable}" -c "{code}" "$BENCH_ROOT"\n')
+    asv.chmod(asv.stat().st_mode | stat.S_IEXEC)
+    env = {k: v for k, v in os.environ.items() if k != "OPBRIDGE_BENCH_QUICK"}
+    env["BENCH_ROOT"] = str(Path(__file__).resolve().parents[2] / "benchmarks")
+    out = subprocess.run([str(asv), *args.split()], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.strip() == str(quick), out
