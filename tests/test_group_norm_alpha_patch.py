@@ -63,7 +63,7 @@ import json, sys
 import numpy as np
 import torch
 import opbridge.ops, opbridge.testing
-from opbridge._decl import opbridge_library
+from opbridge._op_library import opbridge_library
 
 op = opbridge_library().ops["group_norm"]
 assert [a.name for a in op.args][-1] == "alpha", op.args
