@@ -54,7 +54,7 @@ def _models():
     import onnx_ir as ir
 
     import opbridge.onnx
-    from opbridge._optimize import rewrite_model
+    from opbridge.onnx._rewrite import rewrite_model
 
     dec = _decoder()
     z = torch.from_numpy(np.random.default_rng(0).standard_normal(LATENT).astype(np.float32))

@@ -295,7 +295,7 @@ OrtStatus* register_custom_ops(OrtSessionOptions* options, const OrtApiBase* bas
       // (1.31) makes one schema per custom-op name, since the first registration's start version,
       // and never compares a model's import of the domain with a kernel's end version, so this
       // does not by itself refuse a model of a newer version: opbridge.InferenceSession and
-      // `opbridge check` do (opbridge/onnx/_declared.py, attribute_problems).
+      // `opbridge check` do (opbridge/onnx/_declared_export.py, attribute_problems).
       const int newest = c_abi::domain_version(library);
       std::vector<const OpDecl*> refused;
       for (const OpSpec& library_spec : library_specs(library)) {

@@ -5,10 +5,10 @@
 // Every library built on opbridge exports opbridge's C ABI (opbridge/c_abi.h), whose
 // OpbridgeRunHost checks a call with the op's declaration, asks for its outputs and runs the op's
 // registered CPU compute function (opbridge/kernel.h). _core.run calls it at the address it is
-// given; opbridge/_decl.py binds an op's arguments by its declaration (OpDecl.run) and makes
+// given; opbridge/_declarations.py binds an op's arguments by its declaration (OpDecl.run) and makes
 // _core.<op> of every op of opbridge's library. This module links opbridge's own ops and the core
 // library and exports the C ABI itself, so opbridge's declarations, checks and CPU kernels need
-// neither the ORT library nor torch's (opbridge/_decl.py reads them from here).
+// neither the ORT library nor torch's (opbridge/_op_library.py reads them from here).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -322,10 +322,10 @@ NB_MODULE(_core, m) {
   m.def("run", &opbridge::py::run, nb::arg("entry"), nb::arg("op"), nb::arg("inputs"), nb::arg("attrs"),
         nb::arg("out_channels_last"), nb::arg("isa") = "auto", nb::arg("channels_last") = false,
         "Runs op `op`'s CPU kernel through the library entry point at address `entry` (OpbridgeRunHost); "
-        "returns its outputs. opbridge's ops are _core.<op>(...) (opbridge/_decl.py: OpDecl.run binds the "
+        "returns its outputs. opbridge's ops are _core.<op>(...) (opbridge/_declarations.py: OpDecl.run binds the "
         "arguments by the declaration).");
   // _core.group_norm, _core.inverse, ...: every op of opbridge's library, from its declaration.
   m.def("__getattr__", [](nb::str name) -> nb::object {
-    return nb::module_::import_("opbridge._decl").attr("_core_function")(name);
+    return nb::module_::import_("opbridge._op_library").attr("_core_function")(name);
   });
 }

@@ -79,7 +79,7 @@ Tensor contiguous(const Tensor& t);
 Tensor to_cpu(const Tensor& t);
 
 // ---- memory formats (ops whose outputs keeps_memory_format(); the fake kernels follow the same
-// rule, opbridge/ops/_declared.py: channels_last) ----
+// rule, opbridge/ops/_torch_adapter.py: channels_last) ----
 // (0, 2, ..., rank - 1, 1): x.permute(this) is [N, *spatial, C].
 std::vector<int64_t> channels_last_order(int64_t rank);
 // Whether x is processed as [N, S, C]: its memory is channels-last and it is not also

@@ -14,8 +14,10 @@ import sys
 import types
 
 from ._cmake import cmake_dir
-from ._decl import MisdeclaredOpError
+from ._declarations import MisdeclaredOpError
 from ._library import DOMAIN, build_info, get_library_path, torch_library_path
+from ._op_library import OpLibrary, register_library
+from ._op_package import op_package
 from ._session import InferenceSession, session_options
 from ._version import __version__
 
@@ -23,10 +25,13 @@ __all__ = [
     "DOMAIN",
     "InferenceSession",
     "MisdeclaredOpError",
+    "OpLibrary",
     "__version__",
     "build_info",
     "cmake_dir",
     "get_library_path",
+    "op_package",
+    "register_library",
     "session_options",
     "nn",
     "ops",

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence, TextIO
+from typing import Any, Mapping, Sequence, TextIO
 
 import numpy as np
 
@@ -80,22 +80,9 @@ class Report:
         return not self.missing and self.ran and not self.error
 
 
-def _nodes(graph: Any) -> Iterator[Any]:
-    import onnx
-
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _nodes(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _nodes(g)
-
-
 def _declared_ops(stock: bool) -> dict[str, Any]:
     """domain -> OpLibrary for every custom-op library a run here registers (none with stock)."""
-    from ._decl import libraries
+    from ._op_library import libraries
 
     return {} if stock else {lib.domain: lib for lib in libraries()}
 
@@ -115,7 +102,9 @@ def classify(model: Any, providers: Sequence[str], stock: bool = False) -> list[
     import onnx
 
     uses: dict[tuple[str, str], OpUse] = {}
-    nodes = list(_nodes(model.graph))
+    from .onnx._nodes import graph_nodes
+
+    nodes = list(graph_nodes(model.graph))
     for fn in model.functions:
         nodes.extend(fn.node)
     for node in nodes:
@@ -211,13 +200,14 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
     libraries: custom-op libraries of your own ops to register (built on opbridge).
     discover: also register the libraries installed packages announce (entry point group
         ``opbridge.libraries``); one that fails or is slow is reported and skipped
-        (``opbridge._decl.discover``).
+        (``opbridge._discovery.discover``).
     stock: how the model fares on stock ONNX Runtime: no custom-op library at all."""
     from .onnx import _reader  # needs onnx
     ort = import_onnxruntime()
 
     from ._version import __version__
-    from ._decl import _discover, register_library
+    from ._discovery import _discover
+    from ._op_library import register_library
     from ._session import InferenceSession
 
     skipped = []
@@ -320,7 +310,7 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
 
 
 def _attribute_problems(model: Any) -> list[str]:
-    from .onnx._declared import attribute_problems
+    from .onnx._declared_export import attribute_problems
 
     return attribute_problems(model)
 

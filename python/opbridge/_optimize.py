@@ -18,7 +18,7 @@ guarantees that the replaced nodes' intermediate values have no reader outside t
 The command checks the rewritten model against the original on random inputs in ONNX Runtime
 and writes nothing when they disagree. Needs onnx, onnxscript and onnxruntime; not torch.
 
-The rules themselves are opbridge.onnx's (onnx/_fusion.py, which export(fuse=True) also runs);
+The rules themselves are opbridge.onnx's (onnx/_rewrite.py, which export(fuse=True) also runs);
 this module is the command around them: files, memory, the check against the original.
 """
 
@@ -42,13 +42,10 @@ from . import _memory
 from ._ort import import_onnxruntime
 from .onnx import _reader
 
-# What the command shares with opbridge.onnx (the rules; writing files), under the names it had here.
-from .onnx._external_data import (AUTO_EXTERNAL_BYTES, EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, PROTOBUF_LIMIT,
-                                   WriteError, data_file_name, tensor_bytes, write_file, writing)  # noqa: F401
-from .onnx._fusion import (ACTIVATION_DOMAIN_VERSION, DOMAIN, EXPORT_SOURCES, LABEL_CAST_LIKE, LABEL_DECOMPOSITION,
-                           LABEL_DECOMPOSITION_3D, LABEL_GN18, LABEL_GN21, LABEL_MS, LABEL_SILU, LABEL_TRANSPOSES,
-                           MS_DOMAIN, OP_TYPE, SILU, SOURCES, RewriteResult, _ir, fuse_exported, infer_shapes_ir,
-                           rewrite_model)  # noqa: F401
+from .onnx._external_data import (AUTO_EXTERNAL_BYTES, EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, WriteError,
+                                   data_file_name, tensor_bytes, writing)
+from .onnx._group_norm_fusion import DOMAIN, MS_DOMAIN, _ir
+from .onnx._rewrite import RewriteResult, rewrite_model
 
 
 # Agreement required between the rewritten and the original model, per output:

@@ -19,12 +19,12 @@ def session_options(so: onnxruntime.SessionOptions | None = None) -> onnxruntime
     installed packages and found by ``discover``)."""
     ort = import_onnxruntime()
 
-    from ._decl import _registered
+    from ._op_library import registered
 
     if so is None:
         so = ort.SessionOptions()
     so.register_custom_ops_library(get_library_path())
-    for lib in _registered.values():
+    for lib in registered():
         so.register_custom_ops_library(lib.path)
     return so
 
@@ -43,7 +43,7 @@ def _check_attributes(model: Any) -> None:
     except ImportError:
         return
     from .onnx import _reader
-    from .onnx._declared import attribute_problems, misdeclared_ops, static_shape_problems
+    from .onnx._declared_export import attribute_problems, misdeclared_ops, static_shape_problems
 
     if isinstance(model, (bytes, bytearray)):
         try:

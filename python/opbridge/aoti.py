@@ -91,7 +91,8 @@ def package_ops(path: str | os.PathLike[str]) -> list[str]:
 def _namespace_libraries() -> dict[str, str | None]:
     """namespace -> torch op library: opbridge's own and those of registered / installed op
     packages (``opbridge.libraries`` entry points)."""
-    from ._decl import discover, libraries
+    from ._discovery import discover
+    from ._op_library import libraries
     from ._library import torch_library_path
 
     found: dict[str, str | None] = {"opbridge": torch_library_path()}

@@ -18,7 +18,9 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from ._protobuf import fields, varint
 
 if TYPE_CHECKING:
     from . import _check, _optimize, aoti
@@ -120,45 +122,6 @@ class ModelHeader:
         return sorted({d for _, dims in self.inputs for d in dims if isinstance(d, str)})
 
 
-def _varint(buf: bytes | mmap.mmap, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("malformed varint")
-
-
-def _fields(buf: bytes | mmap.mmap, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
-    """(field number, varint value or 0, start, end) of each field of the message in buf[start:end];
-    length-delimited fields are skipped over, not parsed."""
-    pos = start
-    while pos < end:
-        key, pos = _varint(buf, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(buf, pos)
-            yield number, value, pos, pos
-        elif wire == 1:
-            pos += 8
-        elif wire == 2:
-            n, pos = _varint(buf, pos)
-            if pos + n > end:
-                raise ValueError("truncated field")
-            yield number, 0, pos, pos + n
-            pos += n
-        elif wire == 5:
-            pos += 4
-        else:
-            raise ValueError(f"wire type {wire}")
-    if pos != end:
-        raise ValueError("truncated message")
-
-
 def read_header(path: str) -> ModelHeader:
     """The header of the ONNX file at ``path``, read by walking the protobuf fields of the model
     and its graph: the initializers are skipped over, never parsed, so that this costs the same
@@ -173,21 +136,21 @@ def read_header(path: str) -> ModelHeader:
             raise ValueError("empty file")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             try:
-                for number, value, start, end in _fields(buf, 0, len(buf)):
+                for number, _, _, start, end in fields(buf, 0, len(buf)):
                     if number == 1:
-                        header.ir_version = value
+                        header.ir_version = varint(buf, start, end)[0]
                     elif number == 8:
                         opset = onnx.OperatorSetIdProto.FromString(buf[start:end])
                         header.opsets[opset.domain or "ai.onnx"] = opset.version
                     elif number == 7:
-                        for g_number, _, g_start, g_end in _fields(buf, start, end):
+                        for g_number, _, _, g_start, g_end in fields(buf, start, end):
                             if g_number == 11:
                                 info = onnx.ValueInfoProto.FromString(buf[g_start:g_end])
                                 dims: list[int | str | None] = [
                                     d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                                     for d in info.type.tensor_type.shape.dim]
                                 header.inputs.append((info.name, dims))
-            except Exception as e:  # IndexError past the end, protobuf's DecodeError
+            except Exception as e:  # a field past the end, protobuf's DecodeError
                 raise ValueError(f"not an ONNX model ({e})") from e
     if header.ir_version <= 0:
         raise ValueError("not an ONNX model (no IR version)")
@@ -197,6 +160,14 @@ def read_header(path: str) -> ModelHeader:
 # --------------------------------------------------------------------------------------------
 # arguments shared by check and optimize
 # --------------------------------------------------------------------------------------------
+
+
+def _run_options(parser: argparse.ArgumentParser, *, provider: str, dim: str) -> None:
+    """--provider and --dim, which check and optimize read alike (check_providers, parse_dims)."""
+    parser.add_argument("--provider", action="append", default=None,
+                        help=f"{provider}, one the installed onnxruntime has (repeatable; default: CPUExecutionProvider)")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                        help=f"{dim} (repeatable; others get 2)")
 
 
 def parse_dims(items: Sequence[str], header: ModelHeader | None) -> dict[str, int]:
@@ -272,7 +243,7 @@ def _info() -> dict[str, Any]:
 
     import opbridge
 
-    from ._decl import opbridge_library
+    from ._op_library import opbridge_library
 
     doc: dict[str, Any] = {"format_version": JSON_FORMAT_VERSION, "command": "info",
                            "opbridge": opbridge.__version__, "build": opbridge.build_info(),
@@ -575,11 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(exit status 1 when something is missing or the run fails)",
     )
     c.add_argument("model", help="path of the .onnx file")
-    c.add_argument("--provider", action="append", default=None,
-                   help="execution provider to use, one the installed onnxruntime has (repeatable; default: "
-                        "CPUExecutionProvider)")
-    c.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
-                   help="size of a named input dimension of the model (repeatable; others get 2)")
+    _run_options(c, provider="execution provider to use", dim="size of a named input dimension of the model")
     c.add_argument("--no-run", action="store_true", help="only list the ops and their providers")
     c.add_argument("--library", action="append", default=[], metavar="PATH",
                    help="a custom-op library of your own ops built on opbridge (repeatable)")
@@ -599,11 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("input", help="path of the .onnx file to read (external data is read from beside it)")
     o.add_argument("output", help="path of the .onnx file to write (external data goes to OUTPUT.data beside it "
                                   "when the input had external data)")
-    o.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
-                   help="size of a named input dimension for the check (repeatable; others get 2)")
-    o.add_argument("--provider", action="append", default=None,
-                   help="execution provider of the check, one the installed onnxruntime has (repeatable; "
-                        "default: CPUExecutionProvider)")
+    _run_options(o, provider="execution provider of the check", dim="size of a named input dimension for the check")
     o.add_argument("--no-silu", action="store_true", help="do not fuse SiLU into GroupNorm")
     o.add_argument("--runs", type=int, default=2, help="check runs, each on fresh random inputs (default: %(default)s)")
     o.add_argument("--tolerance", type=float, default=None,

@@ -86,7 +86,8 @@ class CheckReport:
 
 def _resolve(op: Any) -> tuple[Any, Any]:
     """(OpDecl, torch OpOverload) of ``op``: "namespace::name", a torch op, or an OpDecl."""
-    from ._decl import OpDecl, libraries
+    from ._declarations import OpDecl
+    from ._op_library import libraries
 
     if isinstance(op, OpDecl):
         qualname = op.qualname
@@ -106,7 +107,7 @@ def _resolve(op: Any) -> tuple[Any, Any]:
 
     decl = find()
     if decl is None:  # perhaps a library an installed package announces
-        from ._decl import discover
+        from ._discovery import discover
 
         discover()
         decl = find()
@@ -116,7 +117,7 @@ def _resolve(op: Any) -> tuple[Any, Any]:
             raise refused.misdeclared([name])
         known = sorted(o.qualname for lib in libraries() if lib.namespace for o in lib.ops.values())
         raise ValueError(f"{qualname} is not a declared op of any library opbridge knows ({', '.join(known)}); "
-                         "register its library first (opbridge._decl.register_library, or import the package "
+                         "register its library first (opbridge.register_library, or import the package "
                          "that provides it)")
     try:
         overload = getattr(getattr(torch.ops, ns), name).default
@@ -366,7 +367,7 @@ def _requires_grad(args: Sequence[Any], positions: Sequence[int]) -> tuple:
 
 
 def _check_opcheck(report: CheckReport, decl: Any, overload: Any, samples: list, dtypes: list) -> None:
-    from .ops._declared import gradient_order
+    from .ops._torch_adapter import gradient_order
 
     order = gradient_order(decl.qualname) or 0
     for k, sample in enumerate(samples):
@@ -383,7 +384,7 @@ def _check_opcheck(report: CheckReport, decl: Any, overload: Any, samples: list,
 
 
 def _check_gradients(report: CheckReport, decl: Any, overload: Any, samples: list) -> None:
-    from .ops._declared import differentiable_form, gradient_order
+    from .ops._torch_adapter import differentiable_form, gradient_order
 
     order = gradient_order(decl.qualname)
     if not order:
@@ -451,7 +452,7 @@ def _lowerings(decl: Any, requested: Sequence[str] | None) -> list[str]:
 
 
 def _custom_domains() -> set[str]:
-    from ._decl import libraries
+    from ._op_library import libraries
 
     return {lib.domain for lib in libraries()}
 

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 import opbridge
 from helpers.onnx_models import IR_VERSION, single_node_model
 from opbridge import cli
-from opbridge._optimize import LABEL_DECOMPOSITION
+from opbridge.onnx._group_norm_fusion import LABEL_DECOMPOSITION
 
 jsonschema = pytest.importorskip("jsonschema")
 

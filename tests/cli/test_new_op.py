@@ -327,11 +327,8 @@ def test_check_is_torch_free_with_a_package_of_an_older_new_op(built, tmp_path, 
     old = tmp_path / "site"
     shutil.copytree(site, old)
     init = old / "myproj" / "__init__.py"
-    text = init.read_text()
-    new_line = 'if sys.modules.get("torch") is not None and torch_library_path() is not None:'
-    assert new_line in text
-    init.write_text(text.replace("import sys\n", "import importlib.util\nimport sys\n", 1).replace(
-        new_line, 'if importlib.util.find_spec("torch") is not None and torch_library_path() is not None:'))
+    init.write_text(init.read_text() + '\nimport importlib.util\n\nif importlib.util.find_spec("torch") is not None:\n'
+                    '    from . import ops  # noqa: F401\n')
     (entry_points,) = old.glob("myproj-*.dist-info/entry_points.txt")
     entry_points.write_text(entry_points.read_text().replace("myproj._library:library_spec", "myproj:library_spec"))
     probe = "import sys, json; {}; print('RESULT', json.dumps({{'torch': 'torch' in sys.modules, 'rc': rc}}))"

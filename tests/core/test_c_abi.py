@@ -1,6 +1,6 @@
 """opbridge's C ABI (cpp/include/opbridge/c_abi.h) is written once and served by every binary built
 on opbridge from the same core library: the ORT library, the torch library and opbridge._core (which
-links opbridge's ops itself). Python's ctypes side (opbridge/_decl.py) mirrors its structures and
+links opbridge's ops itself). Python's ctypes side (opbridge/_c_abi.py) mirrors its structures and
 compares them with each library's OpbridgeAbiLayout() when it loads one. These tests hold the
 three together, and show that torch's fake kernels and _core do without the ORT library."""
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import opbridge
-from opbridge import _decl
+from opbridge import _c_abi, _declarations, _op_library
 from opbridge._library import get_library_path, torch_library_path
 
 
@@ -41,13 +41,13 @@ def test_every_binary_lays_out_the_c_abi_as_the_ctypes_side_does(name):
     binaries = _binaries()
     if name not in binaries:
         pytest.skip(f"this build has no {name} library")
-    layout = _decl.library_c_abi_layout(_load(name, binaries[name]))
-    expected = _decl.c_abi_layout()
+    layout = _c_abi.library_c_abi_layout(_load(name, binaries[name]))
+    expected = _c_abi.c_abi_layout()
     assert layout == expected, f"{binaries[name]}: {json.dumps(layout)}\nctypes: {json.dumps(expected)}"
     # Every field of both structures is laid out, none overlapping another.
     for struct in ("OpbridgeTensor", "OpbridgeAttr"):
         fields = layout[struct]["fields"]
-        assert [f[0] for f in fields] == [f[0] for f in getattr(_decl, struct)._fields_]
+        assert [f[0] for f in fields] == [f[0] for f in getattr(_c_abi, struct)._fields_]
         ends = [offset + size for _, offset, size in fields]
         assert all(end <= nxt for end, (_, nxt, _) in zip(ends, fields[1:])) and ends[-1] <= layout[struct]["size"]
 
@@ -57,7 +57,7 @@ def test_every_binary_describes_and_checks_the_ops_alike():
     binaries = _binaries()
     if "torch" in binaries:
         pytest.importorskip("torch")  # the torch library's libtorch must be loaded first
-    libs = {name: _decl.OpLibrary(get_library_path(), namespace="opbridge", c_abi_path=path)
+    libs = {name: _op_library.OpLibrary(get_library_path(), namespace="opbridge", c_abi_path=path)
             for name, path in binaries.items()}
     described = {name: lib._lib.OpbridgeDescribeOps for name, lib in libs.items()}
     for fn in described.values():
@@ -68,7 +68,7 @@ def test_every_binary_describes_and_checks_the_ops_alike():
     verdicts = {}
     for name, lib in libs.items():
         op = lib.ops["group_norm"]
-        with pytest.raises(_decl.CheckError) as err:
+        with pytest.raises(_declarations.CheckError) as err:
             op.check([(1, [2, 6, 5]), None, None], {"num_groups": 4})
         verdicts[name] = (err.value.code, err.value.message)
         op.check([(1, [2, 6, 5]), None, None], {"num_groups": 3})  # a valid call passes everywhere
@@ -79,16 +79,16 @@ def test_every_binary_describes_and_checks_the_ops_alike():
 
 def test_a_library_of_another_c_abi_is_refused(monkeypatch):
     # As the ctypes side would see a library built against another opbridge's header.
-    monkeypatch.setattr(_decl, "C_ABI_VERSION", _decl.C_ABI_VERSION + 1)
+    monkeypatch.setattr(_c_abi, "C_ABI_VERSION", _c_abi.C_ABI_VERSION + 1)
     with pytest.raises(ValueError, match=r"libopbridge_ort\.so was built with another opbridge's C ABI "
                                          r"\(version \d+; .* has version \d+\): rebuild it"):
-        _decl.OpLibrary(get_library_path())
+        _op_library.OpLibrary(get_library_path())
 
 
 def test_opbridges_ops_are_read_from_core():
     from opbridge import _core
 
-    lib = _decl.opbridge_library()
+    lib = _op_library.opbridge_library()
     assert lib.c_abi_path == _core.__file__ and lib.path == get_library_path()
 
 

@@ -409,8 +409,8 @@ def test_backward_composite_as_a_python_kernel_gets_the_declared_defaults(rng):
     CUDA gradients failed with "missing 1 required positional argument: 'eps'")."""
     import importlib
 
-    from opbridge._decl import opbridge_library
-    from opbridge.ops._declared import restricted
+    from opbridge._op_library import opbridge_library
+    from opbridge.ops._torch_adapter import restricted
 
     gn = importlib.import_module("opbridge.ops.group_norm")
     decl = opbridge_library().ops["group_norm_backward"]

@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import opbridge
-from opbridge._decl import opbridge_library
+from opbridge._op_library import opbridge_library
 from helpers.reference import group_norm as gn_ref
 
 torch = pytest.importorskip("torch")
@@ -247,7 +247,7 @@ def test_export_leaves_torchscript_registry_as_it_found_it():
             return torch.inverse(x)
 
     x = torch.randn(2, 3, 3)
-    registry = opbridge.onnx._torchscript_registry()
+    registry = opbridge.onnx._exporter_rules._torchscript_registry()
     group = registry.get_function_group("aten::linalg_inv")
     assert group is None or 1 not in group._functions._overrides, "another test left a symbolic registered"
     opbridge.onnx.export(Inv(), (x,), dynamo=False, lowering="custom")
@@ -305,7 +305,7 @@ def test_python_constants_are_the_declarations():
     # By module name: opbridge.ops.group_norm and opbridge.onnx._config are also functions' names.
     gn_ops = importlib.import_module("opbridge.ops.group_norm")
     _config = importlib.import_module("opbridge.onnx._config")
-    _fusion = importlib.import_module("opbridge.onnx._fusion")
+    _fusion = importlib.import_module("opbridge.onnx._group_norm_fusion")
 
     decl = opbridge_library().ops["group_norm"]
     assert gn_ops.ACTIVATIONS == decl.arg("activation").choices

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import opbridge
-from opbridge._decl import eval_dim
+from opbridge._declarations import eval_dim
 
 HERE = Path(__file__).parent / "shape_rules"
 

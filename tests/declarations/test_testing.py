@@ -65,7 +65,7 @@ def test_accepts_the_torch_op_and_its_declaration():
     x = _well_conditioned(2, 3, 3)
     ref = lambda x, on_singular="raise": reference.inverse(x.numpy())  # noqa: E731
     for op in (torch.ops.opbridge.inverse, torch.ops.opbridge.inverse.default,
-               opbridge._decl.opbridge_library().ops["inverse"]):
+               opbridge._op_library.opbridge_library().ops["inverse"]):
         report = opbridge.testing.check_op(op, ref, [(x,)], export=False, gradcheck=False, opcheck=False)
         assert report.op == "opbridge::inverse"
 

@@ -120,7 +120,7 @@ def test_ort_library_exports_only_the_entry_points(userops):
     out = subprocess.run([nm, "-D", "--defined-only", userops.get_library_path()], capture_output=True, text=True,
                          check=True).stdout
     # RegisterCustomOps for ORT; opbridge's C ABI (opbridge/c_abi.h): the declarations, their
-    # checks and the CPU compute functions on arrays for Python (opbridge/_decl.py), its layout for
+    # checks and the CPU compute functions on arrays for Python (opbridge/_c_abi.py), its layout for
     # the ctypes side, the declarations' errors for the build's check.
     assert sorted(line.split()[-1] for line in out.splitlines() if line.strip()) == [
         "OpbridgeAbiLayout", "OpbridgeCheckCall", "OpbridgeDeclarationErrors", "OpbridgeDescribeOps",

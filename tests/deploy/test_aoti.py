@@ -27,7 +27,8 @@ LEVELS = [(6, 5), (3, 3)]  # MSDA: two levels, S = 39
 def _user_op():
     """(namespace, torch library) of an installed op package made by `opbridge new-op scaled_mul`
     (CI installs one), or None."""
-    from opbridge._decl import discover, libraries
+    from opbridge._discovery import discover
+    from opbridge._op_library import libraries
 
     discover()
     for lib in libraries()[1:]:

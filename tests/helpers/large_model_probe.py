@@ -130,7 +130,7 @@ def _record_large_tensors(model, bound: int) -> None:
 
 
 def _bound() -> int:
-    from opbridge.onnx import _fusion, _shapes
+    from opbridge.onnx import _group_norm_fusion as _fusion, _shapes
 
     return max(_fusion.RULE_CONSTANT_BYTES, _shapes.INFERENCE_TENSOR_BYTES)
 
@@ -139,7 +139,7 @@ def _instrument_common() -> None:
     import onnx_ir as ir
 
     import opbridge.onnx._external_data as ed
-    import opbridge.onnx._fusion as fusion
+    import opbridge.onnx._rewrite as fusion
 
     _patch(fusion, "rewrite_model", "rules and rewrites")
     _patch(fusion, "infer_shapes_ir", "shape inference")
@@ -154,6 +154,7 @@ def export(args) -> None:
     import opbridge.nn
     import opbridge.onnx
     import opbridge.onnx._dynamic as dynamic
+    import opbridge.onnx._export as export_pipeline
     import opbridge.onnx._external_data as ed
 
     model, inputs = L.build_kind("mixed", args.gb)
@@ -162,17 +163,17 @@ def export(args) -> None:
     _instrument_common()
     _patch(dynamic, "plan", "dynamic-shape planning")
     _patch(torch.onnx, "export", "torch.onnx.export (torch's own)")
-    _patch(opbridge.onnx, "_type_custom_outputs", "types of custom outputs")
-    _patch(opbridge.onnx, "_finalize", "fix-ups")
+    _patch(export_pipeline, "_type_custom_outputs", "types of custom outputs")
+    _patch(export_pipeline, "_finalize", "fix-ups")
     _patch(ed, "save", "model file written")
-    write = opbridge.onnx._write
+    write = export_pipeline._write
 
     @functools.wraps(write)
     def recorded_write(ir_model, *a, **k):
         _record_large_tensors(ir_model, bound)
         return write(ir_model, *a, **k)
 
-    opbridge.onnx._write = recorded_write
+    export_pipeline._write = recorded_write
     opbridge.onnx.export(model, inputs, args.out, dynamo=bool(args.dynamo), external_data=True)
     print(json.dumps({"stages": STAGES, "reads": READS, "bound": bound}))
 

@@ -24,15 +24,20 @@ LAYERS = {
     "opbridge._version": 0,
     "opbridge._library": 0,
     "opbridge._cmake": 0,
-    "opbridge._decl": 0,
+    "opbridge._declarations": 0,  # the op declaration model
+    "opbridge._c_abi": 0,  # the C ABI as ctypes sees it
+    "opbridge._op_library": 0,  # the op libraries opbridge knows
+    "opbridge._discovery": 0,  # libraries announced by installed packages
     "opbridge._core": 0,
     "opbridge._ort": 0,  # finding onnxruntime (or saying which extra installs it)
     "opbridge._memory": 0,  # how much memory the machine has for a job
+    "opbridge._protobuf": 0,  # walking protobuf messages in place
     # the frameworks: torch ops and modules, ONNX export, the ORT session
     "opbridge.ops": 1,
     "opbridge.nn": 1,
     "opbridge.onnx": 1,
     "opbridge._session": 1,
+    "opbridge._op_package": 1,  # a package of one's own ops (its ORT side and torch side)
     # what uses them: optimize, check, the command line, the testing helpers, the facade
     "opbridge._optimize": 2,
     "opbridge._check": 2,
@@ -202,8 +207,8 @@ def test_imports_go_down_the_layers():
 
 @pytest.mark.parametrize("source, expected", [
     ("import opbridge.ops\n", {"opbridge.ops"}),
-    ("from .ops import _declared\n", {"opbridge.ops._declared"}),
-    ("from .ops import _declared, group_norm_x\n", {"opbridge.ops", "opbridge.ops._declared"}),
+    ("from .ops import _torch_adapter\n", {"opbridge.ops._torch_adapter"}),
+    ("from .ops import _torch_adapter, group_norm_x\n", {"opbridge.ops", "opbridge.ops._torch_adapter"}),
     ("from . import _core\n", {"opbridge._core"}),
     ("def f():\n    from ._optimize import x\n", {"opbridge._optimize"}),
     ("import importlib\nimportlib.import_module('.ops', __name__)\n", {"opbridge.ops"}),

@@ -1,6 +1,6 @@
 """opbridge.nn.convert on transformers' ``multi_scale_deformable_attention_v2`` layers (per-level
 point counts): RT-DETRv2, D-FINE, DEIMv2. Levels with fewer points than the most are padded with
-zero-weight points (opbridge/nn/ms_deform_attn_v2.py). Checked against a float64 reference built
+zero-weight points (opbridge/nn/ms_deform_attn_per_level.py). Checked against a float64 reference built
 level by level from tests/helpers/reference.py (no padding involved), against the unconverted modules and
 models in float64, and through both exporters and both lowerings in ONNX Runtime."""
 
@@ -23,7 +23,7 @@ import opbridge  # noqa: E402
 import opbridge.nn  # noqa: E402
 import opbridge.onnx  # noqa: E402
 from helpers import reference  # noqa: E402
-from opbridge.nn.ms_deform_attn_v2 import ms_deform_attn_v2  # noqa: E402
+from opbridge.nn.ms_deform_attn_per_level import ms_deform_attn_per_level  # noqa: E402
 
 # Non-power-of-two and non-square levels, and a 1 x 1 one.
 LEVELS = [(7, 5), (3, 4), (1, 1)]
@@ -69,7 +69,7 @@ def test_core_against_reference(num_points_list):
     # Partly and wholly off the maps.
     loc = torch.rand(n, lq, m, p, 2, dtype=torch.float64) * 1.6 - 0.3
     weights = torch.randn(n, lq, m, p, dtype=torch.float64)
-    got = ms_deform_attn_v2(value, shapes, loc, weights, num_points_list)
+    got = ms_deform_attn_per_level(value, shapes, loc, weights, num_points_list)
     np.testing.assert_allclose(got.numpy(), _v2_reference(value, shapes, loc, weights, num_points_list),
                                rtol=1e-12, atol=1e-12)
 
@@ -87,7 +87,7 @@ def test_core_matches_library_function_with_gradients(family):
     grad_out = torch.randn(2, 7, 24, dtype=torch.float64)
     expected = lib(value, shapes_list, loc, weights, num_points_list, "default")
     expected_grads = torch.autograd.grad(expected, (value, loc, weights), grad_out)
-    got = ms_deform_attn_v2(value, shapes, loc, weights, num_points_list)
+    got = ms_deform_attn_per_level(value, shapes, loc, weights, num_points_list)
     got_grads = torch.autograd.grad(got, (value, loc, weights), grad_out)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
     for g, e in zip(got_grads, expected_grads):
@@ -108,7 +108,7 @@ def test_padding_reads_no_value():
     weights = torch.rand(1, 5, 2, 6, dtype=torch.float64)
     expected = lib(value, shapes_list, loc, weights, num_points_list, "default")
     assert torch.isfinite(expected).all()
-    torch.testing.assert_close(ms_deform_attn_v2(value, shapes, loc, weights, num_points_list), expected,
+    torch.testing.assert_close(ms_deform_attn_per_level(value, shapes, loc, weights, num_points_list), expected,
                                rtol=1e-12, atol=1e-12)
 
 
@@ -178,7 +178,7 @@ def test_layer_converted(family, points, masked):
     holder = nn.ModuleList([m])
     opbridge.nn.convert(holder)
     new = holder[0]
-    assert new is not m and type(new).__module__ == "opbridge.nn.ms_deform_attn_v2"
+    assert new is not m and type(new).__module__ == "opbridge.nn.ms_deform_attn_per_level"
     assert list(new.state_dict()) == list(before)
     for k, v in new.state_dict().items():
         assert v.equal(before[k]) and v.data_ptr() == m.state_dict()[k].data_ptr()  # shared, not copied
@@ -224,7 +224,7 @@ def test_layer_checks_and_pickles_as_the_original(family):
     _, m = _layer(family, [2, 3, 1] if family != "rt_detr_v2" else 2)
     hidden, kwargs = _layer_inputs(family, False)
     new = opbridge.nn.convert(m)
-    assert type(new).__module__ == "opbridge.nn.ms_deform_attn_v2"
+    assert type(new).__module__ == "opbridge.nn.ms_deform_attn_per_level"
     # Levels that do not add up to the sequence length: the original's own error, eagerly.
     bad = dict(kwargs, spatial_shapes=kwargs["spatial_shapes"] + 1)
     with pytest.raises(ValueError, match="align the spatial shapes") as original_error:
@@ -309,7 +309,7 @@ def test_model_converted(family):
     assert len(layers) == 2
     before = _state(model)
     opbridge.nn.convert(model)
-    assert all(type(model.get_submodule(n)).__module__ == "opbridge.nn.ms_deform_attn_v2" for n in layers)
+    assert all(type(model.get_submodule(n)).__module__ == "opbridge.nn.ms_deform_attn_per_level" for n in layers)
     assert all(v.equal(before[k]) for k, v in model.state_dict().items()) and list(model.state_dict()) == list(before)
     with torch.no_grad():
         got = model(x)
@@ -339,7 +339,7 @@ def test_layer_export_ort(dynamo, lowering):
     _, m = _layer("d_fine", [3, 5, 2])
     original = _Cross(m).float()
     model = opbridge.nn.convert(_Cross(m).float())
-    assert type(model.layer).__module__ == "opbridge.nn.ms_deform_attn_v2"
+    assert type(model.layer).__module__ == "opbridge.nn.ms_deform_attn_per_level"
     _, _, s = _levels()
 
     def inputs(n):

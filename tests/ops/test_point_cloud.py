@@ -298,7 +298,7 @@ def test_bad_input_fake_kernel(case):
 
 @pytest.mark.parametrize("case", BAD, ids=BAD_IDS)
 def test_bad_input_core(case):
-    from opbridge._decl import opbridge_library
+    from opbridge._op_library import opbridge_library
 
     _, op, _, args, _, message, _ = case
     with pytest.raises(ValueError, match=f"{op}: {message}"):

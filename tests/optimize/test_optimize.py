@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 import opbridge
 from helpers.onnx_models import IR_VERSION
 from opbridge import _optimize
+from opbridge.onnx import _group_norm_fusion, _rewrite
 from opbridge.cli import main
 from helpers.optimize_support import group_norm_act_ref, needs_ort_silu, reference_run, silu
 from helpers.reference import group_norm as ref_group_norm
@@ -174,7 +175,7 @@ def test_decomposition_becomes_one_group_norm(tmp_path, capsys, rng, style, mul,
     src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
     code, out, _ = _optimize_cli(capsys, src, dst, *([] if style == "static" else ["--dim", "N=3"]))
     assert code == 0, out
-    assert _optimize.LABEL_DECOMPOSITION in out and "x1" in out
+    assert _group_norm_fusion.LABEL_DECOMPOSITION in out and "x1" in out
     ops = _ops(dst)
     assert ops == [(opbridge.DOMAIN, "GroupNorm"), ("", "Identity")], ops
     assert "input  x: float32 [3, 8, 5, 6]" in out  # --dim reached the check
@@ -206,7 +207,7 @@ def test_decomposition_without_the_restoring_reshape_when_it_does_nothing(tmp_pa
     src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
     code, out, _ = _optimize_cli(capsys, src, dst, "--dim", "N=3")
     assert code == 0, out
-    assert _optimize.LABEL_DECOMPOSITION_3D in out and "x1" in out
+    assert _group_norm_fusion.LABEL_DECOMPOSITION_3D in out and "x1" in out
     assert _ops(dst) == [(opbridge.DOMAIN, "GroupNorm"), ("", "Identity")], _ops(dst)
     assert _attr(_gn_nodes(onnx.load(dst))[0], "num_groups") == 6
     x = rng.standard_normal((3, 6, 7)).astype(np.float32) * 2 + 0.5
@@ -235,7 +236,7 @@ def test_cast_like_to_the_same_type_does_not_keep_the_affine_and_silu_apart(tmp_
     src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
     code, out, _ = _optimize_cli(capsys, src, dst, "--dim", "N=2")
     assert code == 0, out
-    assert _optimize.LABEL_CAST_LIKE in out and _optimize.LABEL_SILU in out
+    assert _group_norm_fusion.LABEL_CAST_LIKE in out and _group_norm_fusion.LABEL_SILU in out
     assert _ops(dst) == [(opbridge.DOMAIN, "GroupNorm"), ("", "Identity")], _ops(dst)
     assert _attr(_gn_nodes(onnx.load(dst))[0], "activation") == b"silu"
     x = rng.standard_normal((2, 8, 5, 6)).astype(np.float32)
@@ -249,7 +250,7 @@ def test_cast_like_that_casts_stays(tmp_path, capsys, rng):
     src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
     code, out, _ = _optimize_cli(capsys, src, dst, "--dim", "N=2")
     assert code == 0, out
-    assert _optimize.LABEL_CAST_LIKE not in out
+    assert _group_norm_fusion.LABEL_CAST_LIKE not in out
     assert [op for _, op in _ops(dst)].count("CastLike") == 2 and (opbridge.DOMAIN, "GroupNorm") in _ops(dst)
     x = rng.standard_normal((2, 8, 5, 6)).astype(np.float32)
     p = dict(p, w=p["w"].astype(np.float16).astype(np.float64), b=p["b"].astype(np.float16).astype(np.float64))
@@ -320,7 +321,7 @@ def test_group_normalization_18_per_group_scale_becomes_per_channel(tmp_path, ca
     src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
     code, out, _ = _optimize_cli(capsys, src, dst)
     assert code == 0, out  # the check ran GroupNormalization-18 itself (ORT expands its function)
-    assert _optimize.LABEL_GN18 in out
+    assert _group_norm_fusion.LABEL_GN18 in out
     assert _ops(dst) == [(opbridge.DOMAIN, "GroupNorm")]
     x = rng.standard_normal((2, 8, 5, 6)).astype(np.float32)
     # GroupNormalization-18: one scale/bias per GROUP, i.e. per 2 channels here.
@@ -345,7 +346,7 @@ def test_group_normalization_21(tmp_path, capsys, rng, const_params):
     src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
     code, out, _ = _optimize_cli(capsys, src, dst)
     assert code == 0, out
-    assert _optimize.LABEL_GN21 in out and _ops(dst) == [(opbridge.DOMAIN, "GroupNorm")]
+    assert _group_norm_fusion.LABEL_GN21 in out and _ops(dst) == [(opbridge.DOMAIN, "GroupNorm")]
     x = rng.standard_normal((2, 8, 5, 6)).astype(np.float32)
     feeds = {"x": x} if const_params else {"x": x, "scale": scale.astype(np.float32), "bias": bias.astype(np.float32)}
     expect = ref_group_norm(x, 4, scale, bias, eps=float(np.float32(1e-4)))
@@ -445,7 +446,7 @@ def test_microsoft_group_norm_between_transposes_runs_without_any(tmp_path, caps
     src, dst = _save(model, tmp_path), str(tmp_path / "out.onnx")
     code, out, _ = _optimize_cli(capsys, src, dst)
     assert code == 0, out
-    assert _optimize.LABEL_TRANSPOSES in out
+    assert _group_norm_fusion.LABEL_TRANSPOSES in out
     assert _ops(dst) == [(opbridge.DOMAIN, "GroupNorm"), ("", "Relu")]
     x = rng.standard_normal((2, 8, 5, 6)).astype(np.float32)
     expect = np.maximum(ms_ref(x, gamma, beta, 4, 1e-5, 0, 0), 0)
@@ -468,8 +469,8 @@ def test_microsoft_group_norm_with_silu_graph(tmp_path, rng):
     (independent of the ORT library, see the next test for ORT)."""
     model, gamma, beta = ms_model(rng, activation=1)
     m = _optimize.load(_save(model, tmp_path))
-    result = _optimize.rewrite_model(m)
-    assert result.counts[_optimize.LABEL_MS] == 1
+    result = _rewrite.rewrite_model(m)
+    assert result.counts[_group_norm_fusion.LABEL_MS] == 1
     import onnx_ir as ir
 
     proto = ir.serde.serialize_model(m)
@@ -538,8 +539,8 @@ SILU_FORMS = ["sigmoid_mul", "mul_sigmoid", "swish", "quick_gelu", "div"]
 def test_silu_forms_fuse_into_one_node(tmp_path, rng, form):
     model, w, b = silu_model(rng, form)
     m = _optimize.load(_save(model, tmp_path))
-    result = _optimize.rewrite_model(m)
-    assert result.counts[_optimize.LABEL_SILU] == 1
+    result = _rewrite.rewrite_model(m)
+    assert result.counts[_group_norm_fusion.LABEL_SILU] == 1
     import onnx_ir as ir
 
     proto = ir.serde.serialize_model(m)
@@ -578,8 +579,8 @@ def test_decomposition_with_silu_from_torch_exporters_in_ort(tmp_path, capsys, r
 def test_decomposition_with_silu_graph(tmp_path, rng):
     model, p = decomposition_model(rng, style="torchscript", then_silu=True)
     m = _optimize.load(_save(model, tmp_path))
-    result = _optimize.rewrite_model(m)
-    assert result.counts[_optimize.LABEL_DECOMPOSITION] == 1 and result.counts[_optimize.LABEL_SILU] == 1
+    result = _rewrite.rewrite_model(m)
+    assert result.counts[_group_norm_fusion.LABEL_DECOMPOSITION] == 1 and result.counts[_group_norm_fusion.LABEL_SILU] == 1
     import onnx_ir as ir
 
     proto = ir.serde.serialize_model(m)

@@ -7,7 +7,7 @@
 //
 // Written once, here: the core library implements it (opbridge_core, cpp/core/bridge.cpp), every
 // library's entry file defines the exported functions with OPBRIDGE_C_ENTRY_POINTS, opbridge._core
-// calls OpbridgeRunHost through these types, and Python's ctypes side (opbridge/_decl.py), which
+// calls OpbridgeRunHost through these types, and Python's ctypes side (opbridge/_c_abi.py), which
 // cannot include a header, compares its structures with OpbridgeAbiLayout() whenever it loads a
 // library.
 #pragma once

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import ms_deform_attn as _msda
-from . import ms_deform_attn_v2 as _msda_v2
+from . import ms_deform_attn_per_level as _msda_per_level
 from .group_norm import GroupNorm
 
 # torch.nn module type -> its opbridge replacement (which has a from_torch classmethod).
@@ -22,8 +22,8 @@ _REPLACEMENTS = {torch.nn.GroupNorm: GroupNorm}
 
 # Multi-scale deformable attention: (recogniser, maker) pairs, tried in order, and the replacement
 # classes (never replaced again).
-_MSDA_RECOGNISERS = _msda.RECOGNISERS + _msda_v2.RECOGNISERS
-_MSDA_REPLACED = _msda.REPLACED + _msda_v2.REPLACED
+_MSDA_RECOGNISERS = _msda.RECOGNISERS + _msda_per_level.RECOGNISERS
+_MSDA_REPLACED = _msda.REPLACED + _msda_per_level.REPLACED
 # Class names that suggest a deformable-attention module (for the warning about unknown variants).
 _MSDA_NAME = re.compile(r"deform(able)?_?(attn|attention)", re.IGNORECASE)
 
@@ -53,7 +53,7 @@ class ConvertReport:
     replaced: (module path, original class, opbridge class) for each module swapped ("" is the model).
     fused: paths of the GroupNorms a following SiLU was folded into.
     left: class names of deformable-attention modules of a form opbridge does not recognise (they
-        run as before)."""
+        run unchanged)."""
 
     model: torch.nn.Module
     replaced: list[tuple[str, str, str]] = field(default_factory=list)
@@ -101,7 +101,7 @@ def convert(model: torch.nn.Module, fuse_activations: bool = True, *, report: bo
         rep.fused = sorted(set(_silu_norms(model)) - set(before))
     if rep.left:
         warnings.warn("opbridge.nn.convert: left unconverted (deformable-attention modules of a form opbridge does "
-                      f"not recognise; they run as before): {', '.join(sorted(set(rep.left)))}", stacklevel=2)
+                      f"not recognise; they run unchanged): {', '.join(sorted(set(rep.left)))}", stacklevel=2)
     return rep if report else rep.model
 
 

@@ -64,7 +64,7 @@ def _op_tables(spatial_shapes: torch.Tensor, level_start_index: torch.Tensor,
     device-to-host copy per call, which synchronizes and cannot be captured in a CUDA graph.
     Where the ints are there, the tables are built from them in host memory (cached per level
     layout; never written) and nothing is copied. Exports and traces keep the model's tensors, so
-    the graph reads the sizes from its inputs as before."""
+    the graph reads the sizes from its inputs, as the original layer's does."""
     if spatial_shapes_list is None or not _eager():
         return spatial_shapes, level_start_index
     try:
@@ -451,7 +451,7 @@ def _is_mmcv(m: torch.nn.Module) -> bool:
                                    "reference_points", "spatial_shapes", "level_start_index"))
 
 
-# --- recognisers (combined with ms_deform_attn_v2's in convert.py) ------------------------------
+# --- recognisers (combined with ms_deform_attn_per_level's in convert.py) ------------------------------
 
 RECOGNISERS: tuple[tuple[Callable[[torch.nn.Module], bool], Callable[[torch.nn.Module], torch.nn.Module]], ...] = (
     (_is_hf_outer, lambda m: _shared(_subclass(type(m)), m)),

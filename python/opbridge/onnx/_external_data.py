@@ -24,12 +24,14 @@ from typing import Any, Callable, Iterator
 
 import onnx
 
+from .._protobuf import LEN, fields, length_delimited
+
 
 # Largest tensor (bytes) a protobuf message can hold in one piece; past this total the model must
 # keep its tensors in an external data file.
 PROTOBUF_LIMIT = 2**31 - 1
 # With a file target, opbridge.onnx.export and optimize keep a model's tensors in an external data
-# file past this many bytes (below it, in the model file, as before). Writing one file needs the
+# file past this many bytes (below it, in the model file, which stays one file to copy). Writing one file needs the
 # serialized model in memory twice (the ModelProto, then its bytes); past 256 MiB that would exceed
 # export's budget of one model size + 0.5 GB over torch.onnx.export's own peak, while external data is
 # written one tensor at a time. It is also where ORT starts to gain from memory-mapping the tensors.
@@ -238,61 +240,6 @@ def torchscript_model(export_to: Callable[[Any], None], f: str | os.PathLike | N
 
 # Protobuf field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
 _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
-_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
-
-
-def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            raise ValueError("a truncated or malformed varint")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return value, pos
-        shift += 7
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        out.append(b | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _fields(buf: Any, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """(field number, wire type, field start, payload start, payload end) of each field of the
-    message in buf[start:end]."""
-    pos = start
-    while pos < end:
-        field_start = pos
-        tag, pos = _varint(buf, pos, end)
-        number, wire = tag >> 3, tag & 7
-        if wire == _VARINT:
-            _, pos2 = _varint(buf, pos, end)
-        elif wire == _I64:
-            pos2 = pos + 8
-        elif wire == _I32:
-            pos2 = pos + 4
-        elif wire == _LEN:
-            n, pos = _varint(buf, pos, end)
-            pos2 = pos + n
-        else:
-            raise ValueError(f"wire type {wire} (groups) is not used by ONNX")
-        if pos2 > end:
-            raise ValueError("a field runs past the end of its message")
-        yield number, wire, field_start, pos, pos2
-        pos = pos2
-
-
-def _length_delimited(number: int, payload: bytes) -> bytes:
-    return _encode_varint(number << 3 | _LEN) + _encode_varint(len(payload)) + payload
-
-
 def map_inline_tensors(path: str | os.PathLike, threshold: int = EXTERNAL_THRESHOLD) -> Any:
     """The model file at ``path`` as an onnx_ir Model in which every main-graph initializer of
     more than ``threshold`` bytes stored inline (raw_data) is an external tensor memory-mapped
@@ -307,26 +254,26 @@ def map_inline_tensors(path: str | os.PathLike, threshold: int = EXTERNAL_THRESH
         head, tail = bytearray(), bytearray()
         graph_parts: list[bytes] = []
         located: dict[int, tuple[int, int]] = {}  # initializer index -> (offset, length) in the file
-        for number, wire, field_start, start, end in _fields(buf, 0, size):
-            if number != _MODEL_GRAPH or wire != _LEN:
+        for number, wire, field_start, start, end in fields(buf, 0, size):
+            if number != _MODEL_GRAPH or wire != LEN:
                 (head if not graph_parts else tail).extend(buf[field_start:end])
                 continue
             index = 0
-            for g_number, g_wire, g_start, t_start, t_end in _fields(buf, start, end):
-                if g_number != _GRAPH_INITIALIZER or g_wire != _LEN:
+            for g_number, g_wire, g_start, t_start, t_end in fields(buf, start, end):
+                if g_number != _GRAPH_INITIALIZER or g_wire != LEN:
                     graph_parts.append(bytes(buf[g_start:t_end]))
                     continue
-                raw = [(s, e) for n, w, _, s, e in _fields(buf, t_start, t_end) if n == _TENSOR_RAW_DATA and w == _LEN]
+                raw = [(s, e) for n, w, _, s, e in fields(buf, t_start, t_end) if n == _TENSOR_RAW_DATA and w == LEN]
                 if len(raw) == 1 and raw[0][1] - raw[0][0] > threshold:
                     s, e = raw[0]
-                    tensor = b"".join(bytes(buf[fs:fe]) for n, w, fs, _, fe in _fields(buf, t_start, t_end)
-                                      if not (n == _TENSOR_RAW_DATA and w == _LEN))
+                    tensor = b"".join(bytes(buf[fs:fe]) for n, w, fs, _, fe in fields(buf, t_start, t_end)
+                                      if not (n == _TENSOR_RAW_DATA and w == LEN))
                     located[index] = (s, e - s)
-                    graph_parts.append(_length_delimited(_GRAPH_INITIALIZER, tensor))
+                    graph_parts.append(length_delimited(_GRAPH_INITIALIZER, tensor))
                 else:
                     graph_parts.append(bytes(buf[g_start:t_end]))
                 index += 1
-        stripped = bytes(head) + _length_delimited(_MODEL_GRAPH, b"".join(graph_parts)) + bytes(tail)
+        stripped = bytes(head) + length_delimited(_MODEL_GRAPH, b"".join(graph_parts)) + bytes(tail)
     proto = onnx.load_model_from_string(stripped)
     for index, (offset, length) in located.items():
         t = proto.graph.initializer[index]

@@ -2,8 +2,8 @@
 plain exports of the DETR family contain (transformers' ``MultiScaleDeformableAttention`` and
 ``multi_scale_deformable_attention[_v2]``, mmcv's and Ultralytics' ``multi_scale_deformable_attn_pytorch``,
 Deformable-DETR's ``ms_deform_attn_core_pytorch``), each made one
-``ai.opbridge::MultiScaleDeformableAttention`` node. ``opbridge optimize`` runs it (onnx/_fusion.py
-registers it); docs/optimize.md describes what is rewritten and what is left.
+``ai.opbridge::MultiScaleDeformableAttention`` node. ``opbridge optimize`` runs it (onnx/_rewrite.py
+has its stages); docs/optimize.md describes what is rewritten and what is left.
 
 How a chain is recognised. The rule is anchored where the chain ends, ``ReduceSum(Mul(samples,
 weights))`` (with the Reshape and Transpose that usually follow), and proves the rest by following
@@ -43,7 +43,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .._decl import opbridge_library
+from .._op_library import opbridge_library
 
 _MSDA = opbridge_library().ops["ms_deform_attn"]
 DOMAIN = _MSDA.domain

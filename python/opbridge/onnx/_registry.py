@@ -2,8 +2,8 @@
 libraries registered later are included, and nothing is registered with torch ahead of time).
 
 Rule sets (each with ``OPS``: its ``lowering`` keys, ``translations(cfg)`` and ``symbolics(cfg)``):
-  * every declared op of every known library (opbridge/_decl.py): its custom lowering is derived
-    from the declaration (opbridge/onnx/_declared.py), its standard lowering is what
+  * every declared op of every known library (opbridge/_op_library.py): its custom lowering is derived
+    from the declaration (opbridge/onnx/_declared_export.py), its standard lowering is what
     :func:`standard_lowering` registered for it (ours: opbridge/onnx/<op>.py), if anything;
   * rules for torch's own ops that opbridge lowers (modules of opbridge/onnx defining ``RULES``,
     e.g. torch.inverse in inverse.py);
@@ -21,7 +21,9 @@ import os
 import pkgutil
 from typing import Any, Callable
 
-from .._decl import OpDecl, libraries
+from .._declarations import OpDecl
+
+from .._op_library import libraries
 from ._config import ExportConfig
 
 __all__ = ["op_names", "rule_sets", "standard_lowering"]
@@ -128,11 +130,11 @@ class DeclaredRules:
             return False
 
     def translations(self, cfg: ExportConfig) -> dict:
-        from ._declared import translation
+        from ._declared_export import translation
         if not self.loaded():
             return {}
         if cfg.lowering_for(self.OPS) == "custom":
-            from ._declared import _user_translation
+            from ._declared_export import _user_translation
 
             return {self.overload(): _user_translation.get(self.op.qualname) or translation(self.op)}
         fn, opset = self._standard(cfg, dynamo=True)
@@ -149,11 +151,11 @@ class DeclaredRules:
         return {self.overload(): standard}
 
     def symbolics(self, cfg: ExportConfig) -> dict:
-        from ._declared import _TS_DESC, symbolic
+        from ._declared_export import _TS_DESC, symbolic
         if not self.loaded():
             return {}
         if cfg.lowering_for(self.OPS) == "custom":
-            from ._declared import _user_symbolic
+            from ._declared_export import _user_symbolic
 
             return {self.op.qualname: _user_symbolic.get(self.op.qualname) or symbolic(self.op)}
         fn, _ = self._standard(cfg, dynamo=False)
@@ -195,12 +197,12 @@ def _modules() -> list:
 
 
 # torch op name -> CustomOp (opbridge/onnx/_custom.py), in declaration order.
-_declared: dict = {}
+_declared_rules: dict = {}
 
 
 def add_declared_op(op) -> None:
-    _declared.pop(op.torch_op, None)
-    _declared[op.torch_op] = op
+    _declared_rules.pop(op.torch_op, None)
+    _declared_rules[op.torch_op] = op
 
 
 def declared_ops() -> list[OpDecl]:
@@ -218,7 +220,7 @@ def rule_sets() -> list:
         keys = (op.qualname, op.name) if names[op.name] == 1 else (op.qualname,)
         rules.append(DeclaredRules(op, keys))
     rules += [m.RULES for m in mods if hasattr(m, "RULES")]
-    return rules + list(_declared.values())
+    return rules + list(_declared_rules.values())
 
 
 def op_names() -> set[str]:

@@ -10,17 +10,17 @@ import onnx
 def _sources() -> list[tuple[onnx.defs.OpSchema, Callable[[Any], None] | None]]:
     """(schema, shape-inference function) of every op opbridge knows: the declared ops of every
     known library (all their versions) and the ops of Python-side declare_op declarations."""
-    from .._decl import libraries
-    from ._declared import infer_function, schemas
-    from ._registry import _declared
+    from .._op_library import libraries
+    from ._declared_export import infer_function, schemas
+    from ._registry import _declared_rules
 
     out = []
     for lib in libraries():
         for op in lib.ops.values():
             fn = infer_function(op)
             out += [(schema, fn) for schema in schemas(op)]
-    for legacy in _declared.values():
-        out += [(schema, None) for schema in legacy.schemas()]
+    for rule in _declared_rules.values():
+        out += [(schema, None) for schema in rule.schemas()]
     return out
 
 

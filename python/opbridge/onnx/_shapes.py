@@ -28,6 +28,8 @@ from typing import Any, Iterator
 
 import onnx
 
+from ._nodes import graphs
+
 # Tensors up to this size are in the copy onnx's inference sees (shape constants are a few
 # integers); larger ones are represented by their type and shape only. onnx_ir's own inference
 # pass uses the same limit for the main graph's initializers.
@@ -108,17 +110,6 @@ def _graph_copy(model: Any) -> onnx.ModelProto:
             node.attributes[key] = attr
 
 
-def _proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _proto_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _proto_graphs(g)
-
-
 def _tensor_type(t: onnx.TensorProto) -> onnx.TypeProto:
     return onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims))
 
@@ -128,7 +119,7 @@ def _lift_placeholders(proto: onnx.ModelProto) -> None:
     from the outer scope), so that onnx reads no tensor and parses no external data."""
     main = proto.graph
     declared = {vi.name for vi in main.input}
-    for graph in _proto_graphs(main):
+    for graph in graphs(main):
         inputs = {vi.name for vi in graph.input}
         keep = [t for t in graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL]
         for t in graph.initializer:
@@ -169,7 +160,7 @@ def _lift_placeholders(proto: onnx.ModelProto) -> None:
 
 def _types(proto: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     out: dict[str, onnx.TypeProto] = {}
-    for graph in _proto_graphs(proto.graph):
+    for graph in graphs(proto.graph):
         for vi in (*graph.input, *graph.value_info, *graph.output):
             if vi.type.HasField("tensor_type"):
                 out.setdefault(vi.name, vi.type)
@@ -192,14 +183,14 @@ def _shape_data(proto: onnx.ModelProto) -> set[str]:
     """Names of values computed from shapes: Shape and Size outputs, small integer constants, and
     what _SHAPE_PRESERVING_OPS make of them alone."""
     shape_like: set[str] = set()
-    for graph in _proto_graphs(proto.graph):
+    for graph in graphs(proto.graph):
         for t in graph.initializer:
             if t.data_type in _INTEGER_TYPES:
                 shape_like.add(t.name)
     changed = True
     while changed:  # graphs are topologically sorted; the loop covers subgraphs read from outside
         changed = False
-        for graph in _proto_graphs(proto.graph):
+        for graph in graphs(proto.graph):
             for node in graph.node:
                 if node.domain not in ("", "ai.onnx") or all(o in shape_like for o in node.output if o):
                     continue
@@ -226,7 +217,7 @@ def _hide(proto: onnx.ModelProto, inferred: onnx.ModelProto) -> set[str]:
     shape_like = _shape_data(inferred)
     inputs = {vi.name: vi for vi in proto.graph.input}
     produced: set[str] = set()
-    for graph in _proto_graphs(proto.graph):
+    for graph in graphs(proto.graph):
         for node in graph.node:
             produced.update(o for o in node.output if o)
     known: list[tuple[int, str]] = []
@@ -266,7 +257,7 @@ def _hide(proto: onnx.ModelProto, inferred: onnx.ModelProto) -> set[str]:
             dim.Clear()
             dim.dim_param = f"{_HIDDEN}_{k}"  # one symbol each: onnx equates equal symbols
     if renamed:
-        for graph in _proto_graphs(proto.graph):
+        for graph in graphs(proto.graph):
             for node in graph.node:
                 for i, name in enumerate(node.input):
                     if name in renamed:

@@ -21,7 +21,7 @@ import warnings
 
 import onnx
 
-from .._decl import opbridge_library
+from .._op_library import opbridge_library
 from ._config import DOMAIN, ExportConfig
 from ._registry import once_per_export, standard_lowering
 
@@ -83,7 +83,7 @@ class _TorchInverse:
         import onnxscript
         import torch
 
-        from ._declared import schemas
+        from ._declared_export import schemas
 
         if cfg.lowering_for(_KEYS, "standard") == "custom":
             op = self._custom()

@@ -7,28 +7,19 @@ re-exported here, so adding an op means adding a module.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
 from .._library import load_torch_library
+from .._op_library import opbridge_library
+from ._errors import translate_errors
+from ._package import load_op_modules, load_package_ops
+from ._torch_adapter import (
+    no_grad_fast_path, register_autograd, register_fake, register_gradient, register_library_ops)
 
 load_torch_library()
 
-__all__: list[str] = ["no_grad_fast_path", "register_autograd", "register_fake", "register_gradient",
-                      "register_library_ops", "translate_errors"]
-for _m in pkgutil.iter_modules(__path__):
-    if _m.name.startswith("_"):
-        continue
-    _mod = importlib.import_module(f".{_m.name}", __name__)
-    for _name in getattr(_mod, "__all__", []):
-        globals()[_name] = getattr(_mod, _name)
-        __all__.append(_name)
+__all__: list[str] = ["load_package_ops", "no_grad_fast_path", "register_autograd", "register_fake",
+                      "register_gradient", "register_library_ops", "translate_errors"]
+__all__ += load_op_modules(globals())
 
 # Fake kernels (and a clear error for ops without a gradient formula) from the declarations,
 # after the op modules above registered their formulas.
-from .._decl import opbridge_library  # noqa: E402
-from ._declared import (  # noqa: E402
-    no_grad_fast_path, register_autograd, register_fake, register_gradient, register_library_ops)
-from ._errors import translate_errors  # noqa: E402
-
 register_library_ops(opbridge_library())

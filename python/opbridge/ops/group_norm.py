@@ -7,8 +7,8 @@ from typing import Optional
 
 import torch
 
-from .._decl import opbridge_library
-from ._declared import channels_last, register_formula, register_gradient, restricted
+from .._op_library import opbridge_library
+from ._torch_adapter import channels_last, register_formula, register_gradient, restricted
 from ._errors import raise_translated
 
 __all__ = ["group_norm"]
@@ -83,7 +83,7 @@ def _to_layout(t, channels_last):
     return t.permute(order).contiguous().permute(_inverse(order))
 
 
-# ---- fake kernels: both ops' come from their declarations (ops/_declared.py) -------------------
+# ---- fake kernels: both ops' come from their declarations (ops/_torch_adapter.py) -------------------
 
 
 # ---- autograd ---------------------------------------------------------------------------------

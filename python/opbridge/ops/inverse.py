@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._declared import register_autograd
+from ._torch_adapter import register_autograd
 from ._errors import raise_translated
 
 __all__ = ["inverse"]

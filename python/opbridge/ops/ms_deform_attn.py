@@ -50,5 +50,5 @@ def ms_deform_attn(
 
 
 # Fake kernels and autograd of opbridge::ms_deform_attn and its backward come from their
-# declarations (ops/ms_deform_attn/ms_deform_attn_decl.cpp; ops/_declared.py): first-order
+# declarations (ops/ms_deform_attn/ms_deform_attn_decl.cpp; ops/_torch_adapter.py): first-order
 # gradients are opbridge::ms_deform_attn_backward's, second-order ones a clear error.

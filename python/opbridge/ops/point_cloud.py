@@ -95,4 +95,4 @@ def three_interpolate(features: torch.Tensor, indices: torch.Tensor, weight: tor
 
 
 # Fake kernels and first-order autograd come from the declarations (ops/<op>/<op>_decl.cpp;
-# ops/_declared.py).
+# ops/_torch_adapter.py).

@@ -12,10 +12,9 @@ the torch extension and registers the fake kernel from the declaration: on first
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
-from typing import Any
+
+import opbridge
 
 NAMESPACE = "userops"  # CMakeLists.txt's NAMESPACE
 DOMAIN = "com.example.userops"  # CMakeLists.txt's DOMAIN
@@ -32,35 +31,7 @@ def torch_library_path() -> str | None:
     return str(path) if path.is_file() else None
 
 
-def library() -> Any:
-    """userops' library, registered with opbridge (exports, `opbridge check`, opbridge.testing)."""
-    from opbridge._decl import register_library
-
-    return register_library(get_library_path(), namespace=NAMESPACE, torch_path=torch_library_path())
-
-
-def session_options(so: Any = None) -> Any:
-    """onnxruntime.SessionOptions with userops' and opbridge's ops registered."""
-    import opbridge
-
-    library()
-    return opbridge.session_options(so)
-
-
-# Torch only when used (as in opbridge); in a process that has already imported torch, with the
-# package (so that torch.ops.userops.* exist for an export or torch.export.load).
-if sys.modules.get("torch") is not None and torch_library_path() is not None:
-    from . import ops  # noqa: F401
-
-
-def __getattr__(name: str) -> Any:
-    # The ops' Python functions (userops.<op>), from the torch side.
-    if name.startswith("_"):
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    ops = importlib.import_module(".ops", __name__)
-    if name == "ops":
-        return ops
-    try:
-        return getattr(ops, name)
-    except AttributeError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+# library(): userops' opbridge.OpLibrary; session_options(so=None): ORT session options with its ops
+# and opbridge's; __getattr__: userops.<op> and userops.ops load the torch side on first use.
+library, session_options, __getattr__ = opbridge.op_package(
+    __name__, get_library_path(), namespace=NAMESPACE, torch_path=torch_library_path())

@@ -5,13 +5,10 @@ it raises a clear NotImplementedError."""
 from __future__ import annotations
 
 import torch
-from opbridge.ops import register_library_ops, translate_errors
+from opbridge.ops import load_package_ops, translate_errors
 
-from .. import library
-
-__all__ = ["log_cumsum_exp"]
-
-register_library_ops(library())
+# Loads the torch extension and registers the fake kernels; the package has no op modules.
+__all__ = ["log_cumsum_exp", *load_package_ops(globals())]
 
 
 # The kernel's errors cross the stable ABI as RuntimeError tagged with their type; this raises the type.

@@ -2,8 +2,8 @@
 decomposition, GroupNormalization-18/21, com.microsoft::GroupNorm), made one
 ``ai.opbridge::GroupNorm`` node, with a following SiLU fused into it.
 
-``opbridge.onnx.export(fuse=True)`` runs it on the exporter's model; ``opbridge optimize``
-(opbridge/_optimize.py) on models exported by anyone, which it then checks and writes. The
+Its rules run in the stages of onnx/_rewrite.py: ``opbridge.onnx.export(fuse=True)`` on the
+exporter's model, ``opbridge optimize`` (opbridge/_optimize.py) on models exported by anyone. The
 conditions of each rule: docs/optimize.md. Needs onnx_ir and onnxscript; not torch.
 
 What the rules write comes from GroupNorm's declaration (ops/group_norm/group_norm_decl.cpp):
@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .._decl import opbridge_library
+from .._op_library import opbridge_library
 
 _GROUP_NORM = opbridge_library().ops["group_norm"]
 DOMAIN = _GROUP_NORM.domain
@@ -538,37 +537,17 @@ LABEL_MS = "com.microsoft::GroupNorm"
 LABEL_TRANSPOSES = "Transpose pairs around channels-last GroupNorms removed"
 LABEL_SILU = 'GroupNorm + SiLU fused into GroupNorm(activation="silu")'
 
-# What each caller may rewrite: optimize takes every source; export only what torch emits.
-# "msda": multi-scale deformable attention (onnx/_msda_rules.py).
-SOURCES = ("decomposition", "gn18", "gn21", "com.microsoft", "msda")
-EXPORT_SOURCES = ("decomposition", "gn18", "gn21")
-
-
-@dataclasses.dataclass
-class RewriteResult:
-    counts: dict[str, int]
-    skipped: list[str]
-
-    @property
-    def changed(self) -> bool:
-        return any(self.counts.values())
-
-
-def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOURCES) -> RewriteResult:
-    """Rewrites ``model`` (an onnx_ir Model) in place; returns what changed per pattern."""
+def rule_stages(sources: Sequence[str], silu: bool) -> tuple[list, list, _Session]:
+    """The GroupNorm fusion's stages for ``sources`` (a subset of _rewrite.SOURCES), as
+    (label, rules, what to run after them when they changed something): the GroupNorm forms, then,
+    with ``silu``, the SiLU fusion (to run after every other rewrite, so that it sees each
+    GroupNorm); and the session whose ``skipped`` notes what matched but was left."""
     import onnx_ir.passes.common as passes
 
-    pattern = _rules_module()
-    unknown = set(sources) - set(SOURCES)
-    if unknown:
-        raise ValueError(f"sources: unknown {sorted(unknown)}; expected a subset of {SOURCES}")
     Decomposition, GroupNormalization, MicrosoftGroupNorm, TransposePair, FuseSilu, SameTypeCastLike = (
         _make_rule_classes())
     session = _Session()
-    infer_shapes_ir(model)
     ms_rule_name = "opbridge.com_microsoft_group_norm"
-
-    # (label, rules, what to run after them when they changed something)
     stages: list[tuple[str, list, Callable[[Any], Any] | None]] = []
     if "decomposition" in sources:
         stages.append((LABEL_CAST_LIKE, [SameTypeCastLike.rule(session)], None))
@@ -586,45 +565,14 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
         stages.append((LABEL_MS, [MicrosoftGroupNorm.rule(session, ms_rule_name)], None))
         # A cancelled pair on a graph input leaves an Identity (see TransposePair.rewrite).
         stages.append((LABEL_TRANSPOSES, [TransposePair.rule(ms_rule_name)], passes.IdentityEliminationPass()))
-    msda = None
-    if "msda" in sources:
-        from . import _msda_rules
-
-        msda = _msda_rules.Session(model.graph.initializers)
-        # One pass per rule, longest form first: in one pass the shortest form would match at the
-        # ReduceSum before a longer one reaches the node that ends it.
-        stages += [(_msda_rules.LABEL, [rule], _msda_rules.finish) for rule in _msda_rules.rules(msda)]
+    silu_stages: list[tuple[str, list, Callable[[Any], Any] | None]] = []
     if silu:
         forms = ("sigmoid_mul", "swish", "quick_gelu", "div")
-        stages.append((LABEL_SILU, [FuseSilu.rule(form) for form in forms], None))
-
-    counts: dict[str, int] = {}
-    for label, rules, after in stages:
-        n = pattern.RewriteRuleSet(rules, commute=True).apply_to_model(model)
-        counts[label] = counts.get(label, 0) + n
-        if n and after is not None:
-            after(model)
-    if any(counts.values()):
-        # What only the replaced nodes read (Shape(X), the grouping shape, per-group scales).
-        passes.RemoveUnusedNodesPass()(model)
-        passes.RemoveUnusedOpsetsPass()(model)
-        _finish(model)
-    skipped = list(session.skipped) + (_msda_rules.leftovers(model, msda) if msda is not None else [])
-    return RewriteResult(counts=counts, skipped=skipped)
+        silu_stages.append((LABEL_SILU, [FuseSilu.rule(form) for form in forms], None))
+    return stages, silu_stages, session
 
 
-def infer_shapes_ir(model: Any) -> None:
-    """Types and shapes of the intermediate values, which the rules check and which some exporters
-    (TorchScript) do not record: onnx's inference with data propagation, opbridge's schemas
-    registered so that it sees through existing ai.opbridge nodes, in memory bounded by the graph
-    (onnx/_shapes.py). Best effort: a model onnx cannot infer keeps what it has (and the rules
-    skip what they cannot verify)."""
-    from ._shapes import infer_shapes_ir as infer
-
-    infer(model)
-
-
-def _finish(model: Any) -> None:
+def finish(model: Any) -> None:
     """Domain versions and bookkeeping after a rewrite."""
     from onnxscript.rewriter import RULE_NAME_TAG
 
@@ -640,22 +588,3 @@ def _finish(model: Any) -> None:
     imports = model.graph.opset_imports
     if DOMAIN in imports and uses_activation:
         imports[DOMAIN] = max(int(imports[DOMAIN]), ACTIVATION_DOMAIN_VERSION)
-
-
-def fuse_exported(proto: Any, *, silu: bool = True, path: str | os.PathLike | None = None) -> Any:
-    """The fusion of ``opbridge.onnx.export(fuse=True)``: an onnx ModelProto with torch's GroupNorm
-    forms (decomposition, GroupNormalization-21) made ``ai.opbridge::GroupNorm`` and SiLU fused
-    into it. Tensors stay where they are (inline, or external references beside ``path``, where
-    the model is written, which the rules read small constants from: through the checked reader,
-    onnx/_reader.py)."""
-    ir = _ir()
-    if path is not None:
-        from . import _reader
-
-        model = _reader.to_ir(proto, path, pin=False)
-    else:
-        model = ir.serde.deserialize_model(proto)
-    result = rewrite_model(model, silu=silu, sources=EXPORT_SOURCES)
-    if not result.changed:
-        return proto
-    return ir.serde.serialize_model(model)

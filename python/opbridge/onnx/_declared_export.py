@@ -1,4 +1,4 @@
-"""ONNX for declared ops (opbridge/_decl.py), derived from each declaration:
+"""ONNX for declared ops (opbridge/_declarations.py), derived from each declaration:
 
 * OpSchemas, one per op version, with shape inference (the declaration's C++ checks, then its
   output rule), so that onnx.checker and onnx.shape_inference understand our nodes;
@@ -17,7 +17,10 @@ from typing import Any, Callable, Iterable
 
 import onnx
 
-from .._decl import CheckError, OpDecl, eval_dim, find_op, libraries
+from .._declarations import CheckError, OpDecl, eval_dim
+
+from .._op_library import find_op, libraries
+from ._nodes import model_nodes
 
 __all__ = ["attribute_problems", "node_version", "schemas", "stamp_versions", "symbolic", "translation"]
 
@@ -238,27 +241,11 @@ def stamp_versions(proto: onnx.ModelProto, requested: dict[str, int], nodes: Ite
         imp.version = int(want) if want is not None else version
 
 
-def _nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """Every node of the model: its graph's, their subgraphs', its functions'."""
-
-    def walk(graph: onnx.GraphProto) -> Iterable[onnx.NodeProto]:
-        for n in graph.node:
-            yield n
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    yield from walk(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    for g in a.graphs:
-                        yield from walk(g)
-
-    return list(walk(model.graph)) + [n for f in model.functions for n in f.node]
-
-
 def misdeclared_ops(model: onnx.ModelProto) -> Exception | None:
     """The MisdeclaredOpError for the ops of the model's nodes that their library refuses (their
     declaration is bad: ONNX Runtime would fail at session creation), or None."""
     used: dict[str, set] = {}
-    for node in _nodes(model):
+    for node in model_nodes(model):
         used.setdefault(node.domain, set()).add(node.op_type)
     for lib in libraries():
         error = lib.misdeclared(used[lib.domain]) if lib.refused and lib.domain in used else None
@@ -274,7 +261,7 @@ def attribute_problems(model: onnx.ModelProto) -> list[str]:
     imports = {i.domain: i.version for i in model.opset_import}
     problems = []
     libs = {lib.domain: lib for lib in libraries()}
-    for node in _nodes(model):
+    for node in model_nodes(model):
         if node.domain not in libs:
             continue
         op = find_op(node.domain, node.op_type)

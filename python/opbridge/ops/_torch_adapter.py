@@ -20,7 +20,9 @@ from typing import Any, Callable
 
 import torch
 
-from .._decl import CheckError, InputDecl, OpDecl, OpLibrary
+from .._declarations import CheckError, InputDecl, OpDecl
+
+from .._op_library import OpLibrary
 
 __all__ = ["gradient_order", "no_grad_fast_path", "register_autograd", "register_gradient", "register_library_ops",
            "signature"]
@@ -233,7 +235,7 @@ def register_autograd(qualname: str, backward: Callable, *, setup_context: Calla
             torch.ops.opbridge._cpp_autograd(qualname, backward_op, [int(i) for i in backward_op_grads])
 
 
-def _declared(qualname: str) -> tuple[OpLibrary | None, OpDecl | None]:
+def _declaration_of(qualname: str) -> tuple[OpLibrary | None, OpDecl | None]:
     """(the library, the declaration) of op ``namespace::name`` among the libraries opbridge
     knows: (lib, None) for an op its library refuses as misdeclared, (None, None) for one no
     library declares."""
@@ -249,14 +251,14 @@ def _check_backward_op(where: str, qualname: str, backward_op: str | None) -> No
     every adapter (ONNX Runtime's too) learns which op a backward is of from the backward's
     declaration alone (args_of or gradient_of), so one declared otherwise would let a bad argument
     through to its kernel wherever it is called directly."""
-    lib, fwd = _declared(qualname)
+    lib, fwd = _declaration_of(qualname)
     if lib is None:
         return  # not a declared op: nothing opbridge checks
     if fwd is None:
         raise lib.misdeclared([qualname.rpartition("::")[2]])
     if backward_op is None:
         return
-    blib, bwd = _declared(backward_op)
+    blib, bwd = _declaration_of(backward_op)
     if blib is not None and bwd is None:
         raise blib.misdeclared([backward_op.rpartition("::")[2]])
     how = f"declare it from {fwd.name}'s declaration with .args_of(...) (or .gradient_of(...)), which adds them all"
@@ -377,7 +379,7 @@ def register_gradient(qualname: str, *, differentiable: Callable | None = None) 
         every order exist. Arguments of the declaration
         it does not take must have their default values there (else NotImplementedError)."""
     ns, name = qualname.split("::", 1)
-    lib, op = _declared(qualname)
+    lib, op = _declaration_of(qualname)
     if lib is None:
         raise ValueError(f"register_gradient: no library opbridge knows declares {qualname}")
     if op is None:
@@ -446,7 +448,7 @@ def register_gradient(qualname: str, *, differentiable: Callable | None = None) 
 
 
 def _libraries() -> list:
-    from .._decl import libraries
+    from .._op_library import libraries
 
     return libraries()
 

@@ -5,7 +5,7 @@ The v2 function with ``method="default"`` is bilinear ``grid_sample`` of ``2·lo
 padding and ``align_corners=False`` (the semantics of ``opbridge.ops.ms_deform_attn``), but level l
 has its own number of points P_l: locations (N, Lq, M, ΣP_l, 2), weights (N, Lq, M, ΣP_l). The op
 takes one point count for all levels, so every level is padded to P = max(P_l) with points of
-attention weight 0 placed off every map (see ``ms_deform_attn_v2``). ``method="discrete"``
+attention weight 0 placed off every map (see ``ms_deform_attn_per_level``). ``method="discrete"``
 (nearest-pixel gather) is different arithmetic: such modules are not recognised and stay as they
 are (named in convert's warning).
 
@@ -27,7 +27,7 @@ from .. import ops
 from .ms_deform_attn import _level_start_index, _op_tables, _params
 from .ms_deform_attn import _shared as _share_state
 
-__all__ = ["ms_deform_attn_v2", "RECOGNISERS", "REPLACED"]
+__all__ = ["ms_deform_attn_per_level", "RECOGNISERS", "REPLACED"]
 
 # Padded points sample at this (x, y): pixel coordinate (-W - 0.5, -H - 0.5), where no bilinear
 # tap of any level lies on the map. Such a sample contributes exactly 0 without reading value
@@ -46,7 +46,7 @@ def _pad_index(num_points_list: Sequence[int], device: torch.device) -> torch.Te
     return torch.tensor(idx, dtype=torch.long, device=device)
 
 
-def ms_deform_attn_v2(value: torch.Tensor, spatial_shapes: torch.Tensor, sampling_locations: torch.Tensor,
+def ms_deform_attn_per_level(value: torch.Tensor, spatial_shapes: torch.Tensor, sampling_locations: torch.Tensor,
                       attention_weights: torch.Tensor, num_points_list: Sequence[int],
                       spatial_shapes_list: Any = None) -> torch.Tensor:
     """transformers' ``multi_scale_deformable_attention_v2(..., method="default")`` through
@@ -63,7 +63,7 @@ def ms_deform_attn_v2(value: torch.Tensor, spatial_shapes: torch.Tensor, samplin
     batch, num_queries, heads, _, _ = sampling_locations.shape
     num_points_list = [int(n) for n in num_points_list]
     if len(num_points_list) != spatial_shapes.shape[0] or sum(num_points_list) != sampling_locations.shape[3]:
-        raise ValueError(f"ms_deform_attn_v2: num_points_list {num_points_list} must have one count per level "
+        raise ValueError(f"ms_deform_attn_per_level: num_points_list {num_points_list} must have one count per level "
                          f"({spatial_shapes.shape[0]}) adding up to sampling_locations.shape[3] "
                          f"({sampling_locations.shape[3]})")
     levels, points = len(num_points_list), max(num_points_list, default=0)
@@ -122,7 +122,7 @@ def _shared(cls: type, m: torch.nn.Module) -> torch.nn.Module:
 class _V2Base(torch.nn.Module):
     def _check(self, cond: Any, msg: str) -> None:
         # Eagerly (and under torch.compile) the source's own torch_compilable_check: failing inputs
-        # fail exactly as before. Under export and tracing it is skipped: it records a tensor
+        # fail exactly as in the unconverted layer. Under export and tracing it is skipped: it records a tensor
         # assertion (aten._is_all_true) that the ONNX exporter cannot translate (the unconverted
         # layer does not export with the dynamo exporter for that reason), and the op checks the
         # same (sum of H * W == S) itself at run time, in torch and in ORT.
@@ -136,8 +136,8 @@ class _V2Base(torch.nn.Module):
 class RTDetrV2MultiscaleDeformableAttention(_V2Base):
     """Replaces transformers' ``RTDetrV2MultiscaleDeformableAttention`` (5.x): its forward, with the
     module-level ``multi_scale_deformable_attention_v2(..., self.method)`` computed by
-    ``ms_deform_attn_v2`` while ``self.method == "default"`` (otherwise the library function runs,
-    as before). Returns (output, attention_weights) as the original."""
+    ``ms_deform_attn_per_level`` while ``self.method == "default"`` (otherwise the library function runs,
+    unchanged). Returns (output, attention_weights) as the original."""
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 encoder_hidden_states: Any = None, encoder_attention_mask: Any = None,
@@ -170,7 +170,7 @@ class RTDetrV2MultiscaleDeformableAttention(_V2Base):
         else:
             raise ValueError(f"Last dim of reference_points must be 2 or 4, but got {reference_points.shape[-1]}")
         if self.method == "default":
-            output = ms_deform_attn_v2(value, spatial_shapes, sampling_locations, attention_weights,
+            output = ms_deform_attn_per_level(value, spatial_shapes, sampling_locations, attention_weights,
                                        self.n_points_list, spatial_shapes_list)
         else:
             # As the original: the module-level function, looked up now.
@@ -201,9 +201,9 @@ def _is_rt_detr_v2(m: torch.nn.Module) -> bool:
 class DFineMultiscaleDeformableAttention(_V2Base):
     """Replaces transformers' ``DFineMultiscaleDeformableAttention`` and
     ``Deimv2MultiscaleDeformableAttention`` (5.x): their forward, with
-    ``self.ms_deformable_attn_core(..., self.decoder_method)`` computed by ``ms_deform_attn_v2``
+    ``self.ms_deformable_attn_core(..., self.decoder_method)`` computed by ``ms_deform_attn_per_level``
     while that is the library's ``multi_scale_deformable_attention_v2`` and the method is
-    "default" (otherwise the attribute runs, as before). Returns (output, attention_weights)."""
+    "default" (otherwise the attribute runs, unchanged). Returns (output, attention_weights)."""
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 reference_points: Any = None, encoder_hidden_states: Any = None, spatial_shapes: Any = None,
@@ -235,7 +235,7 @@ class DFineMultiscaleDeformableAttention(_V2Base):
                 f"Last dim of reference_points must be 2 or 4, but get {reference_points.shape[-1]} instead.")
         core = self.ms_deformable_attn_core
         if self.decoder_method == "default" and core is self._opbridge_v2:
-            output = ms_deform_attn_v2(value, spatial_shapes, sampling_locations, attention_weights,
+            output = ms_deform_attn_per_level(value, spatial_shapes, sampling_locations, attention_weights,
                                        self.num_points_list, spatial_shapes_list)
         else:
             output = core(value, spatial_shapes_list, sampling_locations, attention_weights, self.num_points_list,
