@@ -5,7 +5,6 @@ many more cases of the seven ops in ORT, torch and the fake kernel, behind --run
 from __future__ import annotations
 
 import pytest
-
 from fuzz import harness
 from fuzz.ops import point_cloud
 from fuzz.pytest_support import run_fuzz

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import time
 import types
 
@@ -20,7 +21,6 @@ import opbridge
 import pytest
 import torch
 from opbridge import ops as opbridge_ops
-
 
 # ---- mmcv's semantics in plain PyTorch (float64) -------------------------------------------------
 
@@ -98,7 +98,7 @@ MmcvReference = types.SimpleNamespace(
 
 def _mlp2d(channels):
     layers = []
-    for a, b in zip(channels[:-1], channels[1:]):
+    for a, b in itertools.pairwise(channels):
         layers += [torch.nn.Conv2d(a, b, 1), torch.nn.BatchNorm2d(b), torch.nn.ReLU()]
     return torch.nn.Sequential(*layers)
 
@@ -134,7 +134,7 @@ class FeaturePropagation(torch.nn.Module):
         super().__init__()
         self.ops = ops
         layers = []
-        for a, b in zip(channels[:-1], channels[1:]):
+        for a, b in itertools.pairwise(channels):
             layers += [torch.nn.Conv1d(a, b, 1), torch.nn.BatchNorm1d(b), torch.nn.ReLU()]
         self.mlp = torch.nn.Sequential(*layers)
 
