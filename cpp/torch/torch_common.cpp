@@ -138,6 +138,35 @@ bool same_device(const Tensor& a, const Tensor& b) {
   return ta == aoti_torch_device_type_cpu() || a.get_device_index() == b.get_device_index();
 }
 
+namespace {
+
+std::string shape_string(const std::vector<int64_t>& sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
+}
+
+std::string byte_count(const std::vector<int64_t>& sizes, ScalarType dtype) {
+  int64_t n = 0;
+  switch (dtype) {
+    case ScalarType::Double:
+    case ScalarType::Long: n = 8; break;
+    case ScalarType::Float: n = 4; break;
+    case ScalarType::Half:
+    case ScalarType::BFloat16: n = 2; break;
+    default: n = 1;
+  }
+  for (int64_t d : sizes) {
+    if (d == 0) return "0 bytes";
+  }
+  for (int64_t d : sizes) {
+    if (__builtin_mul_overflow(n, d, &n)) return "more than 2^63 bytes";
+  }
+  return std::to_string(n) + " bytes";
+}
+
+}  // namespace
+
 Tensor empty_strided(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, ScalarType dtype,
                      const Tensor& like) {
   std::vector<int64_t> st = strides;
@@ -154,9 +183,13 @@ Tensor empty_strided(const std::vector<int64_t>& sizes, const std::vector<int64_
   int32_t dev_index = 0;
   shim_check(aoti_torch_get_device_index(like.get(), &dev_index), "aoti_torch_get_device_index");
   AtenTensorHandle out = nullptr;
-  shim_check(aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), st.data(),
-                                      shim_dtype(dtype), device_type(like), dev_index, &out),
-             "aoti_torch_empty_strided");
+  if (aoti_torch_empty_strided(static_cast<int64_t>(sizes.size()), sizes.data(), st.data(), shim_dtype(dtype),
+                               device_type(like), dev_index, &out) != AOTI_TORCH_SUCCESS) {
+    // torch's reason (out of memory, a size that overflows) stays behind the C shim: say what was
+    // asked for, as ONNX Runtime does ("Failed to allocate memory for requested buffer of size N").
+    throw std::runtime_error("opbridge: cannot allocate an output of shape " + shape_string(sizes) + " (" +
+                             byte_count(sizes, dtype) + ") on " + device_string(like));
+  }
   return Tensor(out);
 }
 

@@ -20,11 +20,11 @@ CASES = int(os.environ.get("OPBRIDGE_FUZZ_CASES", "200"))
 BASE_SEED = int(os.environ.get("OPBRIDGE_FUZZ_SEED", "20261121"))
 
 
-def run_fuzz(module, kind: str, worker: harness.Worker) -> None:
+def run_fuzz(module, kind: str, worker: harness.Worker, cases: int = CASES) -> None:
     seed = derive_seed(BASE_SEED, module.OP, kind)
-    print(f"fuzz {module.OP}/{kind}: {CASES} cases, seed {seed} (from OPBRIDGE_FUZZ_SEED={BASE_SEED})")
+    print(f"fuzz {module.OP}/{kind}: {cases} cases, seed {seed} (from OPBRIDGE_FUZZ_SEED={BASE_SEED})")
 
-    @settings(max_examples=CASES, database=None, deadline=None, suppress_health_check=list(HealthCheck),
+    @settings(max_examples=cases, database=None, deadline=None, suppress_health_check=list(HealthCheck),
               print_blob=False)
     @hyp_seed(seed)
     @given(getattr(module, f"{kind}_cases")())

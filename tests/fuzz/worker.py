@@ -180,7 +180,14 @@ def run_torch(p):
     op = getattr(torch.ops.opbridge, p["op"]).default
     try:
         y = op(*args)
+        rest = []
+        if isinstance(y, (tuple, list)):
+            # An op with several outputs (three_nn: dist, indices): the others follow the first
+            # where gradients go (no such op is differentiable).
+            y, rest = y[0], [_to_numpy(t) for t in y[1:]]
         outs = [_to_numpy(y), {"contiguous": bool(y.is_contiguous()), "shape": tuple(y.shape)}]
+        if rest:
+            outs.append(rest)
         if p.get("grad") is not None:
             dy = make_tensor(p["grad"])
             inputs = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
