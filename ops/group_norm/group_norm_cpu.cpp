@@ -110,9 +110,11 @@ GroupNormCpuChoices detect_choices() {
   return c;
 }
 
-// sum(x[i] - shift) over n elements, accumulated in blocks of lanes, folded in double.
-template <class T>
-double shifted_sum(const T* x, int64_t n, acc_t<T> shift) {
+// sum(term(x[i])) over n elements, accumulated in blocks of kBlock in kLanes lanes of the
+// accumulation type, each block folded in double: the lanes vectorize, and no partial sum grows
+// large enough to lose the small terms.
+template <class T, class Term>
+double blocked_sum(const T* x, int64_t n, const Term& term) {
   using A = acc_t<T>;
   double total = 0.0;
   for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
@@ -120,9 +122,9 @@ double shifted_sum(const T* x, int64_t n, acc_t<T> shift) {
     A lanes[kLanes] = {};
     int64_t i = b0;
     for (; i + kLanes <= b1; i += kLanes) {
-      for (int l = 0; l < kLanes; ++l) lanes[l] += to_float(x[i + l]) - shift;
+      for (int l = 0; l < kLanes; ++l) lanes[l] += term(static_cast<A>(to_float(x[i + l])));
     }
-    for (; i < b1; ++i) lanes[0] += to_float(x[i]) - shift;
+    for (; i < b1; ++i) lanes[0] += term(static_cast<A>(to_float(x[i])));
     double s = 0.0;
     for (int l = 0; l < kLanes; ++l) s += static_cast<double>(lanes[l]);
     total += s;
@@ -130,30 +132,19 @@ double shifted_sum(const T* x, int64_t n, acc_t<T> shift) {
   return total;
 }
 
-// sum((x[i] - m)^2) over n elements, same blocking as shifted_sum.
+// sum(x[i] - shift) over n elements.
+template <class T>
+double shifted_sum(const T* x, int64_t n, acc_t<T> shift) {
+  return blocked_sum(x, n, [shift](acc_t<T> v) { return v - shift; });
+}
+
+// sum((x[i] - m)^2) over n elements.
 template <class T>
 double sum_sq_dev(const T* x, int64_t n, acc_t<T> m) {
-  using A = acc_t<T>;
-  double total = 0.0;
-  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
-    const int64_t b1 = std::min(n, b0 + kBlock);
-    A lanes[kLanes] = {};
-    int64_t i = b0;
-    for (; i + kLanes <= b1; i += kLanes) {
-      for (int l = 0; l < kLanes; ++l) {
-        const A d = to_float(x[i + l]) - m;
-        lanes[l] += d * d;
-      }
-    }
-    for (; i < b1; ++i) {
-      const A d = to_float(x[i]) - m;
-      lanes[0] += d * d;
-    }
-    double s = 0.0;
-    for (int l = 0; l < kLanes; ++l) s += static_cast<double>(lanes[l]);
-    total += s;
-  }
-  return total;
+  return blocked_sum(x, n, [m](acc_t<T> v) {
+    const acc_t<T> d = v - m;
+    return d * d;
+  });
 }
 
 // The mean m as m_hi + m_lo: m_hi = m rounded to the accumulation type A, m_lo = m - m_hi

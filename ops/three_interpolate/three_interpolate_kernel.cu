@@ -8,6 +8,7 @@
 
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/rounding.cuh"
 #include "three_interpolate.h"
 
 namespace opbridge::cuda {
@@ -18,11 +19,6 @@ constexpr int kThreads = 256;
 unsigned blocks_for(int64_t total) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(total, kThreads), 65535)));
 }
-
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
 
 template <class D, class I>
 __device__ __forceinline__ acc<D> feature(const D* f, const I* idx, int64_t j, int64_t m) {
