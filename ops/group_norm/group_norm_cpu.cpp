@@ -542,10 +542,7 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
   const GroupNormDims& d = p.d;
   const double eps = p.eps;
   const Activation act = p.act;
-  if (!cpu_isa_supported(isa)) {
-    return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
-                                  " kernels are not available on this CPU or in this build");
-  }
+  OPBRIDGE_RETURN_IF_ERROR(cpu_isa_check(isa));
   if constexpr (std::is_same_v<T, double>) {
     return group_norm_cpu_f64(x, weight, bias, y, d, eps, act, mean, rstd, pf);
   } else {
@@ -565,7 +562,8 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
 
 template <class T>
 Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T* bias, T* dx, T* dweight, T* dbias,
-                               const GroupNormParams& p, const ParallelFor& pf) {
+                               const GroupNormParams& p, const ParallelFor& pf, CpuIsa isa) {
+  OPBRIDGE_RETURN_IF_ERROR(cpu_isa_check(isa));
   const GroupNormDims& d = p.d;
   const double eps = p.eps;
   const Activation act = p.act;
@@ -590,7 +588,7 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T
     const group_norm_isa::BackwardArgs<T> a{dy,        x,         weight,       bias,          dx, d, eps, act,
                                             ds.data(), db.data(), grstd.data(), ch.cache_budget,
                                             ch.stream_bytes};
-    switch (cpu_isa_resolve(CpuIsa::kAuto)) {
+    switch (cpu_isa_resolve(isa)) {
 #if defined(OPBRIDGE_X86_DISPATCH)
       case CpuIsa::kAvx512: group_norm_isa::backward_avx512(a, pf); break;
       case CpuIsa::kAvx2: group_norm_isa::backward_avx2(a, pf); break;
@@ -620,7 +618,7 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T
   template Status group_norm_cpu<T>(const T*, const T*, const T*, T*, const GroupNormParams&, acc_t<T>*, \
                                     acc_t<T>*, const ParallelFor&, CpuIsa);                              \
   template Status group_norm_backward_cpu<T>(const T*, const T*, const T*, const T*, T*, T*, T*,          \
-                                             const GroupNormParams&, const ParallelFor&);
+                                             const GroupNormParams&, const ParallelFor&, CpuIsa);
 
 OPBRIDGE_INSTANTIATE_GROUP_NORM(float)
 OPBRIDGE_INSTANTIATE_GROUP_NORM(double)
@@ -645,7 +643,7 @@ Status backward(const KernelCall& k) {
   return dispatch<float, double, Half, BFloat16>(k.type("x"), [&](auto tag) {
     using T = decltype(tag);
     return group_norm_backward_cpu<T>(k.in<T>("grad"), k.in<T>("x"), k.in<T>("weight"), k.in<T>("bias"),
-                                      k.out<T>(0), k.out<T>(1), k.out<T>(2), p, k.parallel());
+                                      k.out<T>(0), k.out<T>(1), k.out<T>(2), p, k.parallel(), k.isa());
   });
 }
 
