@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <string>
 
 namespace opbridge {
 
@@ -83,6 +84,12 @@ CpuIsa set_cpu_isa(CpuIsa isa) {
   const CpuIsa now = cap(isa);
   level().store(static_cast<int>(now), std::memory_order_relaxed);
   return now;
+}
+
+Status cpu_isa_check(CpuIsa isa) {
+  if (cpu_isa_supported(isa)) return Status::Ok();
+  return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
+                                " kernels are not available on this CPU or in this build");
 }
 
 }  // namespace opbridge

@@ -2,28 +2,21 @@
 // center, stopping once sample_num points are found; centers run in parallel.
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "ball_query.h"
 #include "opbridge/dtype.h"
+#include "opbridge/point_cloud.h"
 
-// Distances must round alike on every device and instruction set: no fused multiply-adds.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-#endif
+OPBRIDGE_NO_FP_CONTRACT_BEGIN
 namespace opbridge {
 
 template <class T>
 Status ball_query_cpu(const T* xyz, const T* centers, int64_t* out, const BallQueryParams& p, const ParallelFor& pf) {
-  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  using C = point_cloud::dist_t<T>;
   if (p.B == 0 || p.M == 0) return Status::Ok();
   const C lo2 = static_cast<C>(p.min_radius) * static_cast<C>(p.min_radius);
   const C hi2 = static_cast<C>(p.max_radius) * static_cast<C>(p.max_radius);
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, p.N));
-  pf(p.B * p.M, grain, [&](int64_t begin, int64_t end) {
+  pf(p.B * p.M, point_cloud::query_grain(p.N), [&](int64_t begin, int64_t end) {
     for (int64_t bm = begin; bm < end; ++bm) {
       const int64_t b = bm / p.M;
       const T* pts = xyz + b * p.N * 3;
@@ -33,7 +26,7 @@ Status ball_query_cpu(const T* xyz, const T* centers, int64_t* out, const BallQu
       for (int64_t k = 0; k < p.N && count < p.S; ++k) {
         const C dx = static_cast<C>(to_float(pts[3 * k])) - cx, dy = static_cast<C>(to_float(pts[3 * k + 1])) - cy,
                 dz = static_cast<C>(to_float(pts[3 * k + 2])) - cz;
-        const C d2 = (dx * dx + dy * dy) + dz * dz;
+        const C d2 = point_cloud::squared_distance(dx, dy, dz);
         if (d2 == 0 || (d2 >= lo2 && d2 < hi2)) {
           if (count == 0) std::fill(o, o + p.S, k);
           o[count++] = k;
@@ -65,7 +58,5 @@ Status compute(const KernelCall& k) {
 
 OPBRIDGE_KERNEL(ball_query_decl, kCpu, compute);
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
 }  // namespace opbridge
+OPBRIDGE_NO_FP_CONTRACT_END

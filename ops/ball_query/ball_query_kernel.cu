@@ -6,14 +6,10 @@
 #include "ball_query.h"
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/rounding.cuh"
 
 namespace opbridge::cuda {
 namespace {
-
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
 
 template <class D>
 __global__ void ball_query_kernel(const D* __restrict__ xyz, const D* __restrict__ centers, int64_t* __restrict__ out,
@@ -26,7 +22,7 @@ __global__ void ball_query_kernel(const D* __restrict__ xyz, const D* __restrict
     int64_t count = 0;
     for (int64_t k = 0; k < n && count < s; ++k) {
       const C dx = to_acc(pts[3 * k]) - cx, dy = to_acc(pts[3 * k + 1]) - cy, dz = to_acc(pts[3 * k + 2]) - cz;
-      const C d2 = add_rn(add_rn(mul_rn(dx, dx), mul_rn(dy, dy)), mul_rn(dz, dz));
+      const C d2 = squared_distance_rn(dx, dy, dz);
       if (d2 == 0 || (d2 >= lo2 && d2 < hi2)) {
         if (count == 0) {
           for (int64_t l = 0; l < s; ++l) o[l] = k;

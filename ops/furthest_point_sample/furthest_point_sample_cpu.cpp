@@ -95,10 +95,7 @@ void sample_one(const T* p, int64_t n, int64_t m, int64_t* out, const ParallelFo
 template <class T>
 Status furthest_point_sample_cpu(const T* points, int64_t* out, const FurthestPointSampleParams& p,
                                  const ParallelFor& pf, CpuIsa isa) {
-  if (!cpu_isa_supported(isa)) {
-    return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
-                                  " kernels are not available on this CPU or in this build");
-  }
+  OPBRIDGE_RETURN_IF_ERROR(cpu_isa_check(isa));
   if (p.B == 0 || p.M == 0) return Status::Ok();
   const bool split = p.N >= kSplitMinPoints && p.B < (p.N + kBlock - 1) / kBlock;
   if (split) {

@@ -8,13 +8,9 @@
 #include <type_traits>
 #include <utility>
 
-// Distances must round alike on every device and instruction set: no fused multiply-adds.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-#endif
+#include "opbridge/point_cloud.h"
+
+OPBRIDGE_NO_FP_CONTRACT_BEGIN
 namespace opbridge::fps_isa {
 
 // Updates d[begin, end) with the squared distances of (x, y, z)[i] to (px, py, pz) where they are
@@ -28,8 +24,7 @@ inline std::pair<C, int64_t> update(const C* __restrict x, const C* __restrict y
   using U = std::conditional_t<sizeof(C) == 4, uint32_t, uint64_t>;
   U best = 0;
   for (int64_t i = begin; i < end; ++i) {
-    const C dx = x[i] - px, dy = y[i] - py, dz = z[i] - pz;
-    const C v = (dx * dx + dy * dy) + dz * dz;
+    const C v = point_cloud::squared_distance(x[i] - px, y[i] - py, z[i] - pz);
     const C t = v < d[i] ? v : d[i];
     d[i] = t;
     U bits;
@@ -49,7 +44,5 @@ using UpdateFn = std::pair<C, int64_t> (*)(const C*, const C*, const C*, C*, int
 template <class C> std::pair<C, int64_t> update_avx2(const C*, const C*, const C*, C*, int64_t, int64_t, C, C, C);
 template <class C> std::pair<C, int64_t> update_avx512(const C*, const C*, const C*, C*, int64_t, int64_t, C, C, C);
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
 }  // namespace opbridge::fps_isa
+OPBRIDGE_NO_FP_CONTRACT_END

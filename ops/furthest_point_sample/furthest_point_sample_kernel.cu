@@ -7,17 +7,13 @@
 
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/rounding.cuh"
 #include "furthest_point_sample.h"
 
 namespace opbridge::cuda {
 namespace {
 
 constexpr int kThreads = 512;
-
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
 
 template <class D>
 __global__ void fps_kernel(const D* __restrict__ points, int64_t* __restrict__ out, acc<D>* __restrict__ dist,
@@ -38,7 +34,7 @@ __global__ void fps_kernel(const D* __restrict__ points, int64_t* __restrict__ o
     int64_t bi = 0;
     for (int64_t k = threadIdx.x; k < n; k += blockDim.x) {
       const C dx = to_acc(p[3 * k]) - px, dy = to_acc(p[3 * k + 1]) - py, dz = to_acc(p[3 * k + 2]) - pz;
-      const C v = add_rn(add_rn(mul_rn(dx, dx), mul_rn(dy, dy)), mul_rn(dz, dz));
+      const C v = squared_distance_rn(dx, dy, dz);
       const C t = v < d[k] ? v : d[k];  // a NaN distance never replaces: it counts as +inf
       d[k] = t;
       if (t > bv) bv = t, bi = k;  // k ascends within a thread: ties keep the lower index

@@ -167,19 +167,21 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
 //            derivative, which depends on the pre-activation)
 //   dx:      output in x's layout, or nullptr to skip
 //   dweight, dbias: [C] outputs, or nullptr to skip (computed as if weight = 1 when it is absent)
+//   isa:     the instruction-set variant to run, as for group_norm_cpu
 // The group statistics are recomputed from x (one extra read of x, no saved state). An empty x
 // gives zero dweight and dbias.
 template <class T>
 Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T* bias, T* dx, T* dweight, T* dbias,
-                               const GroupNormParams& p, const ParallelFor& pf);
+                               const GroupNormParams& p, const ParallelFor& pf, CpuIsa isa = CpuIsa::kAuto);
 template <class T>
 Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T* bias, T* dx, T* dweight, T* dbias,
-                               const GroupNormDims& d, double eps, Activation act, const ParallelFor& pf) {
+                               const GroupNormDims& d, double eps, Activation act, const ParallelFor& pf,
+                               CpuIsa isa = CpuIsa::kAuto) {
   GroupNormParams p;
   p.d = d;
   p.eps = eps;
   p.act = act;
-  return group_norm_backward_cpu<T>(dy, x, weight, bias, dx, dweight, dbias, p, pf);
+  return group_norm_backward_cpu<T>(dy, x, weight, bias, dx, dweight, dbias, p, pf, isa);
 }
 
 }  // namespace opbridge

@@ -110,9 +110,11 @@ GroupNormCpuChoices detect_choices() {
   return c;
 }
 
-// sum(x[i] - shift) over n elements, accumulated in blocks of lanes, folded in double.
-template <class T>
-double shifted_sum(const T* x, int64_t n, acc_t<T> shift) {
+// sum(term(x[i])) over n elements, accumulated in blocks of kBlock in kLanes lanes of the
+// accumulation type, each block folded in double: the lanes vectorize, and no partial sum grows
+// large enough to lose the small terms.
+template <class T, class Term>
+double blocked_sum(const T* x, int64_t n, const Term& term) {
   using A = acc_t<T>;
   double total = 0.0;
   for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
@@ -120,9 +122,9 @@ double shifted_sum(const T* x, int64_t n, acc_t<T> shift) {
     A lanes[kLanes] = {};
     int64_t i = b0;
     for (; i + kLanes <= b1; i += kLanes) {
-      for (int l = 0; l < kLanes; ++l) lanes[l] += to_float(x[i + l]) - shift;
+      for (int l = 0; l < kLanes; ++l) lanes[l] += term(static_cast<A>(to_float(x[i + l])));
     }
-    for (; i < b1; ++i) lanes[0] += to_float(x[i]) - shift;
+    for (; i < b1; ++i) lanes[0] += term(static_cast<A>(to_float(x[i])));
     double s = 0.0;
     for (int l = 0; l < kLanes; ++l) s += static_cast<double>(lanes[l]);
     total += s;
@@ -130,30 +132,19 @@ double shifted_sum(const T* x, int64_t n, acc_t<T> shift) {
   return total;
 }
 
-// sum((x[i] - m)^2) over n elements, same blocking as shifted_sum.
+// sum(x[i] - shift) over n elements.
+template <class T>
+double shifted_sum(const T* x, int64_t n, acc_t<T> shift) {
+  return blocked_sum(x, n, [shift](acc_t<T> v) { return v - shift; });
+}
+
+// sum((x[i] - m)^2) over n elements.
 template <class T>
 double sum_sq_dev(const T* x, int64_t n, acc_t<T> m) {
-  using A = acc_t<T>;
-  double total = 0.0;
-  for (int64_t b0 = 0; b0 < n; b0 += kBlock) {
-    const int64_t b1 = std::min(n, b0 + kBlock);
-    A lanes[kLanes] = {};
-    int64_t i = b0;
-    for (; i + kLanes <= b1; i += kLanes) {
-      for (int l = 0; l < kLanes; ++l) {
-        const A d = to_float(x[i + l]) - m;
-        lanes[l] += d * d;
-      }
-    }
-    for (; i < b1; ++i) {
-      const A d = to_float(x[i]) - m;
-      lanes[0] += d * d;
-    }
-    double s = 0.0;
-    for (int l = 0; l < kLanes; ++l) s += static_cast<double>(lanes[l]);
-    total += s;
-  }
-  return total;
+  return blocked_sum(x, n, [m](acc_t<T> v) {
+    const acc_t<T> d = v - m;
+    return d * d;
+  });
 }
 
 // The mean m as m_hi + m_lo: m_hi = m rounded to the accumulation type A, m_lo = m - m_hi
@@ -551,10 +542,7 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
   const GroupNormDims& d = p.d;
   const double eps = p.eps;
   const Activation act = p.act;
-  if (!cpu_isa_supported(isa)) {
-    return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
-                                  " kernels are not available on this CPU or in this build");
-  }
+  OPBRIDGE_RETURN_IF_ERROR(cpu_isa_check(isa));
   if constexpr (std::is_same_v<T, double>) {
     return group_norm_cpu_f64(x, weight, bias, y, d, eps, act, mean, rstd, pf);
   } else {
@@ -574,7 +562,8 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
 
 template <class T>
 Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T* bias, T* dx, T* dweight, T* dbias,
-                               const GroupNormParams& p, const ParallelFor& pf) {
+                               const GroupNormParams& p, const ParallelFor& pf, CpuIsa isa) {
+  OPBRIDGE_RETURN_IF_ERROR(cpu_isa_check(isa));
   const GroupNormDims& d = p.d;
   const double eps = p.eps;
   const Activation act = p.act;
@@ -599,7 +588,7 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T
     const group_norm_isa::BackwardArgs<T> a{dy,        x,         weight,       bias,          dx, d, eps, act,
                                             ds.data(), db.data(), grstd.data(), ch.cache_budget,
                                             ch.stream_bytes};
-    switch (cpu_isa_resolve(CpuIsa::kAuto)) {
+    switch (cpu_isa_resolve(isa)) {
 #if defined(OPBRIDGE_X86_DISPATCH)
       case CpuIsa::kAvx512: group_norm_isa::backward_avx512(a, pf); break;
       case CpuIsa::kAvx2: group_norm_isa::backward_avx2(a, pf); break;
@@ -629,7 +618,7 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T
   template Status group_norm_cpu<T>(const T*, const T*, const T*, T*, const GroupNormParams&, acc_t<T>*, \
                                     acc_t<T>*, const ParallelFor&, CpuIsa);                              \
   template Status group_norm_backward_cpu<T>(const T*, const T*, const T*, const T*, T*, T*, T*,          \
-                                             const GroupNormParams&, const ParallelFor&);
+                                             const GroupNormParams&, const ParallelFor&, CpuIsa);
 
 OPBRIDGE_INSTANTIATE_GROUP_NORM(float)
 OPBRIDGE_INSTANTIATE_GROUP_NORM(double)
@@ -654,7 +643,7 @@ Status backward(const KernelCall& k) {
   return dispatch<float, double, Half, BFloat16>(k.type("x"), [&](auto tag) {
     using T = decltype(tag);
     return group_norm_backward_cpu<T>(k.in<T>("grad"), k.in<T>("x"), k.in<T>("weight"), k.in<T>("bias"),
-                                      k.out<T>(0), k.out<T>(1), k.out<T>(2), p, k.parallel());
+                                      k.out<T>(0), k.out<T>(1), k.out<T>(2), p, k.parallel(), k.isa());
   });
 }
 

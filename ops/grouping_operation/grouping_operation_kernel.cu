@@ -8,16 +8,11 @@
 
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/scatter_add.cuh"
 #include "grouping_operation.h"
 
 namespace opbridge::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t total) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(total, kThreads), 65535)));
-}
 
 template <class D, class I>
 __global__ void gather_kernel(const D* __restrict__ f, const I* __restrict__ idx, D* __restrict__ out, int64_t total,
@@ -39,13 +34,6 @@ __global__ void scatter_kernel(const D* __restrict__ g, const I* __restrict__ id
   }
 }
 
-template <class D>
-__global__ void convert_kernel(const float* __restrict__ in, D* __restrict__ out, int64_t total) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
-    out[e] = from_acc<D>(in[e]);
-  }
-}
-
 template <bool kBackward>
 Status compute(const KernelCall& k) {
   const GatherDims d = gather_dims(k);
@@ -58,30 +46,18 @@ Status compute(const KernelCall& k) {
       using D = typename DeviceType<T>::type;
       using A = acc<D>;
       const int64_t out_total = d.B * d.C * d.J;
-      [[maybe_unused]] const int64_t in_total = d.B * d.C * d.N;
       if constexpr (!kBackward) {
         if (out_total == 0) return Status::Ok();
-        return cuda_status(launch(gather_kernel<D, I>, LaunchShape{dim3(blocks_for(out_total)), dim3(kThreads)}, stream,
+        return cuda_status(launch(gather_kernel<D, I>, element_shape(out_total), stream,
                                   reinterpret_cast<const D*>(k.in<T>("features")), idx, reinterpret_cast<D*>(k.out<T>(0)),
                                   out_total, d.C, d.N, d.J));
       } else {
-        if (in_total == 0) return Status::Ok();
-        D* gf = reinterpret_cast<D*>(k.out<T>(0));
-        A* acc_buf = std::is_same_v<A, D> ? reinterpret_cast<A*>(gf)
-                                          : static_cast<A*>(k.scratch(sizeof(A) * static_cast<size_t>(in_total)));
-        OPBRIDGE_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(acc_buf, 0, sizeof(A) * static_cast<size_t>(in_total),
-                                                             stream.get()), "cudaMemsetAsync"));
-        if (out_total > 0) {
-          OPBRIDGE_RETURN_IF_ERROR(cuda_status(launch(scatter_kernel<D, A, I>,
-                                                      LaunchShape{dim3(blocks_for(out_total)), dim3(kThreads)}, stream,
-                                                      reinterpret_cast<const D*>(k.in<T>("grad_output")), idx, acc_buf,
-                                                      out_total, d.C, d.N, d.J)));
-        }
-        if constexpr (!std::is_same_v<A, D>) {
-          return cuda_status(launch(convert_kernel<D>, LaunchShape{dim3(blocks_for(in_total)), dim3(kThreads)}, stream,
-                                    static_cast<const float*>(acc_buf), gf, in_total));
-        }
-        return Status::Ok();
+        const D* g = reinterpret_cast<const D*>(k.in<T>("grad_output"));
+        return scatter_add(k, stream, reinterpret_cast<D*>(k.out<T>(0)), d.B * d.C * d.N, [&](A* gf) {
+          if (out_total == 0) return Status::Ok();
+          return cuda_status(launch(scatter_kernel<D, A, I>, element_shape(out_total), stream, g, idx, gf, out_total,
+                                    d.C, d.N, d.J));
+        });
       }
     });
   });

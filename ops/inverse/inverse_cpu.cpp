@@ -17,175 +17,22 @@
 // Gauss-Jordan picks the pivots of LU with partial pivoting (the rows below the diagonal see the
 // same eliminations), costs n^3 multiply-adds like an LU-based inverse, and needs no memory
 // besides the output and O(n^2) (n <= 16) or O(8 n) scratch per task. The shared
-// arithmetic is described at the top of inverse_kernels.inc.
+// arithmetic is described at the top of inverse_isa.h.
 //
-// The kernels are compiled twice on x86-64 (SSE2 baseline, AVX2 + FMA) from
-// inverse_kernels.inc, and inverse_cpu picks one at run time; the runtime-size kernel is
+// The kernels (inverse_isa.h) are compiled here for the baseline and, on x86-64, for AVX2 + FMA
+// (inverse_cpu_isa.cpp), and inverse_cpu picks one at run time; the runtime-size kernel is
 // compiled a third time for AVX-512, used for n >= kAvx512MinN.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <mutex>
-#include <numeric>
 #include <string>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "inverse.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#endif
+#include "inverse_isa.h"
 
 namespace opbridge {
-
-namespace inverse_impl {
-namespace {
-
-// A kernel's result: kOk, or the step k at which the pivot U[k,k] is zero.
-constexpr int kOk = -1;
-
-// The first failure in a range of the batch: its batch index and step, or {-1, kOk}.
-struct Failure {
-  int64_t index;
-  int step;
-};
-
-// |v| as an unsigned integer that orders like |v| and puts NaN above +inf (IEEE-754 magnitudes
-// compare like their bit patterns), so the pivot search needs only integer compares, which
-// compile to conditional moves.
-template <class T>
-inline std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t> magnitude_key(T v) {
-  const T a = std::fabs(v);
-  std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t> u;
-  std::memcpy(&u, &a, sizeof u);
-  return u;
-}
-
-// Index of the pivot among col[k..n): the largest magnitude, the first on ties (as LAPACK's
-// i?amax). A NaN wins, so that NaN inputs give NaN outputs instead of a misleading "singular"
-// error. Branch-free: pivot rows of random matrices are unpredictable, and a mispredicted
-// branch also keeps the CPU from overlapping the independent inversions of consecutive
-// matrices.
-template <class T>
-inline int pivot_in_column(const T* col, int k, int n) {
-  int p = k;
-  auto best = magnitude_key(col[k]);
-  for (int i = k + 1; i < n; ++i) {
-    const auto v = magnitude_key(col[i]);
-    const bool take = v > best;
-    p = take ? i : p;
-    best = take ? v : best;
-  }
-  return p;
-}
-
-// The column order that undoes in-place Gauss-Jordan's row interchanges: column j of the
-// inverse is column c[j] of the eliminated matrix.
-inline void column_order(const int* piv, int* c, int n) {
-  std::iota(c, c + n, 0);
-  for (int k = n - 1; k >= 0; --k) std::swap(c[k], c[piv[k]]);
-}
-
-// The same, in place in m (n x n), row by row (a column at a time would touch every row's
-// cache line n times); tmp holds n elements and c n ints.
-template <class T>
-void unscramble_columns(T* m, int n, const int* piv, T* tmp, int* c) {
-  column_order(piv, c, n);
-  for (int64_t i = 0; i < n; ++i) {
-    T* row = m + i * n;
-    std::copy(row, row + n, tmp);
-    for (int j = 0; j < n; ++j) row[j] = tmp[c[j]];
-  }
-}
-
-// 2 x 2 float matrix through its adjugate, in double (see the file comment). The zero pivot
-// reported is the one partial pivoting would meet.
-inline int invert_2x2_f32(const float* a, float* out) {
-  const double a00 = a[0], a01 = a[1], a10 = a[2], a11 = a[3];
-  const double det = a00 * a11 - a01 * a10;
-  if (det == 0.0) return (a00 == 0.0 && a10 == 0.0) ? 0 : 1;
-  const double r = 1.0 / det;
-  out[0] = static_cast<float>(a11 * r);
-  out[1] = static_cast<float>(-a01 * r);
-  out[2] = static_cast<float>(-a10 * r);
-  out[3] = static_cast<float>(a00 * r);
-  return kOk;
-}
-
-template <class T>
-Failure run_1x1(const T* a, T* out, int64_t begin, int64_t end) {
-  for (int64_t b = begin; b < end; ++b) {
-    if (a[b] == T(0)) return {b, 0};
-    out[b] = T(1) / a[b];
-  }
-  return {-1, kOk};
-}
-
-}  // namespace
-
-// The kernels for the architecture's baseline.
-namespace baseline {
-namespace {
-#define OPBRIDGE_INVERSE_MAX_VEC_BYTES 16
-#include "inverse_kernels.inc"
-#undef OPBRIDGE_INVERSE_MAX_VEC_BYTES
-}  // namespace
-}  // namespace baseline
-
-// The kernels again, compiled for AVX2 + FMA (x86-64 only, chosen at run time): 32-byte rows
-// and fused multiply-adds roughly double the throughput of the arithmetic.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define OPBRIDGE_INVERSE_HAS_AVX2 1
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
-namespace avx2 {
-namespace {
-#define OPBRIDGE_INVERSE_MAX_VEC_BYTES 32
-#include "inverse_kernels.inc"
-#undef OPBRIDGE_INVERSE_MAX_VEC_BYTES
-}  // namespace
-}  // namespace avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-#endif
-
-// The runtime-size kernel once more with AVX-512 (64-byte vectors, panels of 16 columns), for
-// large matrices only (kAvx512MinN): only run_dynamic is instantiated from this copy, so the
-// unrolled fixed-size kernels are not compiled a third time.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define OPBRIDGE_INVERSE_HAS_AVX512 1
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
-#endif
-namespace avx512 {
-namespace {
-#define OPBRIDGE_INVERSE_MAX_VEC_BYTES 64
-#include "inverse_kernels.inc"
-#undef OPBRIDGE_INVERSE_MAX_VEC_BYTES
-}  // namespace
-}  // namespace avx512
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-#endif
-
-}  // namespace inverse_impl
 
 namespace {
 
@@ -203,25 +50,16 @@ template <class T>
 Status inverse_cpu(const T* a, T* out, int64_t batch, int64_t n, const ParallelFor& pf, CpuIsa isa,
                    bool nan_on_singular) {
   using inverse_impl::Failure;
-  if (!cpu_isa_supported(isa)) {
-    return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
-                                  " kernels are not available on this CPU or in this build");
-  }
+  OPBRIDGE_RETURN_IF_ERROR(cpu_isa_check(isa));
   if (batch <= 0 || n <= 0) return Status::Ok();
   if (n > std::numeric_limits<int>::max() / 2) {
     return Status::InvalidArgument("matrix size n = " + std::to_string(n) + " is too large");
   }
-  Failure (*run)(const T*, T*, int64_t, int64_t, int64_t) = &inverse_impl::baseline::run_range<T>;
-#ifdef OPBRIDGE_INVERSE_HAS_AVX2
+  Failure (*run)(const T*, T*, int64_t, int64_t, int64_t) = &inverse_impl::run_range<T>;
+#if defined(OPBRIDGE_X86_DISPATCH)
   // kAvx512 runs the AVX2 kernels too, except for large matrices (below).
-  if (static_cast<int>(cpu_isa_resolve(isa)) >= static_cast<int>(CpuIsa::kAvx2)) run = &inverse_impl::avx2::run_range<T>;
-#endif
-#ifdef OPBRIDGE_INVERSE_HAS_AVX512
-  if (cpu_isa_resolve(isa) == CpuIsa::kAvx512 && n >= kAvx512MinN) {
-    run = [](const T* x, T* y, int64_t b, int64_t e, int64_t m) {
-      return inverse_impl::avx512::run_dynamic<T>(x, y, b, e, static_cast<int>(m));
-    };
-  }
+  if (static_cast<int>(cpu_isa_resolve(isa)) >= static_cast<int>(CpuIsa::kAvx2)) run = &inverse_impl::run_avx2<T>;
+  if (cpu_isa_resolve(isa) == CpuIsa::kAvx512 && n >= kAvx512MinN) run = &inverse_impl::run_avx512<T>;
 #endif
   // The first failure over the whole batch: each task stops at its own first failure, and the
   // smallest batch index among those is the first overall, whatever the task split.

@@ -6,63 +6,38 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <type_traits>
 #include <vector>
 
 #include "knn.h"
 #include "opbridge/dtype.h"
+#include "opbridge/point_cloud.h"
 
-// Distances must round alike on every device and instruction set: no fused multiply-adds.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-#endif
+OPBRIDGE_NO_FP_CONTRACT_BEGIN
 namespace opbridge {
 
-namespace {
-
-// Distances a block of points at a time from a structure-of-arrays copy of the clouds (one
-// vectorizable loop), then scanned against the k-th best so far (rarely inserted).
-constexpr int64_t kBlock = 512;
-
-}  // namespace
+// Distances a block of points at a time from a structure-of-arrays copy of the clouds, then
+// scanned against the k-th best so far (rarely inserted).
+using point_cloud::kBlock;
 
 template <class T>
 Status knn_cpu(const T* xyz, const T* centers, int64_t* out, const KnnParams& p, const ParallelFor& pf) {
-  using C = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  using C = point_cloud::dist_t<T>;
   if (p.B == 0 || p.M == 0) return Status::Ok();
   const C inf = std::numeric_limits<C>::infinity();
-  std::vector<C> soa(static_cast<size_t>(3 * p.B * p.N));
-  pf(p.B, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      C* x = soa.data() + 3 * b * p.N;
-      for (int64_t i = 0; i < p.N; ++i) {
-        const T* q = xyz + (b * p.N + i) * 3;
-        x[i] = to_float(q[0]), x[p.N + i] = to_float(q[1]), x[2 * p.N + i] = to_float(q[2]);
-      }
-    }
-  });
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, p.N));
-  pf(p.B * p.M, grain, [&](int64_t begin, int64_t end) {
+  const std::vector<C> soa = point_cloud::structure_of_arrays<C>(xyz, p.B, p.N, pf);
+  pf(p.B * p.M, point_cloud::query_grain(p.N), [&](int64_t begin, int64_t end) {
     std::vector<C> best_d(p.K);
     std::vector<int64_t> best_i(p.K);
     C d[kBlock];
     for (int64_t bm = begin; bm < end; ++bm) {
       const int64_t b = bm / p.M, m = bm % p.M;
-      const C* __restrict sx = soa.data() + 3 * b * p.N;
-      const C* __restrict sy = sx + p.N;
-      const C* __restrict sz = sy + p.N;
+      const C* x = soa.data() + 3 * b * p.N;
       const C cx = to_float(centers[bm * 3]), cy = to_float(centers[bm * 3 + 1]), cz = to_float(centers[bm * 3 + 2]);
       int64_t filled = 0;
       C worst = inf;
       for (int64_t i0 = 0; i0 < p.N; i0 += kBlock) {
         const int64_t len = std::min(kBlock, p.N - i0);
-        for (int64_t j = 0; j < len; ++j) {
-          const C dx = sx[i0 + j] - cx, dy = sy[i0 + j] - cy, dz = sz[i0 + j] - cz;
-          d[j] = (dx * dx + dy * dy) + dz * dz;
-        }
+        point_cloud::block_distances(x, p.N, i0, len, cx, cy, cz, d);
         for (int64_t j = 0; j < len; ++j) {
           C v = d[j];
           if (filled == p.K && !(v < worst)) continue;  // NaN counts as +inf: never nearer
@@ -104,7 +79,5 @@ Status compute(const KernelCall& k) {
 
 OPBRIDGE_KERNEL(knn_decl, kCpu, compute);
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
 }  // namespace opbridge
+OPBRIDGE_NO_FP_CONTRACT_END

@@ -6,15 +6,11 @@
 
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/rounding.cuh"
 #include "knn.h"
 
 namespace opbridge::cuda {
 namespace {
-
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
 
 template <class D>
 __global__ void knn_kernel(const D* __restrict__ xyz, const D* __restrict__ centers, int64_t* __restrict__ out,
@@ -29,7 +25,7 @@ __global__ void knn_kernel(const D* __restrict__ xyz, const D* __restrict__ cent
     int64_t filled = 0;
     for (int64_t i = 0; i < n; ++i) {
       const C dx = to_acc(pts[3 * i]) - cx, dy = to_acc(pts[3 * i + 1]) - cy, dz = to_acc(pts[3 * i + 2]) - cz;
-      C d = add_rn(add_rn(mul_rn(dx, dx), mul_rn(dy, dy)), mul_rn(dz, dz));
+      C d = squared_distance_rn(dx, dy, dz);
       if (d != d) d = C(INFINITY);
       if (filled == kk && !(d < bd[kk - 1])) continue;
       int64_t at = filled < kk ? filled++ : kk - 1;

@@ -32,23 +32,11 @@ void backward_baseline(const BwdArgs<T>& a, const ParallelFor& pf) {
 }
 }  // namespace msda_isa
 
-namespace {
-
-Status check_isa(CpuIsa isa) {
-  if (!cpu_isa_supported(isa)) {
-    return Status::NotImplemented(std::string("the ") + cpu_isa_name(isa) +
-                                  " kernels are not available on this CPU or in this build");
-  }
-  return Status::Ok();
-}
-
-}  // namespace
-
 template <class T>
 Status ms_deform_attn_cpu(const T* value, const int64_t* spatial_shapes, const int64_t* level_start_index,
                           const T* sampling_locations, const T* attention_weights, T* output,
                           const MsDeformAttnDims& d, const ParallelFor& pf, CpuIsa isa) {
-  OPBRIDGE_RETURN_IF_ERROR(check_isa(isa));
+  OPBRIDGE_RETURN_IF_ERROR(cpu_isa_check(isa));
   OPBRIDGE_RETURN_IF_ERROR(ms_deform_attn_check_levels(spatial_shapes, level_start_index, d.L, d.S));
   const msda_isa::FwdArgs<T> a{value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
                                output, d};
@@ -68,7 +56,7 @@ Status ms_deform_attn_backward_cpu(const T* grad_output, const T* value, const i
                                    const T* attention_weights, T* grad_value, T* grad_sampling_locations,
                                    T* grad_attention_weights, const MsDeformAttnDims& d, const ParallelFor& pf,
                                    CpuIsa isa) {
-  OPBRIDGE_RETURN_IF_ERROR(check_isa(isa));
+  OPBRIDGE_RETURN_IF_ERROR(cpu_isa_check(isa));
   OPBRIDGE_RETURN_IF_ERROR(ms_deform_attn_check_levels(spatial_shapes, level_start_index, d.L, d.S));
   const msda_isa::BwdArgs<T> a{grad_output,       value,      spatial_shapes,           level_start_index,
                                sampling_locations, attention_weights, grad_value, grad_sampling_locations,

@@ -610,6 +610,57 @@ void gather_all(const H* head, int64_t D, const int32_t* offs, const acc_t<T>* w
 #undef OPBRIDGE_MSDA_GATHER
 }
 
+// One parallel task's units [begin, end) of a forward path (value read packed or in place),
+// software pipelined: the taps of unit u + 1 are built while unit u gathers, from two buffers.
+// Read right after build_taps wrote them with wide vector stores, each tap's offset and weight
+// would wait for store forwarding (which fails from a 64-byte store to a 4-byte load at most
+// offsets): that wait was half the time of a call. The unit kPrefetchUnits ahead has its
+// locations and weights prefetched. gather(unit, offs, wts, ntaps) gathers one unit's taps.
+template <bool kCompact, class S, class T, class Gather>
+void sample_units(const FwdArgs<T>& a, const SampleLevels<acc_t<T>>& lv, int32_t stride, int32_t zero_off,
+                  int64_t begin, int64_t end, const Gather& gather) {
+  using A = acc_t<T>;
+  const MsDeformAttnDims& d = a.d;
+  const int64_t LP = d.L * d.P;
+  const int64_t units = d.N * d.M * d.Lq;
+  const size_t taps = static_cast<size_t>(4 * LP);
+  std::vector<int32_t> offs(2 * taps);
+  std::vector<A> wts(2 * taps);
+  int64_t count[2] = {0, 0};
+  std::vector<A> conv(std::is_same_v<T, A> ? 0 : static_cast<size_t>(3 * LP));
+  const auto build = [&](int64_t u, const Unit& un, const Unit& ahead) {
+    const int64_t nqm = un.nqm(d);
+    if (u + kPrefetchUnits < end) {
+      const int64_t far = ahead.nqm(d);
+      prefetch_unit(a.sampling_locations + far * LP * 2, a.attention_weights + far * LP, LP);
+    }
+    const A* loc;
+    const A* aw;
+    if constexpr (std::is_same_v<T, A>) {
+      loc = a.sampling_locations + nqm * LP * 2;
+      aw = a.attention_weights + nqm * LP;
+    } else {
+      to_acc<S, T>(a.sampling_locations + nqm * LP * 2, conv.data(), 2 * LP);
+      to_acc<S, T>(a.attention_weights + nqm * LP, conv.data() + 2 * LP, LP);
+      loc = conv.data();
+      aw = conv.data() + 2 * LP;
+    }
+    const size_t buf = static_cast<size_t>(u & 1) * taps;
+    count[u & 1] = build_taps<kCompact>(loc, aw, LP, lv, stride, zero_off, offs.data() + buf, wts.data() + buf);
+  };
+  // The unit being gathered, the one being built (next) and the one prefetched (ahead).
+  Unit cur = Unit::of(begin, d), ahead = Unit::of(std::min(begin + kPrefetchUnits, units - 1), d);
+  build(begin, cur, ahead);
+  for (int64_t u = begin; u < end; ++u) {
+    const Unit next = cur.next(d);
+    ahead = ahead.next(d);
+    if (u + 1 < end) build(u + 1, next, ahead);
+    const size_t buf = static_cast<size_t>(u & 1) * taps;
+    gather(cur, offs.data() + buf, wts.data() + buf, count[u & 1]);
+    cur = next;
+  }
+}
+
 template <class S, class T>
 void msda_forward_packed(const FwdArgs<T>& a, const ParallelFor& pf) {
   using A = acc_t<T>;
@@ -648,49 +699,15 @@ void msda_forward_packed(const FwdArgs<T>& a, const ParallelFor& pf) {
   const int32_t D32 = static_cast<int32_t>(d.D);
   const int32_t zero_off = static_cast<int32_t>(d.S * d.D);
 
-  // 3. Sample: unit u = (n, m, q), q fastest, so that a task's queries share heads. Software
-  //    pipelined: the taps of unit u + 1 are built while unit u gathers, from two buffers. Read
-  //    right after build_taps wrote them with wide vector stores, each tap's offset and weight
-  //    would wait for store forwarding (which fails from a 64-byte store to a 4-byte load at
-  //    most offsets): that wait was half the time of a call.
+  // 3. Sample (sample_units): unit u = (n, m, q), q fastest, so that a task's queries share
+  //    heads; every unit has 4 * L * P taps (off-map ones read the zero row).
   const int64_t units = d.N * d.M * d.Lq;
   pf(units, forward_grain(4 * LP, d.D), [&](int64_t begin, int64_t end) {
-    const size_t taps = static_cast<size_t>(4 * LP);
-    std::vector<int32_t> offs(2 * taps);
-    std::vector<A> wts(2 * taps);
-    std::vector<A> conv(std::is_same_v<T, A> ? 0 : static_cast<size_t>(3 * LP));
-    const auto build = [&](int64_t u, const Unit& un, const Unit& ahead) {
-      const int64_t nqm = un.nqm(d);
-      if (u + kPrefetchUnits < end) {
-        const int64_t far = ahead.nqm(d);
-        prefetch_unit(a.sampling_locations + far * LP * 2, a.attention_weights + far * LP, LP);
-      }
-      const A* loc;
-      const A* aw;
-      if constexpr (std::is_same_v<T, A>) {
-        loc = a.sampling_locations + nqm * LP * 2;
-        aw = a.attention_weights + nqm * LP;
-      } else {
-        to_acc<S, T>(a.sampling_locations + nqm * LP * 2, conv.data(), 2 * LP);
-        to_acc<S, T>(a.attention_weights + nqm * LP, conv.data() + 2 * LP, LP);
-        loc = conv.data();
-        aw = conv.data() + 2 * LP;
-      }
-      const size_t buf = static_cast<size_t>(u & 1) * taps;
-      build_taps<false>(loc, aw, LP, lv, D32, zero_off, offs.data() + buf, wts.data() + buf);
-    };
-    // The unit being gathered, the one being built (next) and the one prefetched (ahead).
-    Unit cur = Unit::of(begin, d), ahead = Unit::of(std::min(begin + kPrefetchUnits, units - 1), d);
-    build(begin, cur, ahead);
-    for (int64_t u = begin; u < end; ++u) {
-      const Unit next = cur.next(d);
-      ahead = ahead.next(d);
-      if (u + 1 < end) build(u + 1, next, ahead);
-      const size_t buf = static_cast<size_t>(u & 1) * taps;
-      gather_all<S, T>(packed.get() + (cur.n * d.M + cur.m) * head_size, d.D, offs.data() + buf, wts.data() + buf,
-                       4 * LP, a.output + cur.nqm(d) * d.D);
-      cur = next;
-    }
+    sample_units<false, S>(a, lv, D32, zero_off, begin, end,
+                           [&](const Unit& u, const int32_t* offs, const A* wts, int64_t /*ntaps*/) {
+                             gather_all<S, T>(packed.get() + (u.n * d.M + u.m) * head_size, d.D, offs, wts, 4 * LP,
+                                              a.output + u.nqm(d) * d.D);
+                           });
   });
 }
 
@@ -708,43 +725,11 @@ void msda_forward_direct(const FwdArgs<T>& a, const ParallelFor& pf) {
   const SampleLevels<A> lv = sample_levels<A>(a.spatial_shapes, a.level_start_index, d, static_cast<int32_t>(row));
   const int64_t units = d.N * d.M * d.Lq;
   pf(units, forward_grain(4 * LP, d.D), [&](int64_t begin, int64_t end) {
-    const size_t taps = static_cast<size_t>(4 * LP);
-    std::vector<int32_t> offs(2 * taps);
-    std::vector<A> wts(2 * taps);
-    int64_t count[2] = {0, 0};
-    std::vector<A> conv(std::is_same_v<T, A> ? 0 : static_cast<size_t>(3 * LP));
-    const auto build = [&](int64_t u, const Unit& un, const Unit& ahead) {
-      const int64_t nqm = un.nqm(d);
-      if (u + kPrefetchUnits < end) {
-        const int64_t far = ahead.nqm(d);
-        prefetch_unit(a.sampling_locations + far * LP * 2, a.attention_weights + far * LP, LP);
-      }
-      const A* loc;
-      const A* aw;
-      if constexpr (std::is_same_v<T, A>) {
-        loc = a.sampling_locations + nqm * LP * 2;
-        aw = a.attention_weights + nqm * LP;
-      } else {
-        to_acc<S, T>(a.sampling_locations + nqm * LP * 2, conv.data(), 2 * LP);
-        to_acc<S, T>(a.attention_weights + nqm * LP, conv.data() + 2 * LP, LP);
-        loc = conv.data();
-        aw = conv.data() + 2 * LP;
-      }
-      const size_t buf = static_cast<size_t>(u & 1) * taps;
-      count[u & 1] = build_taps<true>(loc, aw, LP, lv, static_cast<int32_t>(row), 0, offs.data() + buf,
-                                      wts.data() + buf);
-    };
-    Unit cur = Unit::of(begin, d), ahead = Unit::of(std::min(begin + kPrefetchUnits, units - 1), d);
-    build(begin, cur, ahead);
-    for (int64_t u = begin; u < end; ++u) {
-      const Unit next = cur.next(d);
-      ahead = ahead.next(d);
-      if (u + 1 < end) build(u + 1, next, ahead);
-      const size_t buf = static_cast<size_t>(u & 1) * taps;
-      gather_all<S, T>(a.value + cur.n * d.S * row + cur.m * d.D, d.D, offs.data() + buf, wts.data() + buf,
-                       count[u & 1], a.output + cur.nqm(d) * d.D);
-      cur = next;
-    }
+    sample_units<true, S>(a, lv, static_cast<int32_t>(row), 0, begin, end,
+                          [&](const Unit& u, const int32_t* offs, const A* wts, int64_t ntaps) {
+                            gather_all<S, T>(a.value + u.n * d.S * row + u.m * d.D, d.D, offs, wts, ntaps,
+                                             a.output + u.nqm(d) * d.D);
+                          });
   });
 }
 

@@ -8,15 +8,10 @@
 #include <vector>
 
 #include "opbridge/dtype.h"
+#include "opbridge/point_cloud.h"
 #include "three_interpolate.h"
 
-// Distances must round alike on every device and instruction set: no fused multiply-adds.
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#elif defined(__GNUC__)
-#pragma GCC push_options
-#pragma GCC optimize("fp-contract=off")
-#endif
+OPBRIDGE_NO_FP_CONTRACT_BEGIN
 namespace opbridge {
 
 template <class I>
@@ -136,7 +131,5 @@ Status compute(const KernelCall& k) {
 OPBRIDGE_KERNEL(three_interpolate_decl, kCpu, compute<false>);
 OPBRIDGE_KERNEL(three_interpolate_backward_decl, kCpu, compute<true>);
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC pop_options
-#endif
 }  // namespace opbridge
+OPBRIDGE_NO_FP_CONTRACT_END

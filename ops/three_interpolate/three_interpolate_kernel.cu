@@ -8,21 +8,12 @@
 
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/rounding.cuh"
+#include "common/scatter_add.cuh"
 #include "three_interpolate.h"
 
 namespace opbridge::cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t total) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(ceil_div(total, kThreads), 65535)));
-}
-
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
 
 template <class D, class I>
 __device__ __forceinline__ acc<D> feature(const D* f, const I* idx, int64_t j, int64_t m) {
@@ -70,13 +61,6 @@ __global__ void grad_weight_kernel(const D* __restrict__ g, const D* __restrict_
   }
 }
 
-template <class D>
-__global__ void convert_kernel(const float* __restrict__ in, D* __restrict__ out, int64_t total) {
-  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total; e += int64_t{gridDim.x} * blockDim.x) {
-    out[e] = from_acc<D>(in[e]);
-  }
-}
-
 template <bool kBackward>
 Status compute(const KernelCall& k) {
   const ThreeInterpolateDims d = three_interpolate_dims(k);
@@ -91,33 +75,21 @@ Status compute(const KernelCall& k) {
       const D* f = reinterpret_cast<const D*>(k.in<T>("features"));
       const D* w = reinterpret_cast<const D*>(k.in<T>("weight"));
       const int64_t out_total = d.B * d.C * d.N;
-      [[maybe_unused]] const int64_t f_total = d.B * d.C * d.M, w_total = d.B * d.N * 3;
       if constexpr (!kBackward) {
         if (out_total == 0) return Status::Ok();
-        return cuda_status(launch(forward_kernel<D, I>, LaunchShape{dim3(blocks_for(out_total)), dim3(kThreads)}, stream,
-                                  f, idx, w, reinterpret_cast<D*>(k.out<T>(0)), out_total, d.C, d.M, d.N));
+        return cuda_status(launch(forward_kernel<D, I>, element_shape(out_total), stream, f, idx, w,
+                                  reinterpret_cast<D*>(k.out<T>(0)), out_total, d.C, d.M, d.N));
       } else {
         const D* g = reinterpret_cast<const D*>(k.in<T>("grad_output"));
-        D* gf = reinterpret_cast<D*>(k.out<T>(0));
-        if (f_total > 0) {
-          A* acc_buf = std::is_same_v<A, D> ? reinterpret_cast<A*>(gf)
-                                            : static_cast<A*>(k.scratch(sizeof(A) * static_cast<size_t>(f_total)));
-          OPBRIDGE_RETURN_IF_ERROR(cuda_status(
-              cudaMemsetAsync(acc_buf, 0, sizeof(A) * static_cast<size_t>(f_total), stream.get()), "cudaMemsetAsync"));
-          if (out_total > 0) {
-            OPBRIDGE_RETURN_IF_ERROR(cuda_status(launch(grad_features_kernel<D, A, I>,
-                                                        LaunchShape{dim3(blocks_for(out_total)), dim3(kThreads)}, stream,
-                                                        g, idx, w, acc_buf, out_total, d.C, d.M, d.N)));
-          }
-          if constexpr (!std::is_same_v<A, D>) {
-            OPBRIDGE_RETURN_IF_ERROR(cuda_status(launch(convert_kernel<D>, LaunchShape{dim3(blocks_for(f_total)),
-                                                                                        dim3(kThreads)},
-                                                        stream, static_cast<const float*>(acc_buf), gf, f_total)));
-          }
-        }
+        OPBRIDGE_RETURN_IF_ERROR(scatter_add(k, stream, reinterpret_cast<D*>(k.out<T>(0)), d.B * d.C * d.M, [&](A* gf) {
+          if (out_total == 0) return Status::Ok();
+          return cuda_status(launch(grad_features_kernel<D, A, I>, element_shape(out_total), stream, g, idx, w, gf,
+                                    out_total, d.C, d.M, d.N));
+        }));
+        const int64_t w_total = d.B * d.N * 3;
         if (w_total == 0) return Status::Ok();
-        return cuda_status(launch(grad_weight_kernel<D, I>, LaunchShape{dim3(blocks_for(w_total)), dim3(kThreads)}, stream,
-                                  g, f, idx, reinterpret_cast<D*>(k.out<T>(1)), w_total, d.C, d.M, d.N));
+        return cuda_status(launch(grad_weight_kernel<D, I>, element_shape(w_total), stream, g, f, idx,
+                                  reinterpret_cast<D*>(k.out<T>(1)), w_total, d.C, d.M, d.N));
       }
     });
   });

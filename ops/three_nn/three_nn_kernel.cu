@@ -5,15 +5,11 @@
 
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/rounding.cuh"
 #include "three_nn.h"
 
 namespace opbridge::cuda {
 namespace {
-
-__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
-__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ double add_rn(double a, double b) { return __dadd_rn(a, b); }
 
 template <class D>
 __global__ void three_nn_kernel(const D* __restrict__ target, const D* __restrict__ source, D* __restrict__ dist,
@@ -26,7 +22,7 @@ __global__ void three_nn_kernel(const D* __restrict__ target, const D* __restric
     int64_t i0 = -1, i1 = -1, i2 = -1;
     for (int64_t k = 0; k < m; ++k) {
       const C dx = to_acc(src[3 * k]) - tx, dy = to_acc(src[3 * k + 1]) - ty, dz = to_acc(src[3 * k + 2]) - tz;
-      C d = add_rn(add_rn(mul_rn(dx, dx), mul_rn(dy, dy)), mul_rn(dz, dz));
+      C d = squared_distance_rn(dx, dy, dz);
       if (d != d) d = C(INFINITY);
       if (i0 < 0 || d < d0) {
         d2 = d1, i2 = i1, d1 = d0, i1 = i0, d0 = d, i0 = k;

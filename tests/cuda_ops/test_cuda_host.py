@@ -257,7 +257,7 @@ KERNEL_FILES = [ROOT / "ops" / op / f"{op}_kernel.cu" for op in EMULATED_OPS]
 # What the kernel files' compute functions use: the declarations (and the kernels' arguments from
 # a checked call) and the framework-free op machinery.
 DECL_FILES = [ROOT / "ops" / op / f"{op}_decl.cpp" for op in EMULATED_OPS]
-COMMON_FILES = [ROOT / "cpp" / "common" / name for name in ("op_decl.cpp", "kernel.cpp")]
+COMMON_FILES = [ROOT / "cpp" / "common" / name for name in ("decl_builder.cpp", "decl_validate.cpp", "shape_rules.cpp", "call_checks.cpp", "describe_json.cpp", "kernel.cpp")]
 # The emulated device: few SMs, so that launches use small grids and the grid-stride loops wrap.
 SIM_SMS = 1
 

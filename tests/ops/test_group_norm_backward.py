@@ -193,7 +193,7 @@ def test_channels_last_outlier_in_first_row(torch_isa, rng, act):
 def test_backward_checks_come_from_the_declarations(rng):
     # group_norm_backward declares no check of its own: gradient_of(group_norm) runs the forward's
     # checks on the forward's arguments, then grad against the shape of the forward's output, in
-    # the kernel and in the fake kernel alike (cpp/common/op_decl.cpp, check_call).
+    # the kernel and in the fake kernel alike (cpp/common/call_checks.cpp, check_call).
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     x = torch.from_numpy(rng.standard_normal((2, 4, 3)))

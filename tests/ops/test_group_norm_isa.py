@@ -180,6 +180,28 @@ def test_paths_agree(rng):
         np.testing.assert_allclose(y, base, rtol=1e-5, atol=1e-5, err_msg=isa)
 
 
+
+def test_backward_runs_the_variant_a_call_asks_for(rng):
+    """The backward honours a call's isa as the forward does: each variant asked for by name gives
+    what that variant gives as _core's level, bit for bit (the variants differ in the last bits)."""
+    x, w, b = _inputs(rng, (2, 32, 33, 35), np.float32)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    before = _core.cpu_isa()
+    try:
+        by_level = {}
+        for isa in ISAS:
+            if _core.set_cpu_isa(isa) == isa:
+                by_level[isa] = _core.group_norm_backward(dy, x, 8, w, b)
+        if len(by_level) < 2:
+            pytest.skip("this CPU/build has one instruction-set variant")
+        _core.set_cpu_isa("avx512")  # the best this CPU has
+        for isa, want in by_level.items():
+            got = _core.group_norm_backward(dy, x, 8, w, b, isa=isa)
+            for name, g, e in zip(("dx", "dweight", "dbias"), got, want):
+                np.testing.assert_array_equal(g, e, err_msg=f"{isa}: {name}")
+    finally:
+        _core.set_cpu_isa(before)
+
 def test_set_cpu_isa_rejects_unknown_names():
     with pytest.raises(ValueError, match="set_cpu_isa: name must be 'auto', 'baseline', 'avx2' or 'avx512', got 'sse9'"):
         _core.set_cpu_isa("sse9")

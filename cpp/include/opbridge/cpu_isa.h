@@ -10,6 +10,8 @@
 // Each loaded opbridge library (torch extension, ORT library, _core) keeps its own level.
 #pragma once
 
+#include "opbridge/status.h"
+
 namespace opbridge {
 
 enum class CpuIsa {
@@ -31,6 +33,10 @@ bool parse_cpu_isa(const char* name, CpuIsa* isa);
 // Whether this build has, and this CPU (and OS) can run, the variant `isa` (kAuto: always).
 //   isa: the variant asked about
 bool cpu_isa_supported(CpuIsa isa);
+
+// Ok where cpu_isa_supported(isa), else the NotImplemented status a kernel returns for it.
+//   isa: the variant a caller asked for
+Status cpu_isa_check(CpuIsa isa);
 
 // The variant a kernel runs for `isa`: kAuto resolves to the process-wide level, any other
 // value is returned as is.

@@ -14,7 +14,7 @@
 //
 // One generic adapter per framework serves every registered compute function, ours and users':
 // the torch kernel (cpp/torch/torch_ops.cpp), the ORT kernel for the CPU and CUDA execution
-// providers (cpp/ort/declared_op.cpp) and opbridge._core (OpbridgeRunHost of opbridge's C ABI,
+// providers (cpp/ort/declared_kernel.cpp) and opbridge._core (OpbridgeRunHost of opbridge's C ABI,
 // opbridge/c_abi.h, which every library exports). Each reads the arguments the declaration lists, runs its checks (check_call), gets
 // the inputs into the layout the compute function expects (contiguous; see channels_last()),
 // allocates the outputs with the shapes and types the declaration's rules give, and translates

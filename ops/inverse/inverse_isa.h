@@ -1,8 +1,8 @@
-// Inverse CPU kernels, compiled once per instruction set: inverse_cpu.cpp includes this file
-// inside a namespace per variant, with OPBRIDGE_INVERSE_MAX_VEC_BYTES set to the widest vector
-// the variant may use (16: SSE2 / NEON, 32: AVX2) and the matching target options in effect.
-// Not a header: it has no include guard and includes nothing (all includes are made, and the
-// ISA-independent helpers defined, by inverse_cpu.cpp before it).
+// Inverse's kernels (internal header), compiled once per instruction set: inverse_cpu.cpp for the
+// architecture's baseline (SSE2 / NEON: 16-byte vectors), inverse_cpu_isa.cpp once per x86-64 set
+// (opbridge_add_op defines OPBRIDGE_ISA_AVX2 or OPBRIDGE_ISA_AVX512 and adds that set's flags:
+// 32- or 64-byte vectors). Everything here but the entry points at the end has internal linkage,
+// so that each of those files keeps its own copy, compiled with its own flags.
 //
 // Arithmetic shared by every kernel (Gauss-Jordan with partial pivoting, in place):
 //   pivot step k, pivot row r_k with pivot a = r_k[k]:
@@ -13,6 +13,117 @@
 // zeros, so such singular matrices are reported as singular rather than inverted into garbage.
 // In-place Gauss-Jordan turns the row interchanges into column interchanges of the result,
 // undone at the end.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "inverse.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
+// The widest vector a kernel may use, in bytes.
+#if defined(OPBRIDGE_ISA_AVX512)
+#define OPBRIDGE_INVERSE_MAX_VEC_BYTES 64
+#elif defined(OPBRIDGE_ISA_AVX2)
+#define OPBRIDGE_INVERSE_MAX_VEC_BYTES 32
+#else
+#define OPBRIDGE_INVERSE_MAX_VEC_BYTES 16
+#endif
+
+namespace opbridge::inverse_impl {
+
+// A kernel's result: kOk, or the step k at which the pivot U[k,k] is zero.
+inline constexpr int kOk = -1;
+
+// The first failure in a range of the batch: its batch index and step, or {-1, kOk}.
+struct Failure {
+  int64_t index;
+  int step;
+};
+
+namespace {
+
+// |v| as an unsigned integer that orders like |v| and puts NaN above +inf (IEEE-754 magnitudes
+// compare like their bit patterns), so the pivot search needs only integer compares, which
+// compile to conditional moves.
+template <class T>
+inline std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t> magnitude_key(T v) {
+  const T a = std::fabs(v);
+  std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t> u;
+  std::memcpy(&u, &a, sizeof u);
+  return u;
+}
+
+// Index of the pivot among col[k..n): the largest magnitude, the first on ties (as LAPACK's
+// i?amax). A NaN wins, so that NaN inputs give NaN outputs instead of a misleading "singular"
+// error. Branch-free: pivot rows of random matrices are unpredictable, and a mispredicted
+// branch also keeps the CPU from overlapping the independent inversions of consecutive
+// matrices.
+template <class T>
+inline int pivot_in_column(const T* col, int k, int n) {
+  int p = k;
+  auto best = magnitude_key(col[k]);
+  for (int i = k + 1; i < n; ++i) {
+    const auto v = magnitude_key(col[i]);
+    const bool take = v > best;
+    p = take ? i : p;
+    best = take ? v : best;
+  }
+  return p;
+}
+
+// The column order that undoes in-place Gauss-Jordan's row interchanges: column j of the
+// inverse is column c[j] of the eliminated matrix.
+inline void column_order(const int* piv, int* c, int n) {
+  std::iota(c, c + n, 0);
+  for (int k = n - 1; k >= 0; --k) std::swap(c[k], c[piv[k]]);
+}
+
+// The same, in place in m (n x n), row by row (a column at a time would touch every row's
+// cache line n times); tmp holds n elements and c n ints.
+template <class T>
+void unscramble_columns(T* m, int n, const int* piv, T* tmp, int* c) {
+  column_order(piv, c, n);
+  for (int64_t i = 0; i < n; ++i) {
+    T* row = m + i * n;
+    std::copy(row, row + n, tmp);
+    for (int j = 0; j < n; ++j) row[j] = tmp[c[j]];
+  }
+}
+
+// 2 x 2 float matrix through its adjugate, in double (see the file comment). The zero pivot
+// reported is the one partial pivoting would meet.
+inline int invert_2x2_f32(const float* a, float* out) {
+  const double a00 = a[0], a01 = a[1], a10 = a[2], a11 = a[3];
+  const double det = a00 * a11 - a01 * a10;
+  if (det == 0.0) return (a00 == 0.0 && a10 == 0.0) ? 0 : 1;
+  const double r = 1.0 / det;
+  out[0] = static_cast<float>(a11 * r);
+  out[1] = static_cast<float>(-a01 * r);
+  out[2] = static_cast<float>(-a10 * r);
+  out[3] = static_cast<float>(a00 * r);
+  return kOk;
+}
+
+template <class T>
+Failure run_1x1(const T* a, T* out, int64_t begin, int64_t end) {
+  for (int64_t b = begin; b < end; ++b) {
+    if (a[b] == T(0)) return {b, 0};
+    out[b] = T(1) / a[b];
+  }
+  return {-1, kOk};
+}
 
 // SIMD vectors of B bytes through the GCC/Clang vector extension, with the same-size integer
 // vector used for lane masks.
@@ -565,3 +676,12 @@ Failure run_range(const T* a, T* out, int64_t begin, int64_t end, int64_t n) {
   }
 }
 
+}  // namespace
+
+// The x86-64 variants' entry points (inverse_cpu_isa.cpp; the baseline calls run_range itself):
+// each inverts matrices [begin, end) of the batch (n x n each) and returns the first failure,
+// run_avx2 as run_range, run_avx512 with the runtime-size kernel only.
+template <class T> Failure run_avx2(const T* a, T* out, int64_t begin, int64_t end, int64_t n);
+template <class T> Failure run_avx512(const T* a, T* out, int64_t begin, int64_t end, int64_t n);
+
+}  // namespace opbridge::inverse_impl
