@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import TYPE_CHECKING
 
 from .._library import load_torch_library
 
@@ -30,5 +31,19 @@ from .._decl import opbridge_library  # noqa: E402
 from ._declared import (  # noqa: E402
     no_grad_fast_path, register_autograd, register_fake, register_gradient, register_library_ops)
 from ._errors import translate_errors  # noqa: E402
+
+if TYPE_CHECKING:
+    # What the loop above re-exports, spelled out for type checkers, which do not run it
+    # (tests/test_typing.py checks that the two agree).
+    from .group_norm import group_norm as group_norm
+    from .inverse import inverse as inverse
+    from .ms_deform_attn import ms_deform_attn as ms_deform_attn
+    from .point_cloud import ball_query as ball_query
+    from .point_cloud import furthest_point_sample as furthest_point_sample
+    from .point_cloud import gather_points as gather_points
+    from .point_cloud import grouping_operation as grouping_operation
+    from .point_cloud import knn as knn
+    from .point_cloud import three_interpolate as three_interpolate
+    from .point_cloud import three_nn as three_nn
 
 register_library_ops(opbridge_library())

@@ -14,15 +14,19 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._library import DOMAIN, NAMESPACE, get_library_path, library_spec, torch_library_path
+
+if TYPE_CHECKING:  # named for type checkers only: importing the package imports neither
+    import onnxruntime
+    from opbridge._decl import OpLibrary
 
 __all__ = ["DOMAIN", "NAMESPACE", "get_library_path", "library", "library_spec", "session_options",
            "torch_library_path"]
 
 
-def library() -> Any:
+def library() -> OpLibrary:
     """This package's library, registered with opbridge (exports, ``opbridge check``,
     ``opbridge.testing``, ``opbridge.session_options``); an ``opbridge._decl.OpLibrary``."""
     from opbridge._decl import register_library
@@ -30,7 +34,7 @@ def library() -> Any:
     return register_library(get_library_path(), namespace=NAMESPACE, torch_path=torch_library_path())
 
 
-def session_options(so: Any = None) -> Any:
+def session_options(so: onnxruntime.SessionOptions | None = None) -> onnxruntime.SessionOptions:
     """``so`` (or a new ``onnxruntime.SessionOptions``) with this package's ops and opbridge's
     registered."""
     import opbridge

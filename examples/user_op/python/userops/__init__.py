@@ -15,7 +15,11 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # named for type checkers only: importing the package imports neither
+    import onnxruntime
+    from opbridge._decl import OpLibrary
 
 NAMESPACE = "userops"  # CMakeLists.txt's NAMESPACE
 DOMAIN = "com.example.userops"  # CMakeLists.txt's DOMAIN
@@ -32,14 +36,14 @@ def torch_library_path() -> str | None:
     return str(path) if path.is_file() else None
 
 
-def library() -> Any:
+def library() -> OpLibrary:
     """userops' library, registered with opbridge (exports, `opbridge check`, opbridge.testing)."""
     from opbridge._decl import register_library
 
     return register_library(get_library_path(), namespace=NAMESPACE, torch_path=torch_library_path())
 
 
-def session_options(so: Any = None) -> Any:
+def session_options(so: onnxruntime.SessionOptions | None = None) -> onnxruntime.SessionOptions:
     """onnxruntime.SessionOptions with userops' and opbridge's ops registered."""
     import opbridge
 

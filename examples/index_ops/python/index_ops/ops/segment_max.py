@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from opbridge.ops import register_gradient, translate_errors
 
@@ -15,10 +17,12 @@ def segment_max(values: torch.Tensor, segment_ids: torch.Tensor, num_segments: i
     """Per segment and column, the largest row of values (N, D) float32/float64 among those whose
     segment_ids (N,) int64 name it: (y, argmax), both (num_segments, D); y is 0 and argmax -1 for an
     empty segment. argmax has no gradient. Exports to ONNX as com.example.index_ops::SegmentMax."""
-    return torch.ops.index_ops.segment_max.default(values, segment_ids, num_segments)
+    return cast("tuple[torch.Tensor, torch.Tensor]",
+                torch.ops.index_ops.segment_max.default(values, segment_ids, num_segments))
 
 
-def _backward(grad, argmax, values, segment_ids, num_segments):
+def _backward(grad: torch.Tensor, argmax: torch.Tensor, values: torch.Tensor, segment_ids: torch.Tensor,
+              num_segments: int) -> torch.Tensor:
     # segment_max_backward in differentiable torch ops, for gradients of any order (create_graph=True);
     # first-order gradients run the C++ backward op itself, with the argmax the forward saved.
     return torch.zeros_like(values).scatter_add(0, argmax.clamp(min=0), torch.where(argmax >= 0, grad, 0))
