@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # installed package, _core through its stub. Packages are checked with every module in them.
 TYPED_MODULES = ["opbridge", "opbridge._library", "opbridge._session", "opbridge._cmake", "opbridge._ort",
                  "opbridge._version", "opbridge._core", "opbridge.aoti", "opbridge.cli", "opbridge.testing"]
-TYPED_PACKAGES = ["opbridge.ops", "opbridge.nn"]
+TYPED_PACKAGES = ["opbridge.ops", "opbridge.nn", "opbridge.onnx"]
 # The examples' Python packages, from their sources (they use opbridge as a user's project does).
 EXAMPLE_PACKAGES = sorted(p.parent for p in ROOT.glob("examples/*/python/*/__init__.py"))
 

@@ -20,19 +20,23 @@ import inspect
 import logging
 import os
 import warnings
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, cast
 
 import onnx
 
 from .._decl import on_register as _decl_on_register
+from .._library import DOMAIN
 from . import _dynamic
 from . import _external_data
 from ._build import Builder
-from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig, Lowering, default_opset
+from ._config import DOMAIN_VERSION, LOWERINGS, ExportConfig, Lowering, default_opset
 from ._custom import CustomOp, declare_op
 from ._declared import register_shape_inference, register_symbolic, register_translation
 from ._registry import new_export, op_names, rule_sets, standard_lowering
 from ._script import infer_shapes, register_schemas
+
+if TYPE_CHECKING:  # torch only where an export needs it
+    import torch
 
 __all__ = [
     "Builder",
@@ -81,7 +85,7 @@ def _config(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None =
 
 
 def translation_table(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None = None,
-                      opset_version: int | None = None) -> dict:
+                      opset_version: int | None = None) -> dict[Callable[..., Any], Callable[..., Any]]:
     """``custom_translation_table`` for the dynamo exporter covering every op opbridge knows at
     this moment (its own, registered libraries', declare_op's, and the torch ops opbridge lowers,
     such as torch.linalg.inv). Arguments as for ``export``; pass the ``opset_version`` you give
@@ -89,14 +93,14 @@ def translation_table(lowering: Lowering = None, custom_opsets: Mapping[str, int
     import opbridge.ops  # noqa: F401  (the torch ops must exist)
 
     cfg = _config(lowering, custom_opsets, opset_version)
-    table: dict = {}
+    table: dict[Any, Any] = {}
     for rules in rule_sets():
         if hasattr(rules, "translations"):
             table.update(_rules(rules.translations, cfg))
     return table
 
 
-def _rules(make: Any, cfg: ExportConfig) -> dict:
+def _rules(make: Callable[[ExportConfig], dict[Any, Any]], cfg: ExportConfig) -> dict[Any, Any]:
     """make(cfg) (a rule set's translations or symbolics). When the op has no such lowering
     (NotImplementedError, e.g. lowering="standard" for an op without a standard form), its rules
     raise that error when used, so that models without that op still export, and a model with it
@@ -119,8 +123,8 @@ def _rules(make: Any, cfg: ExportConfig) -> dict:
         return {key: unavailable(fn) for key, fn in make(defaults).items()}
 
 
-def _symbolics(cfg: ExportConfig) -> dict:
-    out: dict = {}
+def _symbolics(cfg: ExportConfig) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
     for rules in rule_sets():
         if hasattr(rules, "symbolics"):
             out.update(_rules(rules.symbolics, cfg))
@@ -141,12 +145,12 @@ def register_symbolics(lowering: Lowering = None, custom_opsets: Mapping[str, in
 
     for name, fn in _symbolics(_config(lowering, custom_opsets, opset_version)).items():
         # Opset 1 makes the symbolic apply to every default-domain opset.
-        torch.onnx.register_custom_op_symbolic(name, fn, 1)
+        torch.onnx.register_custom_op_symbolic(name, fn, 1)  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
 def symbolics_registered(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None = None,
-                         opset_version: int | None = None):
+                         opset_version: int | None = None) -> Iterator[None]:
     """Within the ``with`` block, the TorchScript exporter has opbridge's symbolics; afterwards
     the exporter's registry is exactly as before (symbolics registered by anyone else for the same
     ops, before, are back in place)."""
@@ -162,7 +166,7 @@ def symbolics_registered(lowering: Lowering = None, custom_opsets: Mapping[str, 
         saved[name] = None if group is None else dict(group._functions._overrides)
     try:
         for name, fn in table.items():
-            torch.onnx.register_custom_op_symbolic(name, fn, 1)
+            torch.onnx.register_custom_op_symbolic(name, fn, 1)  # type: ignore[attr-defined]
         yield
     finally:
         for name, before in saved.items():
@@ -180,11 +184,11 @@ def _torchscript_registry() -> Any:
     try:  # torch >= 2.9 keeps the TorchScript exporter's registry here
         from torch.onnx._internal.torchscript_exporter.registration import registry
     except ImportError:  # pragma: no cover - older torch
-        from torch.onnx._internal.registration import registry
+        from torch.onnx._internal.registration import registry  # type: ignore[import-not-found,no-redef]
     return registry
 
 
-def check_attributes(model: Any) -> list[str]:
+def check_attributes(model: onnx.ModelProto | str | os.PathLike[str]) -> list[str]:
     """Problems ONNX Runtime cannot see in a model's declared-op nodes: unknown (e.g. misspelled)
     attribute names and attributes newer than the op version the model imports. ``model``: a
     ModelProto or a path. Empty when there are none. opbridge.InferenceSession and `opbridge
@@ -198,13 +202,13 @@ def check_attributes(model: Any) -> list[str]:
     return attribute_problems(model)
 
 
-def _tensor_args(args: Any) -> tuple:
+def _tensor_args(args: Any) -> tuple[Any, ...]:
     if not isinstance(args, tuple):
         args = (args,)
-    return args
+    return cast("tuple[Any, ...]", args)
 
 
-def _var_positional_start(model: Any, args: tuple) -> int | None:
+def _var_positional_start(model: Any, args: tuple[Any, ...]) -> int | None:
     """The position of forward's *args parameter among the inputs, or None where it has none."""
     try:
         params = list(inspect.signature(model.forward).parameters.values())
@@ -214,7 +218,7 @@ def _var_positional_start(model: Any, args: tuple) -> int | None:
     return k if k is not None and k <= len(args) else None
 
 
-def _input_names(model: Any, args: tuple) -> list[str]:
+def _input_names(model: Any, args: tuple[Any, ...]) -> list[str]:
     try:
         params = [p for p in inspect.signature(model.forward).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -232,7 +236,7 @@ _DYNAMO_MIN_OPSET = 18
 
 
 @contextlib.contextmanager
-def _quiet_exporter():
+def _quiet_exporter() -> Iterator[None]:
     """Silences exporter chatter that says nothing about the user's model: the dynamo exporter
     logs one warning per torchvision op when torchvision is absent, torch's pytree emits a
     FutureWarning, and the TorchScript exporter warns that it is deprecated (it is the exporter
@@ -251,9 +255,9 @@ def _quiet_exporter():
 
 
 def export(
-    model: Any,
-    args: Any,
-    f: str | os.PathLike | None = None,
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    args: torch.Tensor | tuple[Any, ...],
+    f: str | os.PathLike[str] | None = None,
     *,
     dynamo: bool = True,
     opset_version: int | None = None,
@@ -339,7 +343,7 @@ def export(
                 )
             # The exported model as onnx_ir holds torch's own tensors: nothing is copied until
             # the tensors are written.
-            ir_model = program.model
+            ir_model = cast("torch.onnx.ONNXProgram", program).model
             del program
             external = f is not None and _external_data.wants_external(
                 external_data, _external_data.tensor_bytes(ir_model))
@@ -390,13 +394,13 @@ def _write(model: Any, f: str | None, external: bool, cfg: ExportConfig, *, fuse
         rewrite_model(model, sources=EXPORT_SOURCES)
         fuse = False
     if external:
-        _external_data.unload(model, f)
+        _external_data.unload(model, cast("str | os.PathLike[str]", f))  # external: f is given
     _type_custom_outputs(model)
     proto = ir.serde.serialize_model(model)
     if convert:
         # onnx's converter works on a ModelProto (small by now when the tensors are external);
         # the fusion follows it, as it matches the converted opset's forms.
-        proto = _convert_opset(proto, cfg.opset_version)
+        proto = _convert_opset(proto, cast(int, cfg.opset_version))  # convert: an opset was asked for
         if fuse:
             from ._fusion import fuse_exported
 
@@ -452,7 +456,7 @@ def _drop_reduce18_attributes(graph: onnx.GraphProto) -> None:
                 node.attribute.extend(keep)
 
 
-def _all_nodes(graph: onnx.GraphProto):
+def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
     for node in graph.node:
         yield node
         for attr in node.attribute:
