@@ -29,6 +29,9 @@ from ._exporter_rules import register_symbolics, symbolics_registered, translati
 from ._registry import standard_lowering
 from ._script import infer_shapes, register_schemas
 
+if TYPE_CHECKING:  # torch only where an export needs it
+    import torch
+
 __all__ = [
     "Builder",
     "CustomOp",
@@ -60,7 +63,7 @@ register_schemas()
 _on_register(lambda _library: register_schemas())
 
 
-def check_attributes(model: Any) -> list[str]:
+def check_attributes(model: onnx.ModelProto | str | os.PathLike[str]) -> list[str]:
     """Problems ONNX Runtime cannot see in a model's declared-op nodes: unknown (e.g. misspelled)
     attribute names and attributes newer than the op version the model imports. ``model``: a
     ModelProto or a path. Empty when there are none. opbridge.InferenceSession and `opbridge
