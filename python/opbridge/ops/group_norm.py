@@ -3,6 +3,8 @@ kernel and autograd (first and higher order)."""
 
 from __future__ import annotations
 
+import math
+import struct
 from typing import Optional
 
 import torch
@@ -101,12 +103,21 @@ def _backward_of_backward(ctx, *grads):
 register_formula("opbridge::group_norm_backward", _backward_of_backward, lambda ctx, inputs, output: None)
 
 
+def _float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (+-inf past its range), as the kernels take it."""
+    try:
+        return float(struct.unpack("f", struct.pack("f", value))[0])
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
 def _group_norm_backward_composite(grad, x, num_groups, weight, bias, eps, activation="none"):
     """opbridge::group_norm_backward from torch ops: the differentiable backward (used under
     create_graph=True) and the backward on devices without an opbridge backward kernel (CUDA).
     Same outputs as the C++ CPU kernel (dx in x's memory format, dweight, dbias; dweight/dbias as
     if weight were 1 when it is None). Statistics in float32 (float64 for float64 inputs)."""
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    eps = _float32(eps)  # the forward kernels compute with float32(eps): float attributes are float32
     n, c = x.shape[0], x.shape[1]
     cl = uses_channels_last(x)
     if x.numel() == 0:
