@@ -19,6 +19,7 @@ pytestmark = pytest.mark.torch
 
 def _gn_ref(x, num_groups, weight=None, bias=None, eps=1e-5, activation="none"):
     assert activation == "none"
+    eps = float(np.float32(eps))  # a float attribute is float32 in every call (as ONNX stores it)
     w = None if weight is None else weight.numpy()
     b = None if bias is None else bias.numpy()
     return reference.group_norm(x.numpy(), num_groups, w, b, eps)
