@@ -3,6 +3,8 @@ kernel and autograd (first and higher order)."""
 
 from __future__ import annotations
 
+import math
+import struct
 from typing import Any, Optional, cast
 
 import torch
@@ -102,6 +104,14 @@ def _backward_of_backward(ctx: Any, *grads: Any) -> Any:
 register_formula("opbridge::group_norm_backward", _backward_of_backward, lambda ctx, inputs, output: None)
 
 
+def _float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (+-inf past its range), as the kernels take it."""
+    try:
+        return float(struct.unpack("f", struct.pack("f", value))[0])
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
 def _group_norm_backward_composite(grad: torch.Tensor, x: torch.Tensor, num_groups: int, weight: torch.Tensor | None,
                                    bias: torch.Tensor | None, eps: float, activation: str = "none"
                                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -110,6 +120,7 @@ def _group_norm_backward_composite(grad: torch.Tensor, x: torch.Tensor, num_grou
     Same outputs as the C++ CPU kernel (dx in x's memory format, dweight, dbias; dweight/dbias as
     if weight were 1 when it is None). Statistics in float32 (float64 for float64 inputs)."""
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    eps = _float32(eps)  # the forward kernels compute with float32(eps): float attributes are float32
     n, c = x.shape[0], x.shape[1]
     cl = uses_channels_last(x)
     if x.numel() == 0:
