@@ -30,7 +30,7 @@ import torch
 from ._ort import import_onnxruntime
 
 if TYPE_CHECKING:
-    from ._decl import MisdeclaredOpError, OpDecl
+    from ._declarations import MisdeclaredOpError, OpDecl
 
     # What check_op takes as the op: "namespace::name", a torch op, or its declaration.
     OpLike = Union[str, torch._ops.OpOverload, torch._ops.OpOverloadPacket, OpDecl]

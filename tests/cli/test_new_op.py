@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -254,7 +255,9 @@ def test_index_output_scaffold(tmp_path, pytestconfig):
 def _mypy_passes(project, pytestconfig):
     pytest.importorskip("mypy")
     # One cache for every run: checking torch's stubs from cold takes most of a run's time.
-    cache = pytestconfig.cache.mkdir("mypy")
+    # (pytest's cache, or a folder of the system's temp dir where -p no:cacheprovider turns it off)
+    cache = (pytestconfig.cache.mkdir("mypy") if getattr(pytestconfig, "cache", None) is not None
+             else Path(tempfile.gettempdir()) / "opbridge-mypy-cache")
     r = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache)],
                        capture_output=True, text=True, cwd=project, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -313,6 +316,7 @@ def test_torch_free_until_used(built, tmp_path, rng):
     model, io = _scaled_mul_model(tmp_path, rng)
     out = run_python(["-c", f"""
 import sys
+import tempfile
 import numpy as np
 import opbridge, myproj
 io = np.load({str(io)!r})

@@ -15,13 +15,15 @@ models that use them. It needs onnx, not torch.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from .._op_library import on_register as _on_register
 from ._build import Builder
-from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig
+from .._library import DOMAIN
+from ._config import DOMAIN_VERSION, LOWERINGS, ExportConfig
 from ._custom import CustomOp, declare_op
 from ._declared_export import register_shape_inference, register_symbolic, register_translation
 from ._export import export

@@ -21,7 +21,7 @@ import numpy as np
 from .._op_library import opbridge_library
 
 if TYPE_CHECKING:
-    from .._decl import AttrDecl
+    from .._declarations import AttrDecl
 
 _GROUP_NORM = opbridge_library().ops["group_norm"]
 DOMAIN = _GROUP_NORM.domain
@@ -543,7 +543,7 @@ LABEL_MS = "com.microsoft::GroupNorm"
 LABEL_TRANSPOSES = "Transpose pairs around channels-last GroupNorms removed"
 LABEL_SILU = 'GroupNorm + SiLU fused into GroupNorm(activation="silu")'
 
-def rule_stages(sources: Sequence[str], silu: bool) -> tuple[list, list, _Session]:
+def rule_stages(sources: Sequence[str], silu: bool) -> tuple[list[Any], list[Any], _Session]:
     """The GroupNorm fusion's stages for ``sources`` (a subset of _rewrite.SOURCES), as
     (label, rules, what to run after them when they changed something): the GroupNorm forms, then,
     with ``silu``, the SiLU fusion (to run after every other rewrite, so that it sees each
@@ -573,7 +573,7 @@ def rule_stages(sources: Sequence[str], silu: bool) -> tuple[list, list, _Sessio
         stages.append((LABEL_MS, [MicrosoftGroupNorm.rule(session, ms_rule_name)], None))
         # A cancelled pair on a graph input leaves an Identity (see TransposePair.rewrite).
         stages.append((LABEL_TRANSPOSES, [TransposePair.rule(ms_rule_name)], passes.IdentityEliminationPass()))
-    silu_stages: list[tuple[str, list, Callable[[Any], Any] | None]] = []
+    silu_stages: list[tuple[str, list[Any], Callable[[Any], Any] | None]] = []
     if silu:
         forms = ("sigmoid_mul", "swish", "quick_gelu", "div")
         silu_stages.append((LABEL_SILU, [FuseSilu.rule(form) for form in forms], None))

@@ -28,7 +28,7 @@ from ._config import ExportConfig
 from ._registry import once_per_export, standard_lowering
 
 if TYPE_CHECKING:
-    from .._decl import OpDecl
+    from .._declarations import OpDecl
     from ._build import Builder
 
 OP_TYPE = "Inverse"  # the declaration's onnx_type

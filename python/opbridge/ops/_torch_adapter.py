@@ -54,7 +54,7 @@ def differentiable_form(qualname: str) -> Callable[..., Any] | None:
 
 
 def signature(op: OpDecl) -> inspect.Signature:
-    return cast(inspect.Signature, op.signature())
+    return op.signature()
 
 
 def _dims(t: torch.Tensor) -> list[int]:
