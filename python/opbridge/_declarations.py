@@ -166,6 +166,7 @@ class DeclaringLibrary(Protocol):
 
     domain: str
     namespace: str | None
+    domain_version: int
 
     def check_call(self, op: OpDecl, inputs: Sequence[object], attrs: Mapping[str, object]) -> None: ...
 

@@ -22,12 +22,20 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Union, cast
 
 import numpy as np
 import torch
 
 from ._ort import import_onnxruntime
+
+if TYPE_CHECKING:
+    from ._declarations import MisdeclaredOpError, OpDecl
+
+    # What check_op takes as the op: "namespace::name", a torch op, or its declaration.
+    OpLike = Union[str, torch._ops.OpOverload, torch._ops.OpOverloadPacket, OpDecl]
+    _Samples = list[Sequence[Any]]
+    _Tolerances = Mapping[torch.dtype, tuple[float, float]]
 
 __all__ = ["CheckReport", "OpCheckError", "check_op", "default_tolerances"]
 
@@ -37,7 +45,7 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64", torch.float1
 _NP = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16}
 
 
-def default_tolerances() -> dict:
+def default_tolerances() -> dict[torch.dtype, tuple[float, float]]:
     """(rtol, atol) per dtype for comparisons with the float64 reference and between torch and
     ONNX Runtime: a few units in the last place of each type, scaled for reductions."""
     return {torch.float64: (1e-9, 1e-9), torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 1e-3),
@@ -60,10 +68,10 @@ class CheckReport:
     """Every check check_op ran, in order."""
 
     op: str
-    checks: list = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
 
     @property
-    def failures(self) -> list:
+    def failures(self) -> list[Check]:
         return [c for c in self.checks if c.status == "FAIL"]
 
     def add(self, name: str, status: str, detail: str = "") -> None:
@@ -84,7 +92,7 @@ class CheckReport:
 # ---------------------------------------------------------------- helpers
 
 
-def _resolve(op: Any) -> tuple[Any, Any]:
+def _resolve(op: OpLike) -> tuple[Any, Any]:
     """(OpDecl, torch OpOverload) of ``op``: "namespace::name", a torch op, or an OpDecl."""
     from ._declarations import OpDecl
     from ._op_library import libraries
@@ -114,7 +122,7 @@ def _resolve(op: Any) -> tuple[Any, Any]:
     if decl is None:
         refused = next((lib for lib in libraries() if lib.namespace == ns and name in lib.refused), None)
         if refused is not None:
-            raise refused.misdeclared([name])
+            raise cast("MisdeclaredOpError", refused.misdeclared([name]))
         known = sorted(o.qualname for lib in libraries() if lib.namespace for o in lib.ops.values())
         raise ValueError(f"{qualname} is not a declared op of any library opbridge knows ({', '.join(known)}); "
                          "register its library first (opbridge.register_library, or import the package "
@@ -128,7 +136,7 @@ def _resolve(op: Any) -> tuple[Any, Any]:
     return decl, overload
 
 
-def _cast(args: Sequence[Any], dtype: torch.dtype, device: str = "cpu") -> tuple:
+def _cast(args: Sequence[Any], dtype: torch.dtype, device: str = "cpu") -> tuple[Any, ...]:
     """Floating tensors to `dtype` and every tensor to `device`; other arguments as they are."""
     out = []
     for a in args:
@@ -142,14 +150,15 @@ def _cast(args: Sequence[Any], dtype: torch.dtype, device: str = "cpu") -> tuple
     return tuple(out)
 
 
-def _as_tuple(value: Any) -> tuple:
+def _as_tuple(value: Any) -> tuple[Any, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
 
-def _to_numpy(value: Any) -> np.ndarray:
+def _to_numpy(value: Any) -> np.ndarray[Any, Any]:
     if isinstance(value, torch.Tensor):
         value = value.detach().cpu()
-        return value.to(torch.float64).numpy() if value.is_floating_point() else value.numpy()
+        return cast("np.ndarray[Any, Any]",
+                    value.to(torch.float64).numpy() if value.is_floating_point() else value.numpy())
     return np.asarray(value)
 
 
@@ -228,8 +237,8 @@ class _OpModule(torch.nn.Module):
 
 
 def check_op(
-    op: Any,
-    reference: Callable,
+    op: OpLike,
+    reference: Callable[..., Any],
     samples: Iterable[Sequence[Any]],
     *,
     dtypes: Sequence[torch.dtype] | None = None,
@@ -299,8 +308,8 @@ def check_op(
     return report
 
 
-def _check_forward(report: CheckReport, overload: Any, reference: Callable, samples: list, dtypes: list,
-                   tol: Mapping, device: str) -> None:
+def _check_forward(report: CheckReport, overload: Any, reference: Callable[..., Any], samples: _Samples,
+                   dtypes: list[torch.dtype], tol: _Tolerances, device: str) -> None:
     where = "" if device == "cpu" else f" on {device}"
     for k, sample in enumerate(samples):
         try:
@@ -327,8 +336,8 @@ def _check_forward(report: CheckReport, overload: Any, reference: Callable, samp
             report.add(name, "FAIL" if problem else "ok", problem)
 
 
-def _check_core(report: CheckReport, decl: Any, reference: Callable, samples: list, dtypes: list,
-                tol: Mapping) -> None:
+def _check_core(report: CheckReport, decl: Any, reference: Callable[..., Any], samples: _Samples,
+                dtypes: list[torch.dtype], tol: _Tolerances) -> None:
     """The op's CPU kernel on arrays through its library (OpDecl.run, what opbridge._core.<op>
     runs): no torch in the call, the declaration's checks and output rules applied by the library."""
     try:
@@ -359,14 +368,14 @@ def _check_core(report: CheckReport, decl: Any, reference: Callable, samples: li
             report.add(name, "FAIL" if problem else "ok", problem)
 
 
-def _requires_grad(args: Sequence[Any], positions: Sequence[int]) -> tuple:
+def _requires_grad(args: Sequence[Any], positions: Sequence[int]) -> tuple[Any, ...]:
     out = list(args)
     for i in positions:
         out[i] = out[i].detach().clone().requires_grad_(True)
     return tuple(out)
 
 
-def _check_opcheck(report: CheckReport, decl: Any, overload: Any, samples: list, dtypes: list) -> None:
+def _check_opcheck(report: CheckReport, decl: Any, overload: Any, samples: _Samples, dtypes: list[torch.dtype]) -> None:
     from .ops._torch_adapter import gradient_order
 
     order = gradient_order(decl.qualname) or 0
@@ -383,7 +392,7 @@ def _check_opcheck(report: CheckReport, decl: Any, overload: Any, samples: list,
             report.add(name, "FAIL", _error(e, 10))
 
 
-def _check_gradients(report: CheckReport, decl: Any, overload: Any, samples: list) -> None:
+def _check_gradients(report: CheckReport, decl: Any, overload: Any, samples: _Samples) -> None:
     from .ops._torch_adapter import differentiable_form, gradient_order
 
     order = gradient_order(decl.qualname)
@@ -398,7 +407,7 @@ def _check_gradients(report: CheckReport, decl: Any, overload: Any, samples: lis
             report.add(f"gradcheck, sample {k}", "skip", "no floating tensor argument")
             continue
 
-        def fn(*tensors: torch.Tensor, args: tuple = args, positions: list = positions) -> Any:
+        def fn(*tensors: torch.Tensor, args: Sequence[Any] = args, positions: list[int] = positions) -> Any:
             full = list(args)
             for i, t in zip(positions, tensors):
                 full[i] = t
@@ -457,8 +466,9 @@ def _custom_domains() -> set[str]:
     return {lib.domain for lib in libraries()}
 
 
-def _check_export(report: CheckReport, decl: Any, overload: Any, samples: list, dtypes: list, tol: Mapping,
-                  exporters: Sequence[str], lowerings: Sequence[str] | None, export_samples: int) -> None:
+def _check_export(report: CheckReport, decl: Any, overload: Any, samples: _Samples, dtypes: list[torch.dtype],
+                  tol: _Tolerances, exporters: Sequence[str], lowerings: Sequence[str] | None,
+                  export_samples: int) -> None:
     try:
         import onnx
 
@@ -523,8 +533,8 @@ def _check_export(report: CheckReport, decl: Any, overload: Any, samples: list, 
     _check_dynamic_batch(report, decl, overload, samples, dtypes, tol, exporters)
 
 
-def _check_dynamic_batch(report: CheckReport, decl: Any, overload: Any, samples: list, dtypes: list, tol: Mapping,
-                         exporters: Sequence[str]) -> None:
+def _check_dynamic_batch(report: CheckReport, decl: Any, overload: Any, samples: _Samples,
+                         dtypes: list[torch.dtype], tol: _Tolerances, exporters: Sequence[str]) -> None:
     """The first sample exported as opbridge.onnx.export does by default (dim 0 of the inputs that
     share the first input's batch made dynamic), run in ONNX Runtime against torch."""
     import opbridge.onnx

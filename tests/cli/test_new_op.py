@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -184,6 +185,12 @@ def test_generated_project_builds_and_its_tests_pass(built):
     assert re.search(r"\b4 passed\b", out), out
 
 
+def test_generated_package_passes_mypy_strict(built, pytestconfig):
+    # With the project's own [tool.mypy] (strict), as its author would run it, against the
+    # installed (typed) opbridge.
+    _mypy_passes(built[0], pytestconfig)
+
+
 def test_installed_package_requires_neither_torch_nor_onnxruntime(built):
     # The built wheel's metadata, as pip installed it: the ORT side is torch-free at install too.
     from packaging.requirements import Requirement
@@ -219,7 +226,7 @@ print(y.grad_fn.name())
     assert "OpbridgeBackward[myproj::scaled_mul]" in out.stdout, out.stdout + out.stderr
 
 
-def test_index_output_scaffold(tmp_path):
+def test_index_output_scaffold(tmp_path, pytestconfig):
     # --index-output: a second output of int64 indices, without a gradient (the backward takes y's
     # gradient only). The generated tests pass (check_op: indices compared exactly, gradients, both
     # exporters, ONNX Runtime), and so does the README's block.
@@ -241,6 +248,19 @@ def test_index_output_scaffold(tmp_path):
     (tmp_path / "example.py").write_text(block + check)
     out = run_python([tmp_path / "example.py"], tmp_path / "site", tmp_path)
     assert "same result" in out.stdout, out.stdout + out.stderr
+    # The op function's return type (a pair) type-checks too.
+    _mypy_passes(project, pytestconfig)
+
+
+def _mypy_passes(project, pytestconfig):
+    pytest.importorskip("mypy")
+    # One cache for every run: checking torch's stubs from cold takes most of a run's time.
+    # (pytest's cache, or a folder of the system's temp dir where -p no:cacheprovider turns it off)
+    cache = (pytestconfig.cache.mkdir("mypy") if getattr(pytestconfig, "cache", None) is not None
+             else Path(tempfile.gettempdir()) / "opbridge-mypy-cache")
+    r = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache)],
+                       capture_output=True, text=True, cwd=project, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_generated_readme_example_runs(built, tmp_path):
@@ -296,6 +316,7 @@ def test_torch_free_until_used(built, tmp_path, rng):
     model, io = _scaled_mul_model(tmp_path, rng)
     out = run_python(["-c", f"""
 import sys
+import tempfile
 import numpy as np
 import opbridge, myproj
 io = np.load({str(io)!r})

@@ -9,6 +9,7 @@ import inspect
 import re
 import warnings
 from dataclasses import dataclass, field
+from typing import Callable, Literal, cast, overload
 
 import torch
 
@@ -17,7 +18,7 @@ from . import ms_deform_attn_per_level as _msda_per_level
 from .group_norm import GroupNorm
 
 # torch.nn module type -> its opbridge replacement (which has a from_torch classmethod).
-_REPLACEMENTS = {torch.nn.GroupNorm: GroupNorm}
+_REPLACEMENTS: dict[type[torch.nn.Module], type[GroupNorm]] = {torch.nn.GroupNorm: GroupNorm}
 
 
 # Multi-scale deformable attention: (recogniser, maker) pairs, tried in order, and the replacement
@@ -31,7 +32,7 @@ _MSDA_NAME = re.compile(r"deform(able)?_?(attn|attention)", re.IGNORECASE)
 def _replacement(m: torch.nn.Module) -> torch.nn.Module | None:
     repl = _REPLACEMENTS.get(type(m))
     if repl is not None:
-        return repl.from_torch(m)
+        return repl.from_torch(cast(torch.nn.GroupNorm, m))
     if isinstance(m, _MSDA_REPLACED):
         return None
     for recognise, make in _MSDA_RECOGNISERS:
@@ -73,7 +74,18 @@ class ConvertReport:
         return "opbridge.nn.convert: " + "; ".join(parts)
 
 
-def convert(model: torch.nn.Module, fuse_activations: bool = True, *, report: bool = False):
+@overload
+def convert(model: torch.nn.Module, fuse_activations: bool = ..., *,
+            report: Literal[False] = ...) -> torch.nn.Module: ...
+@overload
+def convert(model: torch.nn.Module, fuse_activations: bool = ..., *, report: Literal[True]) -> ConvertReport: ...
+@overload
+def convert(model: torch.nn.Module, fuse_activations: bool = ..., *,
+            report: bool = ...) -> torch.nn.Module | ConvertReport: ...
+
+
+def convert(model: torch.nn.Module, fuse_activations: bool = True, *,
+            report: bool = False) -> torch.nn.Module | ConvertReport:
     """Replaces, in place, every module that opbridge provides a twin for by that twin sharing the
     same parameters, buffers and submodules (state_dict unchanged), and returns the model (a new
     module when ``model`` itself is one that gets replaced), or with ``report=True`` a
@@ -129,7 +141,7 @@ def _convert(module: torch.nn.Module, prefix: str, rep: ConvertReport, fuse: boo
     return converted
 
 
-def _is_gn(m) -> bool:
+def _is_gn(m: object) -> bool:
     return isinstance(m, GroupNorm) and m.activation == "none"
 
 
@@ -152,7 +164,7 @@ def _fuse_sequential(seq: torch.nn.Sequential) -> None:
     for a, b in zip(names, names[1:]):
         gn, act = seq._modules[a], seq._modules[b]
         if _is_gn(gn) and type(act) is torch.nn.SiLU:
-            seq._modules[a] = _fused(gn)
+            seq._modules[a] = _fused(cast(GroupNorm, gn))
             seq._modules[b] = torch.nn.Identity()
 
 
@@ -171,14 +183,14 @@ class _SiLULinear(torch.nn.Linear):
         return new
 
 
-def _forward_source(model) -> str:
+def _forward_source(model: torch.nn.Module) -> str:
     try:
         return inspect.getsource(type(model).forward)
     except (OSError, TypeError):
         return ""
 
 
-def _fuse_resnet_block(block) -> None:
+def _fuse_resnet_block(block: torch.nn.Module) -> None:
     # diffusers' ResnetBlock2D.forward applies its one `nonlinearity` module three times:
     #   norm1 -> nonlinearity;  temb -> nonlinearity -> time_emb_proj (unless skip_time_act);
     #   norm2 (+ scale/shift for time_embedding_norm="scale_shift") -> nonlinearity.
@@ -197,12 +209,12 @@ def _fuse_resnet_block(block) -> None:
         if type(proj) is not torch.nn.Linear:
             return
         block.time_emb_proj = _SiLULinear.from_linear(proj)
-    block.norm1 = _fused(block.norm1)
-    block.norm2 = _fused(block.norm2)
+    block.norm1 = _fused(cast(GroupNorm, block.norm1))
+    block.norm2 = _fused(cast(GroupNorm, block.norm2))
     block.nonlinearity = torch.nn.Identity()
 
 
-def _fuse_norm_out(model) -> None:
+def _fuse_norm_out(model: torch.nn.Module) -> None:
     # Encoder / Decoder / UNet2DModel / UNet2DConditionModel: `sample = self.conv_norm_out(sample)`
     # directly followed by `sample = self.conv_act(sample)`, conv_act's only use.
     src = _forward_source(model)
@@ -212,11 +224,11 @@ def _fuse_norm_out(model) -> None:
             or not _is_gn(getattr(model, "conv_norm_out", None))
             or type(getattr(model, "conv_act", None)) is not torch.nn.SiLU):
         return
-    model.conv_norm_out = _fused(model.conv_norm_out)
+    model.conv_norm_out = _fused(cast(GroupNorm, model.conv_norm_out))
     model.conv_act = torch.nn.Identity()
 
 
-_DIFFUSERS_RULES = {
+_DIFFUSERS_RULES: dict[str, Callable[[torch.nn.Module], None]] = {
     "diffusers.models.resnet.ResnetBlock2D": _fuse_resnet_block,
     "diffusers.models.autoencoders.vae.Encoder": _fuse_norm_out,
     "diffusers.models.autoencoders.vae.Decoder": _fuse_norm_out,

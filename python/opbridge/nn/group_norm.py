@@ -19,7 +19,8 @@ class GroupNorm(torch.nn.GroupNorm):
     output keeps a channels-last input's memory format."""
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = DEFAULT_EPS, affine: bool = True,
-                 device=None, dtype=None, *, bias: bool = True, activation: str = "none") -> None:
+                 device: torch.device | str | int | None = None, dtype: torch.dtype | None = None, *,
+                 bias: bool = True, activation: str = "none") -> None:
         _check_activation(activation)
         if _TORCH_TAKES_BIAS:
             super().__init__(num_groups, num_channels, eps, affine, device, dtype, bias=bias)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,19 @@ import torch.nn.functional as F
 from .. import ops
 
 __all__ = ["RECOGNISERS", "REPLACED"]
+
+if TYPE_CHECKING:
+    from typing import Protocol
+
+    class _Layer(Protocol):
+        # What _attend reads of the layers (the originals' attributes, through a shared __dict__).
+        sampling_offsets: torch.nn.Module
+        attention_weights: torch.nn.Module
+        output_proj: torch.nn.Module
+        n_heads: int
+        d_model: int
+        n_levels: int
+        n_points: int
 
 
 def _params(m: torch.nn.Module) -> tuple[str, ...]:
@@ -76,7 +89,7 @@ def _op_tables(spatial_shapes: torch.Tensor, level_start_index: torch.Tensor,
     return _cached_host_tables(levels)
 
 
-def _shared(cls: type, m: torch.nn.Module) -> torch.nn.Module:
+def _shared(cls: type[torch.nn.Module], m: torch.nn.Module) -> torch.nn.Module:
     new = cls.__new__(cls)
     new.__dict__.update(m.__dict__)
     return new
@@ -84,7 +97,7 @@ def _shared(cls: type, m: torch.nn.Module) -> torch.nn.Module:
 
 def _eager() -> bool:
     """False while an exporter traces the model (TorchScript tracer, torch.onnx.export)."""
-    return not (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())
+    return not (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())  # type: ignore[attr-defined,no-untyped-call]
 
 
 def _sampling_locations(reference_points: torch.Tensor, sampling_offsets: torch.Tensor,
@@ -144,7 +157,7 @@ def _sampling_locations_broadcast(reference_points: torch.Tensor, sampling_offse
             + sampling_offsets / n_points * reference_points[:, :, None, :, None, 2:] * 0.5)
 
 
-def _attend(m: torch.nn.Module, hidden_states: torch.Tensor, value: torch.Tensor, reference_points: torch.Tensor,
+def _attend(m: _Layer, hidden_states: torch.Tensor, value: torch.Tensor, reference_points: torch.Tensor,
             spatial_shapes: torch.Tensor, level_start_index: torch.Tensor,
             spatial_shapes_list: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The arithmetic the transformers layers share after projecting (and masking) the values:
@@ -203,6 +216,15 @@ class TransformersDeformableAttentionLayer(torch.nn.Module):
     the original class, which must keep holding."""
 
     _original: type  # set on each per-class subclass
+    # The original's attributes (shared __dict__).
+    value_proj: torch.nn.Module
+    sampling_offsets: torch.nn.Module
+    attention_weights: torch.nn.Module
+    output_proj: torch.nn.Module
+    n_heads: int
+    d_model: int
+    n_levels: int
+    n_points: int
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask: Any = None,
@@ -214,8 +236,8 @@ class TransformersDeformableAttentionLayer(torch.nn.Module):
         # neither; encoder_attention_mask is unused there too.
         if position_embeddings is not None:
             hidden_states = hidden_states + position_embeddings
-        sequence_length = encoder_hidden_states.shape[1]
-        if spatial_shapes_list is not None and not torch.jit.is_tracing():
+        sequence_length = cast(torch.Tensor, encoder_hidden_states).shape[1]
+        if spatial_shapes_list is not None and not torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call]
             # The original's check (the op checks it as well, from spatial_shapes; the TorchScript
             # tracer has the sizes as tensors here).
             torch._check_with(ValueError, sum(h * w for h, w in spatial_shapes_list) == sequence_length,
@@ -236,23 +258,24 @@ class TransformersDeformableAttentionLayer(torch.nn.Module):
                 value = value.masked_fill_(~attention_mask[..., None], float(0))
             else:
                 value = value.masked_fill(~attention_mask[..., None], float(0))
-        return _attend(self, hidden_states, value, reference_points, spatial_shapes, level_start_index,
-                       spatial_shapes_list)
+        return _attend(self, hidden_states, value, cast(torch.Tensor, reference_points), spatial_shapes,
+                       level_start_index, spatial_shapes_list)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # The per-class subclass is made at run time and cannot be found by name: pickle and
         # deepcopy rebuild it from the original class instead.
-        return _new_outer, (self._original,), self.__getstate__()
+        return _new_outer, (self._original,), self.__getstate__()  # type: ignore[no-untyped-call]
 
 
-_OUTER_SUBCLASSES: dict[type, type] = {}
+_OUTER_SUBCLASSES: dict[type, type[torch.nn.Module]] = {}
 
 
-def _subclass(original: type) -> type:
+def _subclass(original: type) -> type[torch.nn.Module]:
     sub = _OUTER_SUBCLASSES.get(original)
     if sub is None:
-        sub = type(f"Opbridge{original.__name__}", (TransformersDeformableAttentionLayer, original),
-                   {"_original": original, "__module__": __name__})
+        sub = cast("type[torch.nn.Module]",
+                   type(f"Opbridge{original.__name__}", (TransformersDeformableAttentionLayer, original),
+                        {"_original": original, "__module__": __name__}))
         _OUTER_SUBCLASSES[original] = sub
     return sub
 
@@ -317,6 +340,17 @@ class TransformersPixelDecoderMultiscaleDeformableAttention(torch.nn.Module):
     5.x), with ``multi_scale_deformable_attention(...)`` computed by opbridge. Both mask
     *padding* positions (attention_mask True = padding), unlike DeformableDetr's layer."""
 
+    _signature: inspect.Signature  # set on each per-source subclass
+    # The original's attributes (shared __dict__).
+    value_proj: torch.nn.Module
+    sampling_offsets: torch.nn.Module
+    attention_weights: torch.nn.Module
+    output_proj: torch.nn.Module
+    n_heads: int
+    d_model: int
+    n_levels: int
+    n_points: int
+
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask: Any = None,
                 position_embeddings: torch.Tensor | None = None, reference_points: torch.Tensor | None = None,
@@ -325,11 +359,11 @@ class TransformersPixelDecoderMultiscaleDeformableAttention(torch.nn.Module):
         # OneFormer: (..., spatial_shapes, level_start_index, output_attentions, spatial_shapes_list).
         bound = self._signature.bind(hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask,
                                      position_embeddings, reference_points, *args, **kwargs).arguments
-        spatial_shapes = bound.get("spatial_shapes")
-        spatial_shapes_list = bound.get("spatial_shapes_list")
+        spatial_shapes: torch.Tensor | None = bound.get("spatial_shapes")
+        spatial_shapes_list: Any = bound.get("spatial_shapes_list")
         if position_embeddings is not None:
             hidden_states = hidden_states + position_embeddings
-        sequence_length = encoder_hidden_states.shape[1]
+        sequence_length = cast(torch.Tensor, encoder_hidden_states).shape[1]
         if spatial_shapes is None:
             spatial_shapes = torch.tensor([[int(h), int(w)] for h, w in spatial_shapes_list], dtype=torch.long,
                                           device=hidden_states.device)
@@ -339,13 +373,14 @@ class TransformersPixelDecoderMultiscaleDeformableAttention(torch.nn.Module):
         value = self.value_proj(encoder_hidden_states)
         if attention_mask is not None:
             value = value.masked_fill(attention_mask[..., None], float(0))
-        return _attend(self, hidden_states, value, reference_points, spatial_shapes,
+        return _attend(self, hidden_states, value, cast(torch.Tensor, reference_points), spatial_shapes,
                        _level_start_index(spatial_shapes), spatial_shapes_list)
 
     @classmethod
     def from_module(cls, m: torch.nn.Module) -> torch.nn.Module:
         # A per-source subclass keeps the original's forward signature for argument binding.
-        sub = type(f"Opbridge{type(m).__name__}", (cls,), {"_signature": inspect.signature(type(m).forward)})
+        sub = cast("type[TransformersPixelDecoderMultiscaleDeformableAttention]",
+                   type(f"Opbridge{type(m).__name__}", (cls,), {"_signature": inspect.signature(type(m).forward)}))
         sub.__module__ = __name__
         sub._signature = inspect.Signature(list(sub._signature.parameters.values())[1:])
         return _shared(sub, m)
@@ -373,6 +408,16 @@ class MSDeformAttn(torch.nn.Module):
     """Replaces Deformable-DETR's ``MSDeformAttn`` (d_model, n_levels, n_heads, n_points); its
     forward with ``MSDeformAttnFunction.apply`` computed by opbridge."""
 
+    # The original's attributes (shared __dict__).
+    value_proj: torch.nn.Module
+    sampling_offsets: torch.nn.Module
+    attention_weights: torch.nn.Module
+    output_proj: torch.nn.Module
+    n_heads: int
+    d_model: int
+    n_levels: int
+    n_points: int
+
     def forward(self, query: torch.Tensor, reference_points: torch.Tensor, input_flatten: torch.Tensor,
                 input_spatial_shapes: torch.Tensor, input_level_start_index: torch.Tensor,
                 input_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -390,7 +435,7 @@ class MSDeformAttn(torch.nn.Module):
         sampling_locations = _sampling_locations(reference_points, sampling_offsets, offset_normalizer, self.n_points)
         output = ops.ms_deform_attn(value, input_spatial_shapes, input_level_start_index, sampling_locations,
                                     attention_weights)
-        return self.output_proj(output)
+        return cast(torch.Tensor, self.output_proj(output))
 
 
 def _is_msdeformattn(m: torch.nn.Module) -> bool:
@@ -406,6 +451,17 @@ class MmcvMultiScaleDeformableAttention(torch.nn.Module):
     """Replaces mmcv's ``MultiScaleDeformableAttention`` (embed_dims, num_heads, num_levels,
     num_points, im2col_step, dropout, batch_first, ..., value_proj_ratio); its forward with the
     CUDA function / ``multi_scale_deformable_attn_pytorch`` computed by opbridge."""
+
+    # The original's attributes (shared __dict__).
+    value_proj: torch.nn.Module
+    sampling_offsets: torch.nn.Module
+    attention_weights: torch.nn.Module
+    output_proj: torch.nn.Module
+    dropout: torch.nn.Module
+    num_heads: int
+    num_levels: int
+    num_points: int
+    batch_first: bool
 
     def forward(self, query: torch.Tensor, key: torch.Tensor | None = None, value: torch.Tensor | None = None,
                 identity: torch.Tensor | None = None, query_pos: torch.Tensor | None = None,
@@ -434,14 +490,17 @@ class MmcvMultiScaleDeformableAttention(torch.nn.Module):
                                                                self.num_levels * self.num_points)
         attention_weights = attention_weights.softmax(-1)
         attention_weights = attention_weights.view(bs, num_query, self.num_heads, self.num_levels, self.num_points)
+        # Required by the original too (None fails there as here).
+        spatial_shapes = cast(torch.Tensor, spatial_shapes)
         offset_normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
-        sampling_locations = _sampling_locations(reference_points, sampling_offsets, offset_normalizer,
-                                                 self.num_points)
-        output = ops.ms_deform_attn(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+        sampling_locations = _sampling_locations(cast(torch.Tensor, reference_points), sampling_offsets,
+                                                 offset_normalizer, self.num_points)
+        output = ops.ms_deform_attn(value, spatial_shapes, cast(torch.Tensor, level_start_index), sampling_locations,
+                                    attention_weights)
         output = self.output_proj(output)
         if not self.batch_first:
             output = output.permute(1, 0, 2)
-        return self.dropout(output) + identity
+        return cast(torch.Tensor, self.dropout(output) + identity)
 
 
 def _is_mmcv(m: torch.nn.Module) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import sys
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import torch
 import torch.nn.functional as F
@@ -112,7 +112,7 @@ def _shared(cls: type, m: torch.nn.Module) -> torch.nn.Module:
     """A ``cls`` instance with a copy of m's ``__dict__`` (the same parameters, buffers, submodules
     and hooks), plus what the forward needs from the module m's class is defined in: its name,
     its check function and its v2 function (plain references: the replacement pickles)."""
-    source = _source(m)
+    source = cast(ModuleType, _source(m))
     new = _share_state(cls, m)
     new.__dict__.update(_opbridge_source=source.__name__, _opbridge_check=source.torch_compilable_check,
                         _opbridge_v2=_library_v2(source))
@@ -120,13 +120,18 @@ def _shared(cls: type, m: torch.nn.Module) -> torch.nn.Module:
 
 
 class _V2Base(torch.nn.Module):
+    # Set by _shared (from the module the original class is defined in).
+    _opbridge_source: str
+    _opbridge_check: Callable[[Any, str], None]
+    _opbridge_v2: Callable[..., torch.Tensor] | None
+
     def _check(self, cond: Any, msg: str) -> None:
         # Eagerly (and under torch.compile) the source's own torch_compilable_check: failing inputs
         # fail exactly as in the unconverted layer. Under export and tracing it is skipped: it records a tensor
         # assertion (aten._is_all_true) that the ONNX exporter cannot translate (the unconverted
         # layer does not export with the dynamo exporter for that reason), and the op checks the
         # same (sum of H * W == S) itself at run time, in torch and in ORT.
-        if torch.compiler.is_exporting() or torch.jit.is_tracing():
+        if torch.compiler.is_exporting() or torch.jit.is_tracing():  # type: ignore[attr-defined,no-untyped-call]
             return
         self._opbridge_check(cond, msg)
 
@@ -138,6 +143,20 @@ class RTDetrV2MultiscaleDeformableAttention(_V2Base):
     module-level ``multi_scale_deformable_attention_v2(..., self.method)`` computed by
     ``ms_deform_attn_per_level`` while ``self.method == "default"`` (otherwise the library function runs,
     unchanged). Returns (output, attention_weights) as the original."""
+
+    # The original's attributes (shared __dict__).
+    value_proj: torch.nn.Module
+    sampling_offsets: torch.nn.Module
+    attention_weights: torch.nn.Module
+    output_proj: torch.nn.Module
+    n_heads: int
+    d_model: int
+    n_levels: int
+    n_points: int
+    n_points_scale: torch.Tensor
+    n_points_list: list[int]
+    offset_scale: float
+    method: str
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 encoder_hidden_states: Any = None, encoder_attention_mask: Any = None,
@@ -204,6 +223,18 @@ class DFineMultiscaleDeformableAttention(_V2Base):
     ``self.ms_deformable_attn_core(..., self.decoder_method)`` computed by ``ms_deform_attn_per_level``
     while that is the library's ``multi_scale_deformable_attention_v2`` and the method is
     "default" (otherwise the attribute runs, unchanged). Returns (output, attention_weights)."""
+
+    # The original's attributes (shared __dict__).
+    sampling_offsets: torch.nn.Module
+    attention_weights: torch.nn.Module
+    n_heads: int
+    d_model: int
+    n_levels: int
+    num_points_scale: torch.Tensor
+    num_points_list: list[int]
+    offset_scale: float
+    decoder_method: str
+    ms_deformable_attn_core: Callable[..., torch.Tensor]
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 reference_points: Any = None, encoder_hidden_states: Any = None, spatial_shapes: Any = None,

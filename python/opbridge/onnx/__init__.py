@@ -15,19 +15,24 @@ models that use them. It needs onnx, not torch.
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from .._op_library import on_register as _on_register
 from ._build import Builder
-from ._config import DOMAIN, DOMAIN_VERSION, LOWERINGS, ExportConfig
+from .._library import DOMAIN
+from ._config import DOMAIN_VERSION, LOWERINGS, ExportConfig
 from ._custom import CustomOp, declare_op
 from ._declared_export import register_shape_inference, register_symbolic, register_translation
 from ._export import export
 from ._exporter_rules import register_symbolics, symbolics_registered, translation_table
 from ._registry import standard_lowering
 from ._script import infer_shapes, register_schemas
+
+if TYPE_CHECKING:  # torch only where an export needs it
+    import torch
 
 __all__ = [
     "Builder",
@@ -60,7 +65,7 @@ register_schemas()
 _on_register(lambda _library: register_schemas())
 
 
-def check_attributes(model: Any) -> list[str]:
+def check_attributes(model: onnx.ModelProto | str | os.PathLike[str]) -> list[str]:
     """Problems ONNX Runtime cannot see in a model's declared-op nodes: unknown (e.g. misspelled)
     attribute names and attributes newer than the op version the model imports. ``model``: a
     ModelProto or a path. Empty when there are none. opbridge.InferenceSession and `opbridge

@@ -118,7 +118,7 @@ class TorchScriptBuilder(Builder):
         self.target_opset = self.opset = int(g.opset)
 
     def op(self, op_type: str, *inputs: Any, **attrs: Any) -> Any:
-        typed = {}
+        typed: dict[str, Any] = {}
         for name, v in attrs.items():
             if isinstance(v, bool) or isinstance(v, int):
                 typed[f"{name}_i"] = int(v)
@@ -174,7 +174,7 @@ def _jit_scalar_type() -> Any:
     try:  # torch >= 2.9 keeps the TorchScript exporter's helpers here
         from torch.onnx._internal.torchscript_exporter._type_utils import JitScalarType
     except ImportError:  # pragma: no cover - older torch
-        from torch.onnx._type_utils import JitScalarType
+        from torch.onnx._type_utils import JitScalarType  # type: ignore[import-not-found,no-redef]
     return JitScalarType
 
 

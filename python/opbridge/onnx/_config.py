@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Union, cast
 
 from .._library import DOMAIN
 
@@ -52,7 +52,7 @@ class ExportConfig:
     opset_version: int | None = None
     default_lowering: str = "custom"
 
-    def lowering_for(self, op: str | tuple, default: str | None = None) -> str:
+    def lowering_for(self, op: str | tuple[str, ...], default: str | None = None) -> str:
         """The lowering of ``op``: a ``lowering`` key, or a tuple of the keys one op answers to
         (``("opbridge::group_norm", "group_norm")``). ``default`` is the op's own default (e.g.
         "standard" for torch's inverse, which then runs on stock ONNX Runtime); it applies unless
@@ -62,7 +62,7 @@ class ExportConfig:
         if isinstance(self.lowering, str):
             value = self.lowering
         elif named:
-            value = self.lowering[named[0]]
+            value = cast("Mapping[str, str]", self.lowering)[named[0]]
         else:
             value = default or self.default_lowering
         op = keys[0]

@@ -20,11 +20,11 @@ float[] -> FLOATS; a None value is left out). All tensor inputs and outputs shar
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 import onnx
 
-from ._config import DOMAIN as OPBRIDGE_DOMAIN
+from .._library import DOMAIN as OPBRIDGE_DOMAIN
 from ._config import ExportConfig
 
 __all__ = ["CustomOp", "declare_op", "FLOAT_TYPES"]
@@ -158,7 +158,8 @@ class CustomOp:
                 attrs.append(S.Attribute(a.onnx_name, onnx.helper.make_attribute(a.onnx_name, a.to_attr(a.default)),
                                          f"torch argument {a.name}"))
             else:
-                attrs.append(S.Attribute(a.onnx_name, a.attr_type, f"torch argument {a.name}",
+                attrs.append(S.Attribute(a.onnx_name, cast("onnx.defs.OpSchema.AttrType", a.attr_type),
+                                         f"torch argument {a.name}",
                                          required=not (a.optional or a.has_default)))
         return S(self.op_type, self.domain, self.version, doc=self.doc or f"Export of {self.torch_op}",
                  inputs=inputs, outputs=outputs, type_constraints=[("T", list(self.dtypes), "tensor types")],
@@ -184,7 +185,7 @@ class CustomOp:
             if lowering != "custom":
                 raise NotImplementedError(f"{self.torch_op}: lowering {lowering!r} is not available (only 'custom')")
 
-    def _split(self, bound: inspect.BoundArguments) -> tuple[list, dict]:
+    def _split(self, bound: inspect.BoundArguments) -> tuple[list[Any], dict[str, Any]]:
         inputs, attrs = [], {}
         for a in self.args:
             value = bound.arguments[a.name]
@@ -195,7 +196,7 @@ class CustomOp:
         return inputs, attrs
 
     # ---- dynamo exporter ----
-    def translation(self) -> Callable:
+    def translation(self) -> Callable[..., Any]:
         """The onnxscript translation of the torch op (a ``custom_translation_table`` value)."""
         import onnxscript
 
@@ -215,16 +216,16 @@ class CustomOp:
         translate.__signature__ = signature  # type: ignore[attr-defined]
         return translate
 
-    def translations(self, cfg: ExportConfig | None = None) -> dict:
+    def translations(self, cfg: ExportConfig | None = None) -> dict[Callable[..., Any], Callable[..., Any]]:
         self._check_lowering(cfg)
         return {self.overload: self.translation()}
 
-    def translation_table(self) -> dict:
+    def translation_table(self) -> dict[Callable[..., Any], Callable[..., Any]]:
         """``{torch op overload: translation}`` for ``torch.onnx.export(..., custom_translation_table=)``."""
         return self.translations()
 
     # ---- TorchScript exporter ----
-    def symbolic(self) -> Callable:
+    def symbolic(self) -> Callable[..., Any]:
         """The TorchScript-exporter symbolic (for ``torch.onnx.register_custom_op_symbolic``)."""
         from torch.onnx import symbolic_helper as sh
 
@@ -241,14 +242,14 @@ class CustomOp:
                     attrs[f"{a.onnx_name}_{a.suffix}"] = a.to_attr(sh._get_const(value, a.desc, a.name))
             outs = g.op(qualified, *inputs, outputs=self.n_outputs, **attrs)
             if self.output_like is not None:
-                like = inputs[self.output_like]
+                like = cast(Any, inputs[self.output_like])
                 for o in outs if self.n_outputs > 1 else (outs,):
                     o.setType(like.type())
             return outs
 
         return symbolic
 
-    def symbolics(self, cfg: ExportConfig | None = None) -> dict:
+    def symbolics(self, cfg: ExportConfig | None = None) -> dict[str, Callable[..., Any]]:
         self._check_lowering(cfg)
         return {self.torch_op: self.symbolic()}
 
@@ -256,7 +257,7 @@ class CustomOp:
         """Registers the symbolic with the TorchScript exporter (for every default-domain opset)."""
         import torch
 
-        torch.onnx.register_custom_op_symbolic(self.torch_op, self.symbolic(), 1)
+        torch.onnx.register_custom_op_symbolic(self.torch_op, self.symbolic(), 1)  # type: ignore[attr-defined]
 
 
 def declare_op(

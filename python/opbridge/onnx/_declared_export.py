@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, cast
 
 import onnx
 
@@ -44,39 +44,39 @@ def _onnx_value(a: Any, value: Any) -> Any:
 
 # qualname -> what users supplied for ops their declarations cannot describe (public functions in
 # opbridge.onnx: register_shape_inference, register_translation, register_symbolic).
-_user_infer: dict[str, Callable] = {}
-_user_translation: dict[str, Callable] = {}
-_user_symbolic: dict[str, Callable] = {}
+_user_infer: dict[str, Callable[..., Any]] = {}
+_user_translation: dict[str, Callable[..., Any]] = {}
+_user_symbolic: dict[str, Callable[..., Any]] = {}
 
 
-def register_shape_inference(qualname: str, fn: Callable | None = None) -> Callable:
+def register_shape_inference(qualname: str, fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Supplies the ONNX shape inference of a declared op's OpSchema (onnx.shape_inference, the
     checker, exporters' graphs); usable as a decorator. ``fn(ctx)`` gets onnx's InferenceContext
     after the declaration's checks passed and sets the outputs' types
     (``ctx.set_output_type(k, type_proto)``). ORT's own shape inference comes from the C++
     declaration (``OpDecl::output_shape_fn``). Takes effect at once."""
-    def register(f: Callable) -> Callable:
+    def register(f: Callable[..., Any]) -> Callable[..., Any]:
         _user_infer[qualname] = f
         return f
 
     return register(fn) if fn is not None else register
 
 
-def register_translation(qualname: str, fn: Callable | None = None) -> Callable:
+def register_translation(qualname: str, fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Supplies the dynamo exporter's rule (an onnxscript function taking the torch op's arguments)
     for a declared op exported with lowering "custom", instead of the one-node rule the declaration
     gives; usable as a decorator."""
-    def register(f: Callable) -> Callable:
+    def register(f: Callable[..., Any]) -> Callable[..., Any]:
         _user_translation[qualname] = f
         return f
 
     return register(fn) if fn is not None else register
 
 
-def register_symbolic(qualname: str, fn: Callable | None = None) -> Callable:
+def register_symbolic(qualname: str, fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Supplies the TorchScript exporter's symbolic ``fn(g, *args)`` for a declared op exported with
     lowering "custom"; usable as a decorator."""
-    def register(f: Callable) -> Callable:
+    def register(f: Callable[..., Any]) -> Callable[..., Any]:
         _user_symbolic[qualname] = f
         return f
 
@@ -87,8 +87,8 @@ def _infer(op: OpDecl) -> Callable[[Any], None]:
     def infer(ctx: Any) -> None:
         from onnx.shape_inference import InferenceError
 
-        inputs: list = []
-        types: list = []
+        inputs: list[Any] = []
+        types: list[Any] = []
         for k, decl in enumerate(op.inputs):
             t = ctx.get_input_type(k) if k < ctx.get_num_inputs() and ctx.has_input(k) else None
             if t is None or not t.HasField("tensor_type"):
@@ -122,7 +122,7 @@ def _infer(op: OpDecl) -> Callable[[Any], None]:
             if source is None and fixed is None:
                 continue
             result = onnx.TypeProto()
-            result.tensor_type.elem_type = source.tensor_type.elem_type if source is not None else fixed
+            result.tensor_type.elem_type = source.tensor_type.elem_type if source is not None else cast(int, fixed)
             if out.like >= 0:
                 like = types[out.like]
                 if like is not None and like.tensor_type.HasField("shape"):
@@ -136,7 +136,7 @@ def _infer(op: OpDecl) -> Callable[[Any], None]:
     return infer
 
 
-def _input_dim(types: list, index: int, axis: int) -> Any:
+def _input_dim(types: list[Any], index: int, axis: int) -> Any:
     """The dimension proto of input `index` at `axis`, or None where its shape is unknown."""
     t = types[index]
     if t is None or not t.tensor_type.HasField("shape"):
@@ -145,7 +145,7 @@ def _input_dim(types: list, index: int, axis: int) -> Any:
     return dims[axis] if -len(dims) <= axis < len(dims) else None
 
 
-def _rule_dim(dim: Any, out: Any, k: int, types: list, attr: Callable[[int], Any]) -> None:
+def _rule_dim(dim: Any, out: Any, k: int, types: list[Any], attr: Callable[[int], Any]) -> None:
     """Sets `dim` to dimension k of the output rule: a value when the sizes it reads are known, an
     input dimension's symbol where the rule is just that dimension, else nothing (unknown)."""
     single = out.single_input_dim(k)
@@ -244,7 +244,7 @@ def stamp_versions(proto: onnx.ModelProto, requested: dict[str, int], nodes: Ite
 def misdeclared_ops(model: onnx.ModelProto) -> Exception | None:
     """The MisdeclaredOpError for the ops of the model's nodes that their library refuses (their
     declaration is bad: ONNX Runtime would fail at session creation), or None."""
-    used: dict[str, set] = {}
+    used: dict[str, set[str]] = {}
     for node in model_nodes(model):
         used.setdefault(node.domain, set()).add(node.op_type)
     for lib in libraries():
@@ -292,7 +292,7 @@ def attribute_problems(model: onnx.ModelProto) -> list[str]:
 # ---------------------------------------------------------------- the custom lowering
 
 
-def _split(op: OpDecl, bound: inspect.BoundArguments) -> tuple[list, dict]:
+def _split(op: OpDecl, bound: inspect.BoundArguments) -> tuple[list[Any], dict[str, Any]]:
     inputs, attrs = [], {}
     for a in op.args:
         value = bound.arguments[a.name]
@@ -305,7 +305,7 @@ def _split(op: OpDecl, bound: inspect.BoundArguments) -> tuple[list, dict]:
     return inputs, attrs
 
 
-def translation(op: OpDecl) -> Callable:
+def translation(op: OpDecl) -> Callable[..., Any]:
     """The dynamo exporter's translation of the torch op into one ``domain::OnnxType`` node."""
     import onnxscript
 
@@ -331,7 +331,7 @@ def translation(op: OpDecl) -> Callable:
     return translate
 
 
-def _cast_to_type_var(g: Any, op: OpDecl, decl: Any, value: Any, wanted: dict) -> Any:
+def _cast_to_type_var(g: Any, op: OpDecl, decl: Any, value: Any, wanted: dict[Any, Any]) -> Any:
     """The TorchScript exporter's types may differ from those torch ran with (it types
     ``float32 / int64`` arithmetic as float64, e.g. Deformable DETR's sampling locations): inputs of
     one type variable are cast to the type of the first (or to the variable's only type)."""
@@ -353,7 +353,7 @@ _TS_DESC = {"int": "i", "bool": "b", "float": "f", "str": "s", "int[]": "is", "f
 _TS_SUFFIX = {"int": "i", "bool": "i", "float": "f", "str": "s", "int[]": "i", "float[]": "f"}
 
 
-def symbolic(op: OpDecl) -> Callable:
+def symbolic(op: OpDecl) -> Callable[..., Any]:
     """The TorchScript exporter's symbolic: one ``domain::OnnxType`` node."""
     from torch.onnx import symbolic_helper as sh
 
@@ -431,7 +431,7 @@ def static_shape_problems(model: onnx.ModelProto) -> list[str]:
         g = onnx.shape_inference.infer_shapes(light, strict_mode=False).graph
     except Exception:  # noqa: BLE001 - e.g. a declared op's inference refusing: the shapes the model states
         g = light.graph
-    types: dict[str, tuple] = {}
+    types: dict[str, tuple[Any, ...]] = {}
     for v in (*g.input, *g.value_info, *g.output):
         tt = v.type.tensor_type
         if v.type.HasField("tensor_type"):
@@ -462,7 +462,7 @@ _PROTO_ATTR_TYPES = {"int": onnx.AttributeProto.INT, "bool": onnx.AttributeProto
                "float[]": onnx.AttributeProto.FLOATS}
 
 
-def _loadable_attributes(op: OpDecl, node: onnx.NodeProto) -> dict | None:
+def _loadable_attributes(op: OpDecl, node: onnx.NodeProto) -> dict[Any, Any] | None:
     """The node's attributes by torch name, or None where ORT itself refuses them when the session
     is created (a required one missing, one of another type)."""
     given = {a.name: a for a in node.attribute}
@@ -480,7 +480,7 @@ def _loadable_attributes(op: OpDecl, node: onnx.NodeProto) -> dict | None:
     return attrs
 
 
-def _loadable_types(op: OpDecl, inputs: list) -> bool:
+def _loadable_types(op: OpDecl, inputs: list[Any]) -> bool:
     """Whether ORT has a kernel for these input element types (each allowed by its type variable,
     one type per variable); otherwise ORT refuses the node when the session is created."""
     bound: dict[str, int] = {}

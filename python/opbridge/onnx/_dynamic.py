@@ -49,7 +49,7 @@ class Plan:
     warnings: messages to give the caller (UserWarning).
     """
 
-    kwargs: dict = field(default_factory=dict)
+    kwargs: dict[Any, Any] = field(default_factory=dict)
     dynamic: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
 
@@ -84,7 +84,7 @@ def _shape(value: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in value.shape)
 
 
-def plan(args: Sequence[Any], names: Sequence[str], export_kwargs: dict, *, dynamo: bool,
+def plan(args: Sequence[Any], names: Sequence[str], export_kwargs: dict[Any, Any], *, dynamo: bool,
          dynamic_batch: bool) -> Plan:
     """The dynamic dimensions of an export of ``model(*args)``.
 
@@ -137,7 +137,7 @@ def plan(args: Sequence[Any], names: Sequence[str], export_kwargs: dict, *, dyna
     return Plan({"dynamic_axes": {names[i]: {0: BATCH} for i in dynamic}}, dyn_names, tuple(notes))
 
 
-def group_var_positional(kwargs: dict, start: int | None) -> dict:
+def group_var_positional(kwargs: dict[Any, Any], start: int | None) -> dict[Any, Any]:
     """The plan's dynamic_shapes for a forward(self, a, *rest): torch.export takes one entry per
     parameter, so the entries of the inputs from `start` on go into one tuple (that of *rest)."""
     shapes = kwargs.get("dynamic_shapes")

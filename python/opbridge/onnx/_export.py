@@ -9,28 +9,32 @@ import inspect
 import logging
 import os
 import warnings
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, cast
 
 import onnx
 
 from . import _dynamic
 from . import _external_data
-from ._config import DOMAIN, ExportConfig, Lowering, default_opset
+from .._library import DOMAIN
+from ._config import ExportConfig, Lowering, default_opset
 from ._exporter_rules import _config, symbolics_registered, translation_table
 from ._nodes import graph_nodes
 from ._registry import new_export
 from ._script import infer_shapes
 
+if TYPE_CHECKING:  # torch only where an export needs it
+    import torch
+
 __all__ = ["export"]
 
 
-def _tensor_args(args: Any) -> tuple:
+def _tensor_args(args: Any) -> tuple[Any, ...]:
     if not isinstance(args, tuple):
         args = (args,)
-    return args
+    return cast("tuple[Any, ...]", args)
 
 
-def _var_positional_start(model: Any, args: tuple) -> int | None:
+def _var_positional_start(model: Any, args: tuple[Any, ...]) -> int | None:
     """The position of forward's *args parameter among the inputs, or None where it has none."""
     try:
         params = list(inspect.signature(model.forward).parameters.values())
@@ -40,7 +44,7 @@ def _var_positional_start(model: Any, args: tuple) -> int | None:
     return k if k is not None and k <= len(args) else None
 
 
-def _input_names(model: Any, args: tuple) -> list[str]:
+def _input_names(model: Any, args: tuple[Any, ...]) -> list[str]:
     try:
         params = [p for p in inspect.signature(model.forward).parameters.values()
                   if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -58,7 +62,7 @@ _DYNAMO_MIN_OPSET = 18
 
 
 @contextlib.contextmanager
-def _quiet_exporter():
+def _quiet_exporter() -> Iterator[None]:
     """Silences exporter chatter that says nothing about the user's model: the dynamo exporter
     logs one warning per torchvision op when torchvision is absent, torch's pytree emits a
     FutureWarning, and the TorchScript exporter warns that it is deprecated (it is the exporter
@@ -77,9 +81,9 @@ def _quiet_exporter():
 
 
 def export(
-    model: Any,
-    args: Any,
-    f: str | os.PathLike | None = None,
+    model: torch.nn.Module | torch.export.ExportedProgram,
+    args: torch.Tensor | tuple[Any, ...],
+    f: str | os.PathLike[str] | None = None,
     *,
     dynamo: bool = True,
     opset_version: int | None = None,
@@ -165,7 +169,7 @@ def export(
                 )
             # The exported model as onnx_ir holds torch's own tensors: nothing is copied until
             # the tensors are written.
-            ir_model = program.model
+            ir_model = cast("torch.onnx.ONNXProgram", program).model
             del program
             external = f is not None and _external_data.wants_external(
                 external_data, _external_data.tensor_bytes(ir_model))
@@ -216,13 +220,13 @@ def _write(model: Any, f: str | None, external: bool, cfg: ExportConfig, *, fuse
         rewrite_model(model, sources=EXPORT_SOURCES)
         fuse = False
     if external:
-        _external_data.unload(model, f)
+        _external_data.unload(model, cast("str | os.PathLike[str]", f))  # external: f is given
     _type_custom_outputs(model)
     proto = ir.serde.serialize_model(model)
     if convert:
         # onnx's converter works on a ModelProto (small by now when the tensors are external);
         # the fusion follows it, as it matches the converted opset's forms.
-        proto = _convert_opset(proto, cfg.opset_version)
+        proto = _convert_opset(proto, cast(int, cfg.opset_version))  # convert: an opset was asked for
         if fuse:
             from ._rewrite import fuse_exported
 

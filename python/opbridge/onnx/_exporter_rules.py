@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ._config import LOWERINGS, ExportConfig, Lowering
 from ._registry import op_names, rule_sets
@@ -29,7 +29,7 @@ def _config(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None =
 
 
 def translation_table(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None = None,
-                      opset_version: int | None = None) -> dict:
+                      opset_version: int | None = None) -> dict[Callable[..., Any], Callable[..., Any]]:
     """``custom_translation_table`` for the dynamo exporter covering every op opbridge knows at
     this moment (its own, registered libraries', declare_op's, and the torch ops opbridge lowers,
     such as torch.linalg.inv). Arguments as for ``export``; pass the ``opset_version`` you give
@@ -37,14 +37,14 @@ def translation_table(lowering: Lowering = None, custom_opsets: Mapping[str, int
     import opbridge.ops  # noqa: F401  (the torch ops must exist)
 
     cfg = _config(lowering, custom_opsets, opset_version)
-    table: dict = {}
+    table: dict[Any, Any] = {}
     for rules in rule_sets():
         if hasattr(rules, "translations"):
             table.update(_rules(rules.translations, cfg))
     return table
 
 
-def _rules(make: Any, cfg: ExportConfig) -> dict:
+def _rules(make: Callable[[ExportConfig], dict[Any, Any]], cfg: ExportConfig) -> dict[Any, Any]:
     """make(cfg) (a rule set's translations or symbolics). When the op has no such lowering
     (NotImplementedError, e.g. lowering="standard" for an op without a standard form), its rules
     raise that error when used, so that models without that op still export, and a model with it
@@ -67,8 +67,8 @@ def _rules(make: Any, cfg: ExportConfig) -> dict:
         return {key: unavailable(fn) for key, fn in make(defaults).items()}
 
 
-def _symbolics(cfg: ExportConfig) -> dict:
-    out: dict = {}
+def _symbolics(cfg: ExportConfig) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
     for rules in rule_sets():
         if hasattr(rules, "symbolics"):
             out.update(_rules(rules.symbolics, cfg))
@@ -89,12 +89,12 @@ def register_symbolics(lowering: Lowering = None, custom_opsets: Mapping[str, in
 
     for name, fn in _symbolics(_config(lowering, custom_opsets, opset_version)).items():
         # Opset 1 makes the symbolic apply to every default-domain opset.
-        torch.onnx.register_custom_op_symbolic(name, fn, 1)
+        torch.onnx.register_custom_op_symbolic(name, fn, 1)  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager
 def symbolics_registered(lowering: Lowering = None, custom_opsets: Mapping[str, int] | None = None,
-                         opset_version: int | None = None):
+                         opset_version: int | None = None) -> Iterator[None]:
     """Within the ``with`` block, the TorchScript exporter has opbridge's symbolics; afterwards
     the exporter's registry is exactly as before (symbolics registered by anyone else for the same
     ops, before, are back in place)."""
@@ -110,7 +110,7 @@ def symbolics_registered(lowering: Lowering = None, custom_opsets: Mapping[str, 
         saved[name] = None if group is None else dict(group._functions._overrides)
     try:
         for name, fn in table.items():
-            torch.onnx.register_custom_op_symbolic(name, fn, 1)
+            torch.onnx.register_custom_op_symbolic(name, fn, 1)  # type: ignore[attr-defined]
         yield
     finally:
         for name, before in saved.items():
@@ -128,5 +128,5 @@ def _torchscript_registry() -> Any:
     try:  # torch >= 2.9 keeps the TorchScript exporter's registry here
         from torch.onnx._internal.torchscript_exporter.registration import registry
     except ImportError:  # pragma: no cover - older torch
-        from torch.onnx._internal.registration import registry
+        from torch.onnx._internal.registration import registry  # type: ignore[import-not-found,no-redef]
     return registry

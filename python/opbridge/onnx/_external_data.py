@@ -106,7 +106,7 @@ def wants_external(external_data: bool | None, nbytes: int) -> bool:
     return bool(external_data) if external_data is not None else nbytes > AUTO_EXTERNAL_BYTES
 
 
-def unload(model: Any, f: str | os.PathLike) -> None:
+def unload(model: Any, f: str | os.PathLike[str]) -> None:
     """Writes ``model``'s (an onnx_ir Model) tensors over 1 KiB to ``<f>.data`` beside ``f``,
     one tensor at a time (large ones at 64 KiB-aligned offsets, so that ONNX Runtime can
     memory-map them), and makes the model refer to them there."""
@@ -127,7 +127,7 @@ def state_bytes(module: Any) -> int:
     will weigh, known before exporting."""
     import torch
 
-    seen: set = set()
+    seen: set[Any] = set()
     total = 0
     if not hasattr(module, "parameters"):
         return 0
@@ -199,7 +199,7 @@ def check_export_memory(state: int, dynamo: bool, writes: str) -> None:
         f"holds; {_memory.gb(limit)} are available ({where}). {hint}. Nothing was exported.")
 
 
-def torchscript_model(export_to: Callable[[Any], None], f: str | os.PathLike | None, external: bool,
+def torchscript_model(export_to: Callable[[Any], None], f: str | os.PathLike[str] | None, external: bool,
                       stack: contextlib.ExitStack) -> Any:
     """Runs the TorchScript exporter (``export_to(target)``, target a BytesIO or a path) and
     returns the model as an onnx_ir Model.
@@ -240,7 +240,7 @@ def torchscript_model(export_to: Callable[[Any], None], f: str | os.PathLike | N
 
 # Protobuf field numbers (onnx.proto): ModelProto.graph, GraphProto.initializer, TensorProto.raw_data.
 _MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_RAW_DATA = 7, 5, 9
-def map_inline_tensors(path: str | os.PathLike, threshold: int = EXTERNAL_THRESHOLD) -> Any:
+def map_inline_tensors(path: str | os.PathLike[str], threshold: int = EXTERNAL_THRESHOLD) -> Any:
     """The model file at ``path`` as an onnx_ir Model in which every main-graph initializer of
     more than ``threshold`` bytes stored inline (raw_data) is an external tensor memory-mapped
     from where its bytes lie in the file itself: nothing of size is read or copied (onnx.load would
@@ -286,7 +286,7 @@ def map_inline_tensors(path: str | os.PathLike, threshold: int = EXTERNAL_THRESH
     return _reader.to_ir(proto, path)
 
 
-def _tensors(graph: onnx.GraphProto):
+def _tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
     yield from graph.initializer
     for node in graph.node:
         for attr in node.attribute:
@@ -303,7 +303,7 @@ def has_external_data(proto: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in _tensors(proto.graph))
 
 
-def save(proto: onnx.ModelProto, f: str | os.PathLike, external_data: bool | None = None) -> None:
+def save(proto: onnx.ModelProto, f: str | os.PathLike[str], external_data: bool | None = None) -> None:
     """Writes ``proto`` to ``f`` (under a temporary name, renamed when complete). A proto whose
     tensors are already in ``<f>.data`` is written alone; one too large for one message (more
     tensor bytes than the module's state foretold: the exporter's own constants) gets its tensors

@@ -14,18 +14,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import numpy as np
 
 from .._op_library import opbridge_library
+
+if TYPE_CHECKING:
+    from .._declarations import AttrDecl
 
 _GROUP_NORM = opbridge_library().ops["group_norm"]
 DOMAIN = _GROUP_NORM.domain
 OP_TYPE = _GROUP_NORM.onnx_type
 # The activation the rules fuse: one of the declared values of GroupNorm's `activation`.
 SILU = "silu"
-if SILU not in _GROUP_NORM.arg("activation").choices:  # pragma: no cover - a declaration without SiLU
+if SILU not in cast("AttrDecl", _GROUP_NORM.arg("activation")).choices:  # pragma: no cover - a declaration without SiLU
     raise ImportError(f"opbridge: GroupNorm's declaration has no activation {SILU!r}; the fusion needs it")
 # The op version that introduced `activation`: a model with a node that sets it imports the domain
 # at least at this version.
@@ -43,13 +46,13 @@ _NOT_REWRITTEN = "not rewritten"
 # --------------------------------------------------------------------------------------------
 
 
-def _ir():
+def _ir() -> Any:
     import onnx_ir as ir
 
     return ir
 
 
-def _float_types() -> set:
+def _float_types() -> set[Any]:
     ir = _ir()
     return {ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 
@@ -124,7 +127,7 @@ class _Skip(Exception):
 # --------------------------------------------------------------------------------------------
 
 
-def _rules_module():
+def _rules_module() -> Any:
     from onnxscript.rewriter import pattern
 
     return pattern
@@ -159,12 +162,13 @@ def _replacement(op: Any, v: Any) -> Any:
     return v
 
 
-def _make_rule_classes():
+def _make_rule_classes() -> Any:
     """The rule classes (built on first use, so that importing this module stays cheap)."""
     ir = _ir()
     pattern = _rules_module()
 
-    class _ToGroupNorm(pattern.RewriteRuleClassBase):
+    # The rules' base class is onnxscript's, imported on first use (Any to mypy).
+    class _ToGroupNorm(pattern.RewriteRuleClassBase):  # type: ignore[misc,name-defined]
         """Shared rewrite: a _Plan -> (Transpose) GroupNorm (Transpose)."""
 
         def __init__(self, session: _Session, name: str) -> None:
@@ -173,7 +177,7 @@ def _make_rule_classes():
             self._plan: _Plan | None = None
             self._graph: Any = None
 
-        def _fail(self, node: Any, reason: str, note: bool = True):
+        def _fail(self, node: Any, reason: str, note: bool = True) -> Any:
             if note:
                 self.session.note(node, reason)
             return pattern.MatchResult().fail(reason)
@@ -222,7 +226,8 @@ def _make_rule_classes():
             super().__init__(session, name)
             self.mul, self.add, self.restore = mul, add, restore
 
-        def pattern(self, op, x, grouped_shape, in_scale, in_bias, out_shape, weight, bias):
+        def pattern(self, op: Any, x: Any, grouped_shape: Any, in_scale: Any, in_bias: Any, out_shape: Any, weight: Any,
+                    bias: Any) -> Any:
             grouped = op.Reshape(x, grouped_shape, _outputs=["grouped"])
             normed = op.InstanceNormalization(grouped, in_scale, in_bias, _outputs=["normed"])
             y = op.Reshape(normed, out_shape, _outputs=["restored"]) if self.restore else normed
@@ -232,8 +237,9 @@ def _make_rule_classes():
                 y = op.Add(y, bias)
             return y
 
-        def check(self, context, x, grouped_shape, in_scale, in_bias, grouped, normed, out_shape=None,
-                  restored=None, weight=None, bias=None, **_):
+        def check(self, context: Any, x: Any, grouped_shape: Any, in_scale: Any, in_bias: Any, grouped: Any,
+                  normed: Any, out_shape: Any = None, restored: Any = None, weight: Any = None, bias: Any = None,
+                  **_: Any) -> Any:
             self._graph = context.graph_or_function
             node = normed.producer()
             try:
@@ -246,8 +252,8 @@ def _make_rule_classes():
                 return self._fail(node, str(e), note=self.restore and not (self.mul or self.add))
             return pattern.MatchResult()
 
-        def _analyze(self, x, grouped_shape, in_scale, in_bias, out_shape, grouped, normed, restored, weight,
-                     bias) -> _Plan:
+        def _analyze(self, x: Any, grouped_shape: Any, in_scale: Any, in_bias: Any, out_shape: Any, grouped: Any,
+                     normed: Any, restored: Any, weight: Any, bias: Any) -> _Plan:
             if x.dtype not in _float_types():
                 raise _Skip(f"{_NOT_REWRITTEN}: X has type {x.dtype}, GroupNorm takes float types")
             dims = _dims(x)
@@ -269,7 +275,7 @@ def _make_rule_classes():
                 raise _Skip(f"{_NOT_REWRITTEN}: the grouping Reshape's shape is not a constant [N, G, -1]")
             n0, g, rest = (int(v) for v in gs)
             spatial = [d for d in dims[2:]]
-            per_group = (channels // groups) * math.prod(spatial) if None not in spatial else None
+            per_group = (channels // groups) * math.prod(cast("list[int]", spatial)) if None not in spatial else None
             if not ((n0 == 0 and not allowzero) or (n0 > 0 and n0 == dims[0])) or g != groups or not (
                     rest == -1 or (per_group is not None and rest == per_group)):
                 raise _Skip(f"{_NOT_REWRITTEN}: the grouping Reshape's shape {gs.tolist()} is not "
@@ -304,7 +310,7 @@ def _make_rule_classes():
             return _Plan(x=x, num_groups=groups, epsilon=eps, channels=channels, scale=scale, bias=shift)
 
         @staticmethod
-        def _restores(out_shape, restored, x, dims) -> bool:
+        def _restores(out_shape: Any, restored: Any, x: Any, dims: Any) -> bool:
             """Whether Reshape(normed, out_shape) gives X's shape: Shape(X), or a constant equal to
             X's static shape (0 copies the batch dim)."""
             producer = out_shape.producer()
@@ -324,8 +330,8 @@ def _make_rule_classes():
                     return False
             return unknown == 0 or (unknown == 1 and None not in dims[1:])
 
-        def rewrite(self, op, x, normed=None, restored=None, **_):
-            return self._emit(op, self._plan, (restored if self.restore else normed).name or "group_norm")
+        def rewrite(self, op: Any, x: Any, normed: Any = None, restored: Any = None, **_: Any) -> Any:
+            return self._emit(op, cast(_Plan, self._plan), (restored if self.restore else normed).name or "group_norm")
 
     class GroupNormalization(_ToGroupNorm):
         """GroupNormalization-18 (per-group scale/bias) or -21 (per-channel)."""
@@ -334,10 +340,10 @@ def _make_rule_classes():
             super().__init__(session, name)
             self.per_channel = per_channel
 
-        def pattern(self, op, x, scale, bias):
+        def pattern(self, op: Any, x: Any, scale: Any, bias: Any) -> Any:
             return op.GroupNormalization(x, scale, bias, _outputs=["y"])
 
-        def check(self, context, x, scale, bias, y, **_):
+        def check(self, context: Any, x: Any, scale: Any, bias: Any, y: Any, **_: Any) -> Any:
             self._graph = context.graph_or_function
             node = y.producer()
             imports = context.graph_or_function.opset_imports
@@ -370,16 +376,16 @@ def _make_rule_classes():
                                bias=np.repeat(t.astype(np.float64).reshape(-1), rep))
             return pattern.MatchResult()
 
-        def rewrite(self, op, x, y=None, **_):
-            return self._emit(op, self._plan, y.name or "group_norm")
+        def rewrite(self, op: Any, x: Any, y: Any = None, **_: Any) -> Any:
+            return self._emit(op, cast(_Plan, self._plan), y.name or "group_norm")
 
     class MicrosoftGroupNorm(_ToGroupNorm):
         """com.microsoft::GroupNorm(X, gamma, beta; activation, channels_last=1, epsilon, groups)."""
 
-        def pattern(self, op, x, gamma, beta):
+        def pattern(self, op: Any, x: Any, gamma: Any, beta: Any) -> Any:
             return op.GroupNorm(x, gamma, beta, _domain=MS_DOMAIN, _outputs=["y"])
 
-        def check(self, context, x, gamma, beta, y, **_):
+        def check(self, context: Any, x: Any, gamma: Any, beta: Any, y: Any, **_: Any) -> Any:
             self._graph = context.graph_or_function
             node = y.producer()
             a = node.attributes
@@ -404,15 +410,15 @@ def _make_rule_classes():
                                channels_last_rank=rank)
             return pattern.MatchResult()
 
-        def rewrite(self, op, x, y=None, **_):
-            plan = self._plan
+        def rewrite(self, op: Any, x: Any, y: Any = None, **_: Any) -> Any:
+            plan = cast(_Plan, self._plan)  # check() set it
             # gamma/beta may be float32 for a float16 X (type M): constants are converted here,
             # other values get a Cast in _vector.
             plan.scale = _as_const_or_value(plan.scale)
             plan.bias = _as_const_or_value(plan.bias)
             return self._emit(op, plan, y.name or "group_norm")
 
-    class SameTypeCastLike(pattern.RewriteRuleClassBase):
+    class SameTypeCastLike(pattern.RewriteRuleClassBase):  # type: ignore[misc,name-defined]
         """CastLike(v, like) where v already has like's type, and like is the output of a GroupNorm
         decomposition (a Reshape of an InstanceNormalization) or of the Mul after it: the dynamo
         exporter writes Mul(restored, CastLike(w, restored)) and Add(·, CastLike(b, ·)) for
@@ -424,11 +430,11 @@ def _make_rule_classes():
             self.session = session
             self._graph: Any = None
 
-        def pattern(self, op, v, like):
+        def pattern(self, op: Any, v: Any, like: Any) -> Any:
             return op.CastLike(v, like)
 
         @staticmethod
-        def _restored(value) -> bool:
+        def _restored(value: Any) -> bool:
             """Whether value is Reshape(InstanceNormalization(...), ...)."""
             node = value.producer()
             if node is None or node.op_type != "Reshape" or node.inputs[0] is None:
@@ -436,7 +442,7 @@ def _make_rule_classes():
             source = node.inputs[0].producer()
             return source is not None and source.op_type == "InstanceNormalization"
 
-        def check(self, context, v, like, **_):
+        def check(self, context: Any, v: Any, like: Any, **_: Any) -> Any:
             self._graph = context.graph_or_function
             node = like.producer()
             after_mul = node is not None and node.op_type == "Mul" and any(
@@ -447,7 +453,7 @@ def _make_rule_classes():
                 return pattern.MatchResult().fail("a real cast")
             return pattern.MatchResult()
 
-        def rewrite(self, op, v, **_):
+        def rewrite(self, op: Any, v: Any, **_: Any) -> Any:
             # A constant (the exporters' weight and bias: C elements) is copied into a new
             # initializer; anything else is replaced as _replacement says.
             arr = _const(v)
@@ -456,7 +462,7 @@ def _make_rule_classes():
                 return op.initializer(ir.tensor(arr, dtype=v.dtype, name=name), name=name)
             return _replacement(op, v)
 
-    class TransposePair(pattern.RewriteRuleClassBase):
+    class TransposePair(pattern.RewriteRuleClassBase):  # type: ignore[misc,name-defined]
         """Transpose(Transpose(v, p1), p2) with p1 then p2 the identity -> v, where one of the two
         was inserted around a channels-last GroupNorm."""
 
@@ -464,10 +470,10 @@ def _make_rule_classes():
             super().__init__(name="opbridge.cancel_transposes")
             self.tag = tag
 
-        def pattern(self, op, v):
+        def pattern(self, op: Any, v: Any) -> Any:
             return op.Transpose(op.Transpose(v, _outputs=["t1"]), _outputs=["t2"])
 
-        def check(self, context, v, t1, t2, **_):
+        def check(self, context: Any, v: Any, t1: Any, t2: Any, **_: Any) -> Any:
             n1, n2 = t1.producer(), t2.producer()
             from onnxscript.rewriter import RULE_NAME_TAG
 
@@ -478,17 +484,17 @@ def _make_rule_classes():
                 return pattern.MatchResult().fail("not inverse permutations")
             return pattern.MatchResult()
 
-        def rewrite(self, op, v, t2=None, **_):
+        def rewrite(self, op: Any, v: Any, t2: Any = None, **_: Any) -> Any:
             return _replacement(op, v)
 
-    class FuseSilu(pattern.RewriteRuleClassBase):
+    class FuseSilu(pattern.RewriteRuleClassBase):  # type: ignore[misc,name-defined]
         """ai.opbridge::GroupNorm followed by a SiLU form -> GroupNorm(activation="silu")."""
 
         def __init__(self, form: str) -> None:
             super().__init__(name=f"opbridge.fuse_silu.{form}")
             self.form = form
 
-        def pattern(self, op, x, one):
+        def pattern(self, op: Any, x: Any, one: Any) -> Any:
             y = getattr(op, OP_TYPE)(x, _domain=DOMAIN, _allow_other_inputs=True, _outputs=["gn"])
             if self.form == "sigmoid_mul":
                 return op.Mul(y, op.Sigmoid(y))
@@ -498,7 +504,7 @@ def _make_rule_classes():
                 return op.QuickGelu(y, _domain=MS_DOMAIN, _outputs=["act"])
             return op.Div(y, op.Add(op.Exp(op.Neg(y)), one))  # y / (1 + exp(-y))
 
-        def check(self, context, gn, one=None, act=None, **_):
+        def check(self, context: Any, gn: Any, one: Any = None, act: Any = None, **_: Any) -> Any:
             node = gn.producer()
             if node.attributes.get_string("activation", "none") != "none":
                 return pattern.MatchResult().fail("GroupNorm already has an activation")
@@ -512,7 +518,7 @@ def _make_rule_classes():
                     return pattern.MatchResult().fail("not 1 + exp(-y)")
             return pattern.MatchResult()
 
-        def rewrite(self, op, gn=None, **_):
+        def rewrite(self, op: Any, gn: Any = None, **_: Any) -> Any:
             node = gn.producer()
             attrs = {k: v for k, v in node.attributes.items() if k != "activation"}
             attrs["activation"] = SILU
@@ -537,7 +543,7 @@ LABEL_MS = "com.microsoft::GroupNorm"
 LABEL_TRANSPOSES = "Transpose pairs around channels-last GroupNorms removed"
 LABEL_SILU = 'GroupNorm + SiLU fused into GroupNorm(activation="silu")'
 
-def rule_stages(sources: Sequence[str], silu: bool) -> tuple[list, list, _Session]:
+def rule_stages(sources: Sequence[str], silu: bool) -> tuple[list[Any], list[Any], _Session]:
     """The GroupNorm fusion's stages for ``sources`` (a subset of _rewrite.SOURCES), as
     (label, rules, what to run after them when they changed something): the GroupNorm forms, then,
     with ``silu``, the SiLU fusion (to run after every other rewrite, so that it sees each
@@ -548,7 +554,9 @@ def rule_stages(sources: Sequence[str], silu: bool) -> tuple[list, list, _Sessio
         _make_rule_classes())
     session = _Session()
     ms_rule_name = "opbridge.com_microsoft_group_norm"
-    stages: list[tuple[str, list, Callable[[Any], Any] | None]] = []
+
+    # (label, rules, what to run after them when they changed something)
+    stages: list[tuple[str, list[Any], Callable[[Any], Any] | None]] = []
     if "decomposition" in sources:
         stages.append((LABEL_CAST_LIKE, [SameTypeCastLike.rule(session)], None))
         # Longest form first: each later rule would otherwise match a prefix of a longer one.
@@ -565,7 +573,7 @@ def rule_stages(sources: Sequence[str], silu: bool) -> tuple[list, list, _Sessio
         stages.append((LABEL_MS, [MicrosoftGroupNorm.rule(session, ms_rule_name)], None))
         # A cancelled pair on a graph input leaves an Identity (see TransposePair.rewrite).
         stages.append((LABEL_TRANSPOSES, [TransposePair.rule(ms_rule_name)], passes.IdentityEliminationPass()))
-    silu_stages: list[tuple[str, list, Callable[[Any], Any] | None]] = []
+    silu_stages: list[tuple[str, list[Any], Callable[[Any], Any] | None]] = []
     if silu:
         forms = ("sigmoid_mul", "swish", "quick_gelu", "div")
         silu_stages.append((LABEL_SILU, [FuseSilu.rule(form) for form in forms], None))

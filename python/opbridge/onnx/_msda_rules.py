@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence, cast, overload
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class Poly:
 
     __slots__ = ("terms", "_hash")
 
-    def __init__(self, terms: dict | None = None) -> None:
+    def __init__(self, terms: dict[Any, Any] | None = None) -> None:
         self.terms = {k: v for k, v in (terms or {}).items() if v}
         self._hash = hash(frozenset(self.terms.items()))
 
@@ -116,7 +116,7 @@ class Poly:
         return self + (-other)
 
     def __mul__(self, other: "Poly") -> "Poly":
-        t: dict = {}
+        t: dict[Any, Any] = {}
         for k1, v1 in self.terms.items():
             for k2, v2 in other.terms.items():
                 k = tuple(sorted(k1 + k2))
@@ -132,7 +132,7 @@ class Poly:
         (ok, ov), = other.terms.items()
         if ov == 0:
             return None
-        out: dict = {}
+        out: dict[Any, Any] = {}
         for k, v in self.terms.items():
             rest = list(k)
             for leaf in ok:
@@ -144,7 +144,7 @@ class Poly:
             out[tuple(rest)] = out.get(tuple(rest), 0) + v // ov
         return Poly(out)
 
-    def rename(self, alias: dict) -> "Poly":
+    def rename(self, alias: dict[Any, Any]) -> "Poly":
         """self with leaves replaced by the Polys ``alias`` gives for them."""
         if not alias or not any(x in alias for k in self.terms for x in k):
             return self
@@ -160,7 +160,7 @@ class Poly:
         if len(self.terms) == 1:
             (k, v), = self.terms.items()
             if v == 1 and len(k) == 1:
-                return k[0]
+                return cast(str, k[0])
         return None
 
     def __repr__(self) -> str:
@@ -199,7 +199,7 @@ def _parse_dim_param(s: str) -> Poly:
 # --------------------------------------------------------------------------------------------
 
 
-def _ir():
+def _ir() -> Any:
     import onnx_ir as ir
 
     return ir
@@ -217,6 +217,12 @@ def _const(value: Any) -> np.ndarray | None:
 def _rank(value: Any) -> int | None:
     shape = value.shape if value is not None else None
     return None if shape is None else len(shape)
+
+
+@overload
+def _attr_int(node: Any, name: str, default: int) -> int: ...
+@overload
+def _attr_int(node: Any, name: str, default: int | None) -> int | None: ...
 
 
 def _attr_int(node: Any, name: str, default: int | None) -> int | None:
@@ -293,6 +299,7 @@ class _Sizes:
         return None if result is None else [self.canon(p) for p in result]
 
     def _dims_uncached(self, value: Any, depth: int) -> list[Poly] | None:
+        derived: Sequence[Poly | None] | None
         shape = value.shape
         if shape is None:
             # Shape inference gave up: the rank and dims from the producer where it is simple.
@@ -316,7 +323,8 @@ class _Sizes:
                 continue
             if derived is None:
                 derived = self._derived_dims(value, len(shape), depth) or []
-            out.append(derived[i] if i < len(derived) and derived[i] is not None else self._leaf("dim", value, i))
+            out.append(cast(Poly, derived[i]) if i < len(derived) and derived[i] is not None
+                       else self._leaf("dim", value, i))
         return out
 
     def rank(self, value: Any, depth: int = 0) -> int | None:
@@ -330,7 +338,7 @@ class _Sizes:
             for use in value.uses():
                 n = use.node
                 if n.op_type == "Transpose" and _attr_ints(n, "perm") is not None:
-                    return len(_attr_ints(n, "perm"))
+                    return len(cast("list[int]", _attr_ints(n, "perm")))
                 if n.op_type in ("Identity", "Cast") or (n.op_type in _AFFINE and len(n.inputs) == 2 and any(
                         (c := _const(v)) is not None and c.size == 1 for v in n.inputs)):
                     r = self.rank(n.outputs[0], depth + 1)
@@ -346,14 +354,14 @@ class _Sizes:
             target = self.ints(node.inputs[1])
             return None if target is None else len(target)
         if node.op_type == "Transpose" and _attr_ints(node, "perm") is not None:
-            return len(_attr_ints(node, "perm"))
+            return len(cast("list[int]", _attr_ints(node, "perm")))
         if node.op_type in ("Identity", "Cast", "Softmax", "Sub", "Mul", "Add", "Div", "Where") and node.inputs:
             ranks = {len(v.shape) if v.shape is not None else None for v in node.inputs
                      if v is not None and _const(v) is None}
             return ranks.pop() if len(ranks) == 1 else None
         return None
 
-    def _derived_dims(self, value: Any, rank: int, depth: int) -> list[Poly | None] | None:
+    def _derived_dims(self, value: Any, rank: int, depth: int) -> Sequence[Poly | None] | None:
         """Dims of a value that shape inference left unknown, from its producer (a few ops)."""
         node = value.producer()
         if node is None or depth > _MAX_DEPTH or node.domain not in ("", "ai.onnx"):
@@ -380,11 +388,11 @@ class _Sizes:
                 return None
         if op == "Concat":
             axis = _attr_int(node, "axis", 0)
-            parts = [self.dims(v, depth + 1) for v in node.inputs]
+            parts: list[Any] = [self.dims(v, depth + 1) for v in node.inputs]  # checked below: none is None
             if any(p is None or len(p) != rank for p in parts):
                 return None
             axis %= rank
-            out = list(parts[0])
+            out: list[Poly | None] = list(parts[0])
             out[axis] = sum((p[axis] for p in parts[1:]), parts[0][axis])
             return out
         if op in ("Add", "Sub", "Mul", "Div", "Where"):
@@ -392,7 +400,7 @@ class _Sizes:
             parts = [p for p in parts if p is not None and len(p) == rank]
             if not parts:
                 return None
-            out: list[Poly | None] = []
+            out = []
             for i in range(rank):
                 sizes = {p[i] for p in parts if p[i] != ONE}
                 out.append(sizes.pop() if len(sizes) == 1 else (ONE if not sizes else None))
@@ -465,7 +473,7 @@ class _Sizes:
             parts = [self.ints(v, depth + 1) for v in ins]
             if any(p is None for p in parts):
                 return None
-            return [x for p in parts for x in p]
+            return [x for p in parts for x in cast("list[Poly]", p)]
         if op in ("Add", "Sub", "Mul", "Div"):
             a, b = self.ints(ins[0], depth + 1), self.ints(ins[1], depth + 1)
             if a is None or b is None or (len(a) != len(b) and 1 not in (len(a), len(b))):
@@ -538,9 +546,9 @@ class _Info:
     """A tensor's layout: axes of row-major atom groups (atoms of size 1 left out), the levels it
     was selected for ({atom: index}), and the affine map a·x + b applied to the source's values."""
 
-    axes: tuple
-    tags: dict = dataclasses.field(default_factory=dict)
-    affine: tuple = (1.0, 0.0)
+    axes: tuple[Any, ...]
+    tags: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    affine: tuple[Any, ...] = (1.0, 0.0)
 
 
 class _Tracker:
@@ -557,7 +565,7 @@ class _Tracker:
         return next((a for a in self.source_atoms if a.name == name), None)
 
     @staticmethod
-    def norm(axes: Iterable[Iterable[_Atom]]) -> tuple:
+    def norm(axes: Iterable[Iterable[_Atom]]) -> tuple[Any, ...]:
         return tuple(tuple(a for a in ax if a.size != ONE) for ax in axes)
 
     def split(self, atom: _Atom, first: Poly, rest: Poly) -> tuple[_Atom, _Atom]:
@@ -567,7 +575,7 @@ class _Tracker:
         self.splits[atom.name] = (first, rest)
         return _Atom(atom.name + ".0", first), _Atom(atom.name + ".1", rest)
 
-    def regroup(self, atoms: list[_Atom], targets: list[Poly]) -> tuple:
+    def regroup(self, atoms: list[_Atom], targets: list[Poly]) -> tuple[Any, ...]:
         queue = [a for a in atoms if a.size != ONE]
         out = []
         for t in targets:
@@ -706,7 +714,7 @@ class _Tracker:
             return new
         raise _Fail(f"{op} is not a data-movement op")
 
-    def _cut_axis(self, axis: tuple, start: Poly, end: Poly | None, info: _Info) -> tuple:
+    def _cut_axis(self, axis: tuple[Any, ...], start: Poly, end: Poly | None, info: _Info) -> tuple[Any, ...]:
         if not axis:
             if start == ZERO and (end is None or end == ONE):
                 return ()  # index 0 of an axis of size 1
@@ -802,14 +810,14 @@ def _role(name: str) -> str:
     return _ROLE.get(name, name)
 
 
-def _roles(axis: tuple) -> tuple:
+def _roles(axis: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(_role(a.name) for a in axis)
 
 
 @dataclasses.dataclass
 class _Source:
     value: Any
-    form: tuple  # axis names
+    form: tuple[Any, ...]  # axis names
 
 
 @dataclasses.dataclass
@@ -817,11 +825,11 @@ class _Plan:
     value: _Source
     loc: _Source
     weights: _Source
-    levels: list  # [(H Poly, W Poly, start Poly)] in level order
+    levels: list[Any]  # [(H Poly, W Poly, start Poly)] in level order
     covers_all: bool  # the levels together are all of S (else value is cut to their end)
     end: Poly | None
-    out_axes: tuple  # layout of the replaced value, in roles
-    sizes: dict  # role -> Poly (M, D, L, P, 2)
+    out_axes: tuple[Any, ...]  # layout of the replaced value, in roles
+    sizes: dict[Any, Any]  # role -> Poly (M, D, L, P, 2)
     dtype: Any
 
 
@@ -866,7 +874,8 @@ class _Analysis:
                             best = (self.stage, str(e))
         raise _Fail(best[1])
 
-    def _verify(self, vsrc, lsrc, wsrc, vchains, lchains, wchain, grids, samples, reduce_node, tail) -> _Plan:
+    def _verify(self, vsrc: Any, lsrc: Any, wsrc: Any, vchains: Any, lchains: Any, wchain: Any, grids: Any,
+                samples: Any, reduce_node: Any, tail: Any) -> _Plan:
         sizes = self.sizes
         sizes.reset()
         tr = _Tracker(sizes)
@@ -943,7 +952,7 @@ class _Analysis:
             self.sizes.s_size = dims[src.form.index("S")]
         return _Info(axes=_Tracker.norm((a,) for a in atoms))
 
-    def _follow(self, tr: "_Tracker", source: Any, info: _Info, chain: list, affine: bool) -> _Info:
+    def _follow(self, tr: "_Tracker", source: Any, info: _Info, chain: list[Any], affine: bool) -> _Info:
         """The layout at the start of ``chain`` (a _back list) given ``info`` at ``source``."""
         idx = next((i for i, (v, _) in enumerate(chain) if v is source), None)
         if idx is None:
@@ -964,7 +973,7 @@ class _Analysis:
             self.sizes.layouts[id(value)] = info
         return info
 
-    def _role_sizes(self, tr: "_Tracker") -> dict:
+    def _role_sizes(self, tr: "_Tracker") -> dict[Any, Any]:
         out: dict[str, int] = {}
 
         def note(atom: _Atom) -> None:
@@ -987,7 +996,7 @@ class _Analysis:
             raise _Fail("the locations do not end in (x, y) pairs")
         return out
 
-    def _levels(self, levels_of: list, sizes: dict):
+    def _levels(self, levels_of: list[Any], sizes: dict[Any, Any]) -> Any:
         """[(H, W, start)] in level order, whether they cover all of S, and the last end. The i-th
         level of the values must be sampled with the i-th level's locations."""
         n = len(levels_of)
@@ -1038,7 +1047,7 @@ class _Analysis:
     def _s_size(self) -> Poly | None:
         return self.sizes.s_size
 
-    def _combine(self, tr: "_Tracker", grids: list, outs: list, samples: Any) -> _Info:
+    def _combine(self, tr: "_Tracker", grids: list[Any], outs: list[Any], samples: Any) -> _Info:
         infos = []
         for (g, schain), out in zip(grids, outs):
             info = out
@@ -1069,7 +1078,7 @@ class _Analysis:
                     raise _Fail("the levels' samples are not stacked or concatenated along their level or "
                                 "points axis")
                 start = ZERO
-                for s, e in cuts:
+                for s, e in cast("list[tuple[Any, ...]]", cuts):  # none is None (checked above)
                     if s != start:
                         raise _Fail("the levels' samples are not concatenated in level order")
                     start = e
@@ -1084,7 +1093,7 @@ class _Analysis:
             self.sizes.layouts[id(value)] = info
         return info
 
-    def _reduce(self, node: Any, info: _Info, sizes: dict) -> _Info:
+    def _reduce(self, node: Any, info: _Info, sizes: dict[Any, Any]) -> _Info:
         r = len(info.axes)
         raw = _const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
         ax = raw.reshape(-1).tolist() if raw is not None else _attr_ints(node, "axes")
@@ -1101,7 +1110,7 @@ class _Analysis:
         return _Info(axes=tuple(axes))
 
 
-def _grid_samples(samples: Any) -> list[tuple[Any, list]] | None:
+def _grid_samples(samples: Any) -> list[tuple[Any, list[Any]]] | None:
     """[(GridSample, the _back chain from the combining point to it)] in the order they are
     combined; None when the operand does not come from GridSamples."""
     chain = _back(samples, False)
@@ -1133,7 +1142,7 @@ def _check_grid_sample(g: Any) -> None:
         raise _Fail("a GridSample that is not 2-D")
 
 
-def _value_level(tr: "_Tracker", x: _Info) -> tuple:
+def _value_level(tr: "_Tracker", x: _Info) -> tuple[Any, ...]:
     """(start, end or None, H, W) of the level a GridSample's image is."""
     extra = set(x.tags) - {"S"}
     if extra:
@@ -1161,7 +1170,7 @@ def _value_level(tr: "_Tracker", x: _Info) -> tuple:
     return seg.start, seg.end, h, w
 
 
-def _grid_level(tr: "_Tracker", grid: _Info) -> tuple:
+def _grid_level(tr: "_Tracker", grid: _Info) -> tuple[Any, ...]:
     """("l", level index Poly or None) or ("lp", start, end or None) of a GridSample's grid."""
     points = grid.axes[2]
     if "l" in grid.tags:
@@ -1176,7 +1185,7 @@ def _grid_level(tr: "_Tracker", grid: _Info) -> tuple:
     raise _Fail("a GridSample's grid is not one level of the locations")
 
 
-def _points_cut(tr: "_Tracker", axis: tuple, tags: dict) -> tuple | None:
+def _points_cut(tr: "_Tracker", axis: tuple[Any, ...], tags: dict[Any, Any]) -> tuple[Any, ...] | None:
     """(start, end or None) of the part of the LP (levels x points) axis that ``axis`` is."""
     if not axis and "LP" in tags:
         return tags["LP"], tags["LP"] + ONE
@@ -1201,7 +1210,7 @@ def _mul(s: _Info, w: _Info) -> _Info:
     return _Info(axes=sa)
 
 
-def _same_roles(a: tuple, b: tuple) -> bool:
+def _same_roles(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     """Equal roles, or equal but for the batch on one side only: a batch left out is one of static
     size 1, and the two sides meet in an op that needs equal sizes, so the other is 1 too."""
     if a == b:
@@ -1209,14 +1218,14 @@ def _same_roles(a: tuple, b: tuple) -> bool:
     return tuple(r for r in a if r != "n") == tuple(r for r in b if r != "n") and ("n" in a) != ("n" in b)
 
 
-def _expand_lp(roles: tuple) -> tuple:
+def _expand_lp(roles: tuple[Any, ...]) -> tuple[Any, ...]:
     out: list[str] = []
     for r in roles:
         out.extend(("l", "p") if r == "LP" else (r,))
     return tuple(out)
 
 
-def _candidates(values: list[Any], forms: dict, sizes: "_Sizes") -> Iterator[_Source]:
+def _candidates(values: list[Any], forms: dict[Any, Any], sizes: "_Sizes") -> Iterator[_Source]:
     for v in values:
         for form in forms.get(sizes.rank(v), ()):
             yield _Source(v, form)
@@ -1231,7 +1240,7 @@ class _Emitter:
     def __init__(self, op: Any, sizes: _Sizes) -> None:
         self.op = op
         self.sizes = sizes
-        self._cache: dict = {}
+        self._cache: dict[Any, Any] = {}
 
     def ints(self, values: list[int]) -> Any:
         return self.op.Constant(value_ints=[int(v) for v in values])
@@ -1239,7 +1248,7 @@ class _Emitter:
     def poly(self, p: Poly) -> Any:
         """A 1-D int64 tensor of one element holding p."""
         if p.is_const():
-            return self.ints([p.value])
+            return self.ints([cast(int, p.value)])
         key = p
         if key in self._cache:
             return self._cache[key]
@@ -1268,7 +1277,7 @@ class _Emitter:
             out = op.Cast(out, to=_ir().DataType.INT64)
         return out
 
-    def canonical(self, src: _Source, roles: tuple, sizes: dict) -> Any:
+    def canonical(self, src: _Source, roles: tuple[Any, ...], sizes: dict[Any, Any]) -> Any:
         """The source tensor as the op's input with axes ``roles``."""
         op = self.op
         refined: list[tuple[str, Any]] = []  # (role, size to emit: ("axis", i) or int)
@@ -1293,7 +1302,7 @@ class _Emitter:
                     parts.append(self.ints([s]))
             shape = parts[0] if len(parts) == 1 else op.Concat(*parts, axis=0)
             if all(_const_node_ints(p) is not None for p in parts):
-                shape = self.ints([v for p in parts for v in _const_node_ints(p)])
+                shape = self.ints([v for p in parts for v in cast("list[int]", _const_node_ints(p))])
             x = op.Reshape(x, shape)
         order = [r for r, _ in refined]
         perm = [order.index(r) for r in roles]
@@ -1312,7 +1321,7 @@ def _const_node_ints(v: Any) -> list[int] | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _make_rule_class():
+def _make_rule_class() -> Any:
     from onnxscript.rewriter import pattern
 
     ir = _ir()
@@ -1322,14 +1331,14 @@ def _make_rule_class():
         per-level GridSamples -> ai.opbridge::MultiScaleDeformableAttention [-> the layout the
         chain had]."""
 
-        def __init__(self, session: Any, name: str, tail: tuple) -> None:
+        def __init__(self, session: Any, name: str, tail: tuple[Any, ...]) -> None:
             super().__init__(name=name)
             self.session = session
             self.tail = tail
             self._plan: _Plan | None = None
             self._sizes: _Sizes | None = None
 
-        def pattern(self, op, a, b, axes, s0, s1, s2):
+        def pattern(self, op: Any, a: Any, b: Any, axes: Any, s0: Any, s1: Any, s2: Any) -> Any:
             y = op.ReduceSum(op.Mul(a, b, _outputs=["product"]), axes, _outputs=["summed"])
             shapes = iter((s0, s1, s2))
             for i, kind in enumerate(self.tail):
@@ -1337,7 +1346,9 @@ def _make_rule_class():
                      else op.Transpose(y, _outputs=[f"t{i}"]))
             return y
 
-        def check(self, context, a, b, axes, product, summed, **kw):
+        # onnxscript calls check with the pattern's values by name.
+        def check(  # type: ignore[override]
+                self, context: Any, a: Any, b: Any, axes: Any, product: Any, summed: Any, **kw: Any) -> Any:
             mul, red = product.producer(), summed.producer()
             tail = [kw[f"t{i}"].producer() for i in range(len(self.tail))]
             self._sizes = _Sizes()
@@ -1353,14 +1364,15 @@ def _make_rule_class():
                 return pattern.MatchResult().fail(f"not analysed: {type(e).__name__}: {e}")
             return pattern.MatchResult()
 
-        def rewrite(self, op, a=None, b=None, **_):
-            plan, sizes = self._plan, self._sizes
+        def rewrite(self, op: Any, a: Any = None, b: Any = None, **_: Any) -> Any:
+            # check() set both.
+            plan, sizes = cast(_Plan, self._plan), cast(_Sizes, self._sizes)
             em = _Emitter(op, sizes)
             dtype = plan.dtype
             s = plan.sizes
             value = em.canonical(plan.value, ("n", "S", "m", "d"), s)
             if not plan.covers_all:
-                value = op.Slice(value, em.ints([0]), em.poly(plan.end), em.ints([1]))
+                value = op.Slice(value, em.ints([0]), em.poly(cast(Poly, plan.end)), em.ints([1]))
             loc = em.canonical(plan.loc, ("n", "q", "m", "l", "p", "c"), s)
             weights = em.canonical(plan.weights, ("n", "q", "m", "l", "p"), s)
             if plan.loc.value.dtype != dtype:
@@ -1385,7 +1397,7 @@ def _make_rule_class():
     return DeformableAttention
 
 
-def _to_layout(op: Any, em: _Emitter, y: Any, axes: tuple, sizes: dict) -> Any:
+def _to_layout(op: Any, em: _Emitter, y: Any, axes: tuple[Any, ...], sizes: dict[Any, Any]) -> Any:
     """The op's output (N, Lq, M·D) in the layout the replaced value had (axes of roles; a batch
     of static size 1 may be left out)."""
     if axes == (("n",), ("q",), ("m", "d")):
@@ -1458,7 +1470,7 @@ class Session:
 _TAILS = (("Reshape", "Reshape", "Transpose"), ("Reshape", "Transpose"), ("Reshape",), ())
 
 
-def rules(session: Session) -> list:
+def rules(session: Session) -> list[Any]:
     """The rules, longest form first (each shorter one matches a prefix of a longer one): each is
     applied to the whole model in turn."""
     cls = _make_rule_class()

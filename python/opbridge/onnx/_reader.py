@@ -24,7 +24,7 @@ import math
 import os
 import re
 import stat
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import onnx
 
@@ -41,7 +41,7 @@ class MalformedGraph(UnreadableModel):
 
 
 # Bits per element of the fixed-size element types (STRING has none).
-_BITS = {
+_BITS: dict[int, int] = {
     onnx.TensorProto.FLOAT: 32, onnx.TensorProto.UINT8: 8, onnx.TensorProto.INT8: 8, onnx.TensorProto.UINT16: 16,
     onnx.TensorProto.INT16: 16, onnx.TensorProto.INT32: 32, onnx.TensorProto.INT64: 64, onnx.TensorProto.BOOL: 8,
     onnx.TensorProto.FLOAT16: 16, onnx.TensorProto.DOUBLE: 64, onnx.TensorProto.UINT32: 32,
@@ -56,12 +56,13 @@ for _name, _bits in (("FLOAT8E4M3FN", 8), ("FLOAT8E4M3FNUZ", 8), ("FLOAT8E5M2", 
 
 # Typed-value fields: (field, values per element) for the types stored there one value per element
 # (two for complex); 4- and 2-bit types pack one byte of elements per int32 value (onnx.helper).
-_FIELD = {
+_FIELD: dict[int, tuple[str, float]] = {
     onnx.TensorProto.FLOAT: ("float_data", 1), onnx.TensorProto.COMPLEX64: ("float_data", 2),
     onnx.TensorProto.DOUBLE: ("double_data", 1), onnx.TensorProto.COMPLEX128: ("double_data", 2),
     onnx.TensorProto.INT64: ("int64_data", 1), onnx.TensorProto.UINT64: ("uint64_data", 1),
     onnx.TensorProto.UINT32: ("uint64_data", 1), onnx.TensorProto.STRING: ("string_data", 1),
 }
+_t: int
 for _t in (onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8, onnx.TensorProto.UINT16,
            onnx.TensorProto.UINT8, onnx.TensorProto.BOOL, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16):
     _FIELD[_t] = ("int32_data", 1)
@@ -95,10 +96,10 @@ class ExternalData:
 # --------------------------------------------------------------------------------------------
 
 
-def read_graph(path: str | os.PathLike) -> onnx.ModelProto:
+def read_graph(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """The model at ``path`` without its external data. UnreadableModel naming the file when it
     cannot be read, does not parse as protobuf, or has no graph or IR version."""
-    from google.protobuf.message import DecodeError
+    from google.protobuf.message import DecodeError  # type: ignore[import-untyped]  # protobuf ships no stubs
 
     path = os.fspath(path)
     try:
@@ -231,7 +232,7 @@ def _tensors_of(a: onnx.AttributeProto, where: str) -> Iterator[tuple[onnx.Tenso
         yield s.indices, where
 
 
-def _attribute_tensors(nodes) -> Iterator[tuple[onnx.TensorProto, str]]:
+def _attribute_tensors(nodes: Iterable[onnx.NodeProto]) -> Iterator[tuple[onnx.TensorProto, str]]:
     for node in nodes:
         for a in node.attribute:
             yield from _tensors_of(a, f"attribute {a.name!r} of node {node.name or node.op_type!r}")
@@ -266,7 +267,7 @@ def _expected_bytes(t: onnx.TensorProto) -> int | None:
     bits = _BITS.get(t.data_type)
     if bits is None:
         return None
-    return (math.prod(t.dims) * bits + 7) // 8
+    return (int(math.prod(t.dims)) * bits + 7) // 8
 
 
 def _check_type_and_dims(path: str, t: onnx.TensorProto, where: str) -> None:
@@ -361,7 +362,7 @@ def _check_external(path: str, t: onnx.TensorProto, where: str, folder: str, siz
     return ExternalData(tensor=t.name, file=real, offset=offset, length=length)
 
 
-def check(proto: onnx.ModelProto, path: str | os.PathLike) -> list[tuple[onnx.TensorProto, ExternalData]]:
+def check(proto: onnx.ModelProto, path: str | os.PathLike[str]) -> list[tuple[onnx.TensorProto, ExternalData]]:
     """Checks every tensor of ``proto`` (the model file at ``path``; module docstring) and returns
     the external ones with their validated data. UnreadableModel at the first problem."""
     path = os.fspath(path)
@@ -395,7 +396,7 @@ def _pin(validated: list[tuple[onnx.TensorProto, ExternalData]]) -> None:
             e.key, e.value = key, value
 
 
-def to_ir(proto: onnx.ModelProto, path: str | os.PathLike, *, pin: bool = True) -> Any:
+def to_ir(proto: onnx.ModelProto, path: str | os.PathLike[str], *, pin: bool = True) -> Any:
     """``proto`` (read from ``path``, or written there) as an onnx_ir Model, after ``check``;
     external tensors are memory-mapped from their checked files when first read. ``pin``: the
     external entries of ``proto`` itself are rewritten to the checked real paths (absolute), so
@@ -415,12 +416,12 @@ def to_ir(proto: onnx.ModelProto, path: str | os.PathLike, *, pin: bool = True) 
     return model
 
 
-def load(path: str | os.PathLike) -> Any:
+def load(path: str | os.PathLike[str]) -> Any:
     """The model at ``path`` as an onnx_ir Model, checked; external data stays on disk."""
     return to_ir(read_graph(path), path)
 
 
-def load_with_data(path: str | os.PathLike) -> onnx.ModelProto:
+def load_with_data(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """The model at ``path`` as a ModelProto holding all its tensors (read from the checked files):
     for tools that need the data in the proto (onnx's reference evaluator)."""
     proto = read_graph(path)

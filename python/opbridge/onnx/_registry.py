@@ -45,23 +45,23 @@ def new_export() -> None:
 
 
 # qualname -> (function(builder, *torch args), lowest default-domain opset it works at)
-_standard: dict[str, tuple[Callable, int]] = {}
+_standard: dict[str, tuple[Callable[..., Any], int]] = {}
 
 
-def standard_lowering(op: str, *, min_opset: int = 1) -> Callable[[Callable], Callable]:
+def standard_lowering(op: str, *, min_opset: int = 1) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Registers the standard-ONNX lowering of a declared op (decorator), used with
     ``lowering="standard"``: ``fn(b, *args)`` gets an opbridge.onnx.Builder ``b`` and the torch
     op's arguments (tensor inputs as graph values, attributes as Python values) and returns the
     output value. ``min_opset``: the lowest default-domain opset it can express the op at."""
 
-    def register(fn: Callable) -> Callable:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         _standard[op] = (fn, int(min_opset))
         return fn
 
     return register
 
 
-def _call_standard(fn: Callable, op: OpDecl, builder: Any, values: list) -> Any:
+def _call_standard(fn: Callable[..., Any], op: OpDecl, builder: Any, values: list[Any]) -> Any:
     """``fn(builder, *values)`` for a standard lowering that takes every argument of ``op``'s
     declaration; one written before an argument was declared gets the arguments it takes, and a
     call that gives a left-out argument anything but its default cannot be expressed by it (a
@@ -106,7 +106,7 @@ class DeclaredRules:
         ns, name = self.op.qualname.split("::")
         return getattr(getattr(torch.ops, ns), name).default
 
-    def _standard(self, cfg: ExportConfig, dynamo: bool) -> tuple[Callable, int]:
+    def _standard(self, cfg: ExportConfig, dynamo: bool) -> tuple[Callable[..., Any], int]:
         entry = _standard.get(self.op.qualname)
         if entry is None:
             raise NotImplementedError(
@@ -129,7 +129,7 @@ class DeclaredRules:
         except (AttributeError, RuntimeError):
             return False
 
-    def translations(self, cfg: ExportConfig) -> dict:
+    def translations(self, cfg: ExportConfig) -> dict[Any, Any]:
         from ._declared_export import translation
         if not self.loaded():
             return {}
@@ -150,7 +150,7 @@ class DeclaredRules:
         standard.__signature__ = sig  # type: ignore[attr-defined]
         return {self.overload(): standard}
 
-    def symbolics(self, cfg: ExportConfig) -> dict:
+    def symbolics(self, cfg: ExportConfig) -> dict[Any, Any]:
         from ._declared_export import _TS_DESC, symbolic
         if not self.loaded():
             return {}
@@ -186,7 +186,7 @@ class DeclaredRules:
         return {self.op.qualname: standard}
 
 
-def _modules() -> list:
+def _modules() -> list[Any]:
     # This package's folder, read from this file's place (not from the package object, which
     # imports this module).
     mods = []
@@ -197,10 +197,10 @@ def _modules() -> list:
 
 
 # torch op name -> CustomOp (opbridge/onnx/_custom.py), in declaration order.
-_declared_rules: dict = {}
+_declared_rules: dict[Any, Any] = {}
 
 
-def add_declared_op(op) -> None:
+def add_declared_op(op: Any) -> None:  # a CustomOp (_custom imports this module)
     _declared_rules.pop(op.torch_op, None)
     _declared_rules[op.torch_op] = op
 
@@ -210,12 +210,12 @@ def declared_ops() -> list[OpDecl]:
     return [op for lib in libraries() if lib.namespace for op in lib.ops.values()]
 
 
-def rule_sets() -> list:
+def rule_sets() -> list[Any]:
     mods = _modules()  # also registers their standard lowerings
     names: dict[str, int] = {}
     for op in declared_ops():
         names[op.name] = names.get(op.name, 0) + 1
-    rules: list = []
+    rules: list[Any] = []
     for op in declared_ops():
         keys = (op.qualname, op.name) if names[op.name] == 1 else (op.qualname,)
         rules.append(DeclaredRules(op, keys))

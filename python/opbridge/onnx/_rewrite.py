@@ -40,7 +40,7 @@ def rewrite_model(model: Any, *, silu: bool = True, sources: Sequence[str] = SOU
         raise ValueError(f"sources: unknown {sorted(unknown)}; expected a subset of {SOURCES}")
     infer_shapes_ir(model)
     # (label, rules, what to run after them when they changed something)
-    stages: list[tuple[str, list, Callable[[Any], Any] | None]]
+    stages: list[tuple[str, list[Any], Callable[[Any], Any] | None]]
     stages, silu_stages, session = _group_norm_fusion.rule_stages(sources, silu)
     msda = None
     if "msda" in sources:
@@ -78,7 +78,7 @@ def infer_shapes_ir(model: Any) -> None:
     infer(model)
 
 
-def fuse_exported(proto: Any, *, silu: bool = True, path: str | os.PathLike | None = None) -> Any:
+def fuse_exported(proto: Any, *, silu: bool = True, path: str | os.PathLike[str] | None = None) -> Any:
     """The fusion of ``opbridge.onnx.export(fuse=True)``: an onnx ModelProto with torch's GroupNorm
     forms (decomposition, GroupNormalization-21) made ``ai.opbridge::GroupNorm`` and SiLU fused
     into it. Tensors stay where they are (inline, or external references beside ``path``, where

@@ -14,7 +14,7 @@ def _sources() -> list[tuple[onnx.defs.OpSchema, Callable[[Any], None] | None]]:
     from ._declared_export import infer_function, schemas
     from ._registry import _declared_rules
 
-    out = []
+    out: list[tuple[onnx.defs.OpSchema, Callable[[Any], None] | None]] = []
     for lib in libraries():
         for op in lib.ops.values():
             fn = infer_function(op)
@@ -48,7 +48,7 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     return onnx.shape_inference.infer_shapes(model)
 
 
-def custom_opset(domain: str, version: int):
+def custom_opset(domain: str, version: int) -> Any:
     """An onnxscript Opset for a custom domain whose ops resolve to the registered schemas."""
     import onnxscript
 

@@ -24,7 +24,7 @@ Its results are merged into the model; a hidden size never replaces a known one.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import onnx
 
@@ -51,7 +51,7 @@ _PLACEHOLDER_LOCATION = "opbridge-shape-inference-placeholder"
 _HIDDEN = "opbridge_hidden_size"
 
 
-def _ir():
+def _ir() -> Any:
     import onnx_ir as ir
 
     return ir
@@ -102,7 +102,7 @@ def _graph_copy(model: Any) -> onnx.ModelProto:
                     if attr is not None and attr.type == ir.AttributeType.TENSOR and _large(attr.value):
                         attributes.append((node, "value", attr))
                         node.attributes["value"] = ir.AttrTensor("value", _placeholder(attr.value))
-        return ir.serde.serialize_model(model)
+        return cast(onnx.ModelProto, ir.serde.serialize_model(model))
     finally:
         for value, t in swapped:
             value.const_value = t

@@ -18,12 +18,18 @@ ONNX Runtime). ``custom_opsets={"com.microsoft": N}`` picks the com.microsoft ve
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
+from .._library import DOMAIN
 from .._op_library import opbridge_library
-from ._config import DOMAIN, ExportConfig
+from ._config import ExportConfig
 from ._registry import once_per_export, standard_lowering
+
+if TYPE_CHECKING:
+    from .._declarations import OpDecl
+    from ._build import Builder
 
 OP_TYPE = "Inverse"  # the declaration's onnx_type
 MS_DOMAIN = "com.microsoft"
@@ -57,7 +63,7 @@ def _ms_version(cfg: ExportConfig) -> int:
 
 
 @standard_lowering("opbridge::inverse")
-def standard(b, x, on_singular: str = "raise"):
+def standard(b: Builder, x: Any, on_singular: str = "raise") -> Any:
     """com.microsoft::Inverse: stock ONNX Runtime runs it; a singular matrix gives inf/NaN there,
     so on_singular="raise" cannot be expressed (warned once per export)."""
     if on_singular == "raise":
@@ -76,10 +82,10 @@ class _TorchInverse:
 
     OPS = _KEYS
 
-    def _custom(self):
+    def _custom(self) -> OpDecl:
         return opbridge_library().ops["inverse"]
 
-    def translations(self, cfg: ExportConfig) -> dict:
+    def translations(self, cfg: ExportConfig) -> dict[Any, Any]:
         import onnxscript
         import torch
 
@@ -92,7 +98,8 @@ class _TorchInverse:
             version = _ms_version(cfg)
             node = onnxscript.values.Op(onnxscript.values.Opset(MS_DOMAIN, version), OP_TYPE, _ms_schema(version))
 
-        def inverse(x):
+        # Types as a comment: the exporter reads a translation's annotations as ONNX type constraints.
+        def inverse(x):  # type: (Any) -> Any
             return node(x)
 
         # torch.export keeps torch.inverse as aten.inverse and torch.linalg.inv as aten.linalg_inv
@@ -100,7 +107,7 @@ class _TorchInverse:
         # error check, which has no ONNX form).
         return {torch.ops.aten.linalg_inv.default: inverse, torch.ops.aten.inverse.default: inverse}
 
-    def symbolics(self, cfg: ExportConfig) -> dict:
+    def symbolics(self, cfg: ExportConfig) -> dict[Any, Any]:
         # The TorchScript exporter takes domain versions from torch.onnx.export(custom_opsets=...),
         # which opbridge.onnx.export fills from cfg.custom_opsets.
         if cfg.lowering_for(_KEYS, "standard") == "custom":
@@ -109,7 +116,7 @@ class _TorchInverse:
             domain = MS_DOMAIN
             _ms_version(cfg)
 
-        def inverse(g, x):
+        def inverse(g, x):  # type: (Any, Any) -> Any
             y = g.op(f"{domain}::{OP_TYPE}", x)
             y.setType(x.type())
             return y

@@ -7,6 +7,8 @@ re-exported here, so adding an op means adding a module.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .._library import load_torch_library
 from .._op_library import opbridge_library
 from ._errors import translate_errors
@@ -22,4 +24,19 @@ __all__ += load_op_modules(globals())
 
 # Fake kernels (and a clear error for ops without a gradient formula) from the declarations,
 # after the op modules above registered their formulas.
+
+if TYPE_CHECKING:
+    # What the loop above re-exports, spelled out for type checkers, which do not run it
+    # (tests/test_typing.py checks that the two agree).
+    from .group_norm import group_norm as group_norm
+    from .inverse import inverse as inverse
+    from .ms_deform_attn import ms_deform_attn as ms_deform_attn
+    from .point_cloud import ball_query as ball_query
+    from .point_cloud import furthest_point_sample as furthest_point_sample
+    from .point_cloud import gather_points as gather_points
+    from .point_cloud import grouping_operation as grouping_operation
+    from .point_cloud import knn as knn
+    from .point_cloud import three_interpolate as three_interpolate
+    from .point_cloud import three_nn as three_nn
+
 register_library_ops(opbridge_library())

@@ -29,7 +29,7 @@ _TAGS: dict[str, type[Exception]] = {
     "ValueError": ValueError,
     "TypeError": TypeError,
     "NotImplementedError": NotImplementedError,
-    "LinAlgError": torch.linalg.LinAlgError,
+    "LinAlgError": torch.linalg.LinAlgError,  # type: ignore[attr-defined]  # torch's stub does not export it
 }
 
 F = TypeVar("F", bound=Callable[..., Any])

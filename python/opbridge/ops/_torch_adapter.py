@@ -16,12 +16,11 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import torch
 
-from .._declarations import CheckError, InputDecl, OpDecl
-
+from .._declarations import CheckError, InputDecl, MisdeclaredOpError, OpDecl
 from .._op_library import OpLibrary
 
 __all__ = ["gradient_order", "no_grad_fast_path", "register_autograd", "register_gradient", "register_library_ops",
@@ -39,7 +38,7 @@ _formulas: set[str] = set()
 # qualname -> the highest order of gradients implemented (0: none; 1: first; 2: any order).
 _orders: dict[str, int] = {}
 # qualname -> the differentiable form of the op given as double_backward (for opbridge.testing).
-_differentiable: dict[str, Callable] = {}
+_differentiable: dict[str, Callable[..., Any]] = {}
 
 
 def gradient_order(qualname: str) -> int | None:
@@ -49,7 +48,7 @@ def gradient_order(qualname: str) -> int | None:
     return _orders.get(qualname)
 
 
-def differentiable_form(qualname: str) -> Callable | None:
+def differentiable_form(qualname: str) -> Callable[..., Any] | None:
     """The torch-ops form of the op given to register_autograd(double_backward=...), if any."""
     return _differentiable.get(qualname)
 
@@ -102,12 +101,12 @@ def _output(op: OpDecl, k: int, bound: inspect.BoundArguments) -> torch.Tensor:
             # (N, *spatial, C) memory, the rule the kernels follow (any rank >= 3).
             order = (0, *range(2, like.dim()), 1)
             inverse = sorted(range(like.dim()), key=order.__getitem__)
-            return like.new_empty([like.shape[i] for i in order], dtype=dtype).permute(inverse)
+            return cast(torch.Tensor, like.new_empty([like.shape[i] for i in order], dtype=dtype).permute(inverse))
         return torch.empty(like.shape, dtype=dtype, device=like.device)
     shape = out.sizes(lambda index, dim: tensors[index].shape[dim], lambda k: bound.arguments[op.attrs[k].name],
                       lambda: torch.library.get_ctx().new_dynamic_size())
     anchor = next(t for t in tensors if t is not None)
-    return anchor.new_empty(shape, dtype=dtype)
+    return cast(torch.Tensor, anchor.new_empty(shape, dtype=dtype))
 
 
 def channels_last(x: torch.Tensor) -> bool:
@@ -125,24 +124,24 @@ def channels_last(x: torch.Tensor) -> bool:
 
 
 # qualname -> the fake kernel a user supplied (register_fake): it runs after the declaration's checks.
-_user_fakes: dict[str, Callable] = {}
+_user_fakes: dict[str, Callable[..., Any]] = {}
 
 
-def register_fake(qualname: str, fn: Callable | None = None) -> Callable:
+def register_fake(qualname: str, fn: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """Supplies the fake kernel (meta function: output shapes, dtypes and devices, no data) of a
     declared op whose output rule cannot describe its outputs; usable as a decorator. ``fn`` gets the
     op's arguments (fake tensors, as torch.library.register_fake's functions do; sizes may be
     symbolic, ``torch.library.get_ctx().new_dynamic_size()`` gives a data-dependent one) and returns
     the output tensor(s). The declaration's checks still run first, so bad input gets the same
     verdict as in the kernels. Takes effect at once, also for ops already registered."""
-    def register(f: Callable) -> Callable:
+    def register(f: Callable[..., Any]) -> Callable[..., Any]:
         _user_fakes[qualname] = f
         return f
 
     return register(fn) if fn is not None else register
 
 
-def _make_fake(op: OpDecl) -> Callable:
+def _make_fake(op: OpDecl) -> Callable[..., Any]:
     sig = signature(op)
 
     def fake(*args: Any, **kwargs: Any) -> Any:
@@ -175,8 +174,8 @@ class _NoDoubleBackward(torch.autograd.Function):
         )
 
 
-def register_autograd(qualname: str, backward: Callable, *, setup_context: Callable,
-                      double_backward: bool | Callable = False, backward_op: str | None = None,
+def register_autograd(qualname: str, backward: Callable[..., Any], *, setup_context: Callable[..., Any],
+                      double_backward: bool | Callable[..., Any] = False, backward_op: str | None = None,
                       backward_op_grads: tuple[int, ...] | list[int] | None = None) -> None:
     """``torch.library.register_autograd`` for an op of ours or yours, never silently wrong at
     second order. ``double_backward``:
@@ -224,7 +223,10 @@ def register_autograd(qualname: str, backward: Callable, *, setup_context: Calla
             items = (result,) if single else result
             idx = [i for i, g in enumerate(items) if isinstance(g, torch.Tensor)]
             wrapped = list(items)
-            for i, g in zip(idx, _NoDoubleBackward.apply(qualname, anchors[0], *[items[i] for i in idx])):
+            # torch's autograd.Function.apply is untyped.
+            guarded_grads = _NoDoubleBackward.apply(  # type: ignore[no-untyped-call]
+                qualname, anchors[0], *[items[i] for i in idx])
+            for i, g in zip(idx, guarded_grads):
                 wrapped[i] = g
             return wrapped[0] if single else tuple(wrapped)
 
@@ -232,7 +234,8 @@ def register_autograd(qualname: str, backward: Callable, *, setup_context: Calla
     _orders[qualname] = 2 if double_backward else 1
     if backward_op is not None:
         if hasattr(torch.ops.opbridge, "_cpp_autograd"):
-            torch.ops.opbridge._cpp_autograd(qualname, backward_op, [int(i) for i in backward_op_grads])
+            torch.ops.opbridge._cpp_autograd(qualname, backward_op,
+                                             [int(i) for i in cast("tuple[int, ...] | list[int]", backward_op_grads)])
 
 
 def _declaration_of(qualname: str) -> tuple[OpLibrary | None, OpDecl | None]:
@@ -255,12 +258,12 @@ def _check_backward_op(where: str, qualname: str, backward_op: str | None) -> No
     if lib is None:
         return  # not a declared op: nothing opbridge checks
     if fwd is None:
-        raise lib.misdeclared([qualname.rpartition("::")[2]])
+        raise cast(MisdeclaredOpError, lib.misdeclared([qualname.rpartition("::")[2]]))
     if backward_op is None:
         return
     blib, bwd = _declaration_of(backward_op)
     if blib is not None and bwd is None:
-        raise blib.misdeclared([backward_op.rpartition("::")[2]])
+        raise cast(MisdeclaredOpError, blib.misdeclared([backward_op.rpartition("::")[2]]))
     how = f"declare it from {fwd.name}'s declaration with .args_of(...) (or .gradient_of(...)), which adds them all"
     if bwd is None:
         raise ValueError(f"{where}: backward_op {backward_op} is not an op a library opbridge knows declares, so "
@@ -278,7 +281,7 @@ def _check_backward_op(where: str, qualname: str, backward_op: str | None) -> No
                      f"torch, its fake kernel, ONNX Runtime and opbridge._core check them before its kernel runs")
 
 
-def register_formula(qualname: str, backward: Callable, setup_context: Callable) -> None:
+def register_formula(qualname: str, backward: Callable[..., Any], setup_context: Callable[..., Any]) -> None:
     """``torch.library.register_autograd`` followed by :func:`no_grad_fast_path`: every formula
     opbridge registers goes through here."""
     torch.library.register_autograd(qualname, backward, setup_context=setup_context)
@@ -296,8 +299,8 @@ def no_grad_fast_path(qualname: str) -> None:
         torch.ops.opbridge._no_grad_fast_path(qualname)
 
 
-def _register_with_differentiable_form(qualname: str, backward: Callable, setup_context: Callable,
-                                       form: Callable) -> None:
+def _register_with_differentiable_form(qualname: str, backward: Callable[..., Any], setup_context: Callable[..., Any],
+                                       form: Callable[..., Any]) -> None:
     def setup(ctx: Any, inputs: Any, output: Any) -> None:
         setup_context(ctx, inputs, output)
         # The inputs themselves (not detached copies): differentiating `form` at them connects
@@ -315,7 +318,7 @@ def _register_with_differentiable_form(qualname: str, backward: Callable, setup_
                 raise RuntimeError(f"{qualname}: an input of the forward was modified in place before backward; "
                                    "its gradients would be wrong")
         wanted = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and ctx.needs_input_grad[i]]
-        result: list = [None] * len(inputs)
+        result: list[torch.Tensor | None] = [None] * len(inputs)
         if not wanted:
             return tuple(result)
         with torch.enable_grad():
@@ -333,7 +336,7 @@ def _register_with_differentiable_form(qualname: str, backward: Callable, setup_
     register_formula(qualname, wrapped, setup)
 
 
-def restricted(fn: Callable, op: OpDecl, what: str) -> Callable:
+def restricted(fn: Callable[..., Any], op: OpDecl, what: str) -> Callable[..., Any]:
     """``fn`` (a torch-ops form of ``op``, with a signature of its own) called with a call of
     ``op``: every argument the call leaves out gets the declaration's default (torch's dispatcher
     leaves out trailing arguments equal to their defaults when it calls a Python kernel, e.g. a
@@ -366,7 +369,7 @@ def restricted(fn: Callable, op: OpDecl, what: str) -> Callable:
     return call
 
 
-def register_gradient(qualname: str, *, differentiable: Callable | None = None) -> None:
+def register_gradient(qualname: str, *, differentiable: Callable[..., Any] | None = None) -> None:
     """The autograd formula of the declared op ``qualname`` from its declared backward op (the op
     whose declaration says ``gradient_of`` it): its first-order gradients are what the backward
     op returns (computed in C++ where the fast-path library is loaded, as with
@@ -383,12 +386,13 @@ def register_gradient(qualname: str, *, differentiable: Callable | None = None) 
     if lib is None:
         raise ValueError(f"register_gradient: no library opbridge knows declares {qualname}")
     if op is None:
-        raise lib.misdeclared([name])
+        raise cast(MisdeclaredOpError, lib.misdeclared([name]))
     bwd = lib.backward_of(name)
     if bwd is None:
         raise ValueError(f"register_gradient: {qualname} has no declared backward op (an op whose declaration is "
                          "gradient_of it)")
-    positions = [next(k for k, a in enumerate(op.args) if a.name == w) for w in bwd.gradient_of[1]]
+    positions = [next(k for k, a in enumerate(op.args) if a.name == w)
+                 for w in cast("tuple[Any, ...]", bwd.gradient_of)[1]]
     backward_op = getattr(getattr(torch.ops, ns), bwd.name).default
     form = restricted(differentiable, bwd, "its differentiable backward") if differentiable is not None else None
     # Where the backward op's arguments are each output's gradient, then the op's arguments, the
@@ -401,7 +405,7 @@ def register_gradient(qualname: str, *, differentiable: Callable | None = None) 
     # Where each argument of the backward op comes from: ("grad", k) the gradient of output k,
     # ("out", k) output k, ("arg", k) the op's argument k.
     grad_iter = iter(diff)
-    sources: list = []
+    sources: list[tuple[str, int]] = []
     for a in bwd.args:
         if isinstance(a, InputDecl) and a.gradient:
             sources.append(("grad", next(grad_iter)))
@@ -434,7 +438,7 @@ def register_gradient(qualname: str, *, differentiable: Callable | None = None) 
         else:
             got = backward_op(*call)
         got = got if isinstance(got, (tuple, list)) else (got,)
-        result: list = [None] * len(args)
+        result: list[torch.Tensor | None] = [None] * len(args)
         for k, g in zip(positions, got):
             if args[k] is not None and ctx.needs_input_grad[k]:
                 result[k] = g
@@ -447,7 +451,7 @@ def register_gradient(qualname: str, *, differentiable: Callable | None = None) 
         _check_backward_op(f"register_gradient({qualname!r})", qualname, f"{ns}::{bwd.name}")
 
 
-def _libraries() -> list:
+def _libraries() -> list[OpLibrary]:
     from .._op_library import libraries
 
     return libraries()

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Optional
+from typing import Any, Optional, cast
 
 import torch
 
+from .._declarations import AttrDecl
 from .._op_library import opbridge_library
 from ._torch_adapter import channels_last, register_formula, register_gradient, restricted
 from ._errors import raise_translated
@@ -18,8 +19,8 @@ __all__ = ["group_norm"]
 _DECL = opbridge_library().ops["group_norm"]
 # The values of the `activation` argument (and of the ONNX attribute of the same name), and the
 # default of `eps`: the declaration's (ops/group_norm/group_norm_decl.cpp).
-ACTIVATIONS = _DECL.arg("activation").choices
-DEFAULT_EPS = _DECL.arg("eps").default
+ACTIVATIONS: tuple[str, ...] = cast(AttrDecl, _DECL.arg("activation")).choices
+DEFAULT_EPS: float = cast(AttrDecl, _DECL.arg("eps")).default
 
 
 def group_norm(
@@ -41,7 +42,7 @@ def group_norm(
     without copies; other non-contiguous inputs give a contiguous result. Differentiable to any
     order. Runs opbridge's C++ (CPU) or CUDA kernel, exports to ONNX as ``ai.opbridge::GroupNorm``."""
     try:
-        return torch.ops.opbridge.group_norm.default(x, num_groups, weight, bias, eps, activation)
+        return cast(torch.Tensor, torch.ops.opbridge.group_norm.default(x, num_groups, weight, bias, eps, activation))
     except RuntimeError as e:
         raise_translated(e)
         raise
@@ -50,12 +51,12 @@ def group_norm(
 # ---- memory format: the rule of the generic torch kernel (cpp/torch/torch_ops.cpp) ------------
 
 
-def _channels_last_order(rank):
+def _channels_last_order(rank: int) -> tuple[int, ...]:
     """(0, 2, ..., rank - 1, 1): x.permute(order) is (N, *spatial, C)."""
     return (0, *range(2, rank), 1)
 
 
-def _inverse(order):
+def _inverse(order: tuple[int, ...]) -> list[int]:
     inv = [0] * len(order)
     for i, o in enumerate(order):
         inv[o] = i
@@ -70,14 +71,14 @@ def uses_channels_last(x: torch.Tensor) -> bool:
     return channels_last(x)
 
 
-def _empty_in_layout(x, channels_last):
+def _empty_in_layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     if not channels_last:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
     order = _channels_last_order(x.dim())
     return x.new_empty([x.shape[i] for i in order]).permute(_inverse(order))
 
 
-def _to_layout(t, channels_last):
+def _to_layout(t: torch.Tensor, channels_last: bool) -> torch.Tensor:
     """t with channels-last memory (a copy where it has not) or contiguous; differentiable."""
     if not channels_last:
         return t.contiguous()
@@ -93,7 +94,7 @@ def _to_layout(t, channels_last):
 # ops/group_norm/group_norm_decl.cpp); where they must be differentiable (create_graph=True)
 # they are computed by the composite of torch ops below, which autograd differentiates again.
 
-def _backward_of_backward(ctx, *grads):
+def _backward_of_backward(ctx: Any, *grads: Any) -> Any:
     raise RuntimeError(
         "opbridge::group_norm_backward has no derivative: differentiate opbridge::group_norm itself "
         "(torch.autograd.grad(..., create_graph=True) through it gives correct higher-order gradients)"
@@ -111,7 +112,9 @@ def _float32(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
-def _group_norm_backward_composite(grad, x, num_groups, weight, bias, eps, activation="none"):
+def _group_norm_backward_composite(grad: torch.Tensor, x: torch.Tensor, num_groups: int, weight: torch.Tensor | None,
+                                   bias: torch.Tensor | None, eps: float, activation: str = "none"
+                                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """opbridge::group_norm_backward from torch ops: the differentiable backward (used under
     create_graph=True) and the backward on devices without an opbridge backward kernel (CUDA).
     Same outputs as the C++ CPU kernel (dx in x's memory format, dweight, dbias; dweight/dbias as

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 
 from ._torch_adapter import register_autograd
@@ -22,17 +24,17 @@ def inverse(x: torch.Tensor, on_singular: str = "raise") -> torch.Tensor:
         e.g. one Kalman update per track, where one degenerate item must not fail the rest.
     """
     try:
-        return torch.ops.opbridge.inverse.default(x, on_singular)
+        return cast(torch.Tensor, torch.ops.opbridge.inverse.default(x, on_singular))
     except RuntimeError as e:
         raise_translated(e)
         raise
 
 
-def _setup_context(ctx, inputs, output):
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: torch.Tensor) -> None:
     ctx.save_for_backward(output)
 
 
-def _backward(ctx, grad):
+def _backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
     # d(A^-1) = -A^-1 dA A^-1, so dL/dA = -A^-T G A^-T. Written with torch ops so that it is
     # itself differentiable (double backward, Hessian-vector products).
     # With on_singular="nan" a singular item's y is NaN, and so is its gradient (the batched

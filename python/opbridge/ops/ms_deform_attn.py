@@ -3,6 +3,8 @@ custom op with fake kernels and autograd."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from ._errors import raise_translated
@@ -41,9 +43,9 @@ def ms_deform_attn(
                 and attention_weights.dtype == torch.float32):
             out = torch.ops.opbridge.ms_deform_attn.default(value.float(), spatial_shapes, level_start_index,
                                                             sampling_locations, attention_weights)
-            return out.to(value.dtype)
-        return torch.ops.opbridge.ms_deform_attn.default(value, spatial_shapes, level_start_index,
-                                                         sampling_locations, attention_weights)
+            return cast(torch.Tensor, out.to(value.dtype))
+        return cast(torch.Tensor, torch.ops.opbridge.ms_deform_attn.default(value, spatial_shapes, level_start_index,
+                                                                            sampling_locations, attention_weights))
     except RuntimeError as e:
         raise_translated(e)
         raise

@@ -12,6 +12,8 @@ the argument. ``three_interpolate`` also gives the gradient of ``weight``. The `
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 
 from ._errors import raise_translated
@@ -22,7 +24,7 @@ __all__ = ["ball_query", "furthest_point_sample", "gather_points", "grouping_ope
 _ops = torch.ops.opbridge
 
 
-def _call(op, *args):
+def _call(op: Any, *args: Any) -> Any:
     try:
         return op(*args)
     except RuntimeError as e:
@@ -36,14 +38,14 @@ def furthest_point_sample(points_xyz: torch.Tensor, num_points: int) -> torch.Te
     is the point whose distance to the points picked so far is the largest (ties: the lowest
     index). ``num_points <= N``. O(N) extra memory per cloud. Exports to
     ``ai.opbridge::FurthestPointSample``."""
-    return _call(_ops.furthest_point_sample.default, points_xyz, num_points)
+    return cast(torch.Tensor, _call(_ops.furthest_point_sample.default, points_xyz, num_points))
 
 
 def gather_points(features: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """``out[b, c, m] = features[b, c, indices[b, m]]``: features ``(B, C, N)``, indices
     ``(B, M)`` int64 or int32 in ``[0, N)`` -> ``(B, C, M)``. Differentiable in ``features``.
     Exports to ``ai.opbridge::GatherPoints``."""
-    return _call(_ops.gather_points.default, features, indices)
+    return cast(torch.Tensor, _call(_ops.gather_points.default, features, indices))
 
 
 def ball_query(min_radius: float, max_radius: float, sample_num: int, xyz: torch.Tensor,
@@ -54,7 +56,8 @@ def ball_query(min_radius: float, max_radius: float, sample_num: int, xyz: torch
     a center with none gets zeros (PointNet++'s rule). Returns ``(B, M, sample_num)`` int64.
     ``0 <= min_radius < max_radius``; the radii are used as float32 (as ONNX stores them).
     Exports to ``ai.opbridge::BallQuery``."""
-    return _call(_ops.ball_query.default, float(min_radius), float(max_radius), int(sample_num), xyz, center_xyz)
+    return cast(torch.Tensor, _call(_ops.ball_query.default, float(min_radius), float(max_radius), int(sample_num), xyz,
+                                    center_xyz))
 
 
 def knn(k: int, xyz: torch.Tensor, center_xyz: torch.Tensor | None = None, transposed: bool = False) -> torch.Tensor:
@@ -67,14 +70,14 @@ def knn(k: int, xyz: torch.Tensor, center_xyz: torch.Tensor | None = None, trans
     if transposed:
         xyz = xyz.transpose(1, 2)
         center_xyz = center_xyz.transpose(1, 2)
-    return _call(_ops.knn.default, int(k), xyz, center_xyz)
+    return cast(torch.Tensor, _call(_ops.knn.default, int(k), xyz, center_xyz))
 
 
 def grouping_operation(features: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """``out[b, c, m, s] = features[b, c, indices[b, m, s]]``: features ``(B, C, N)``, indices
     ``(B, M, S)`` int64 or int32 in ``[0, N)`` (as ``ball_query`` gives) -> ``(B, C, M, S)``.
     Differentiable in ``features``. Exports to ``ai.opbridge::GroupingOperation``."""
-    return _call(_ops.grouping_operation.default, features, indices)
+    return cast(torch.Tensor, _call(_ops.grouping_operation.default, features, indices))
 
 
 def three_nn(target: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +94,7 @@ def three_interpolate(features: torch.Tensor, indices: torch.Tensor, weight: tor
     ``(B, C, M)``, indices ``(B, N, 3)`` int64 or int32 in ``[0, M)``, weight ``(B, N, 3)`` ->
     ``(B, C, N)``. Differentiable in ``features`` and ``weight``. Exports to
     ``ai.opbridge::ThreeInterpolate``."""
-    return _call(_ops.three_interpolate.default, features, indices, weight)
+    return cast(torch.Tensor, _call(_ops.three_interpolate.default, features, indices, weight))
 
 
 # Fake kernels and first-order autograd come from the declarations (ops/<op>/<op>_decl.cpp;

@@ -29,6 +29,6 @@ def torch_library_path() -> str | None:
     return str(path) if path.is_file() else None
 
 
-def library_spec() -> dict:
+def library_spec() -> dict[str, str | None]:
     """What the ``opbridge.libraries`` entry point announces."""
     return {"ort": get_library_path(), "namespace": NAMESPACE, "torch": torch_library_path()}

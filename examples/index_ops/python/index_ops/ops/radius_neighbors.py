@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from opbridge.ops import translate_errors
 
@@ -15,4 +17,4 @@ def radius_neighbors(points: torch.Tensor, queries: torch.Tensor, radius: float,
     """For each of queries (M, D), the first k of points (N, D) (float32/float64, in index order) at a
     distance < radius (used as float32, as ONNX stores it): (M, k) int64, -1 where fewer.
     Exports to ONNX as com.example.index_ops::RadiusNeighbors."""
-    return torch.ops.index_ops.radius_neighbors.default(points, queries, radius, k)
+    return cast(torch.Tensor, torch.ops.index_ops.radius_neighbors.default(points, queries, radius, k))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from opbridge.ops import register_gradient, translate_errors
 
@@ -14,10 +16,11 @@ __all__ = ["rms_norm"]
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     """x / sqrt(mean(x**2, -1) + eps) * weight, one weight per channel (the last dimension of x);
     float32/float64. Exports to ONNX as com.example.myops::RmsNorm."""
-    return torch.ops.myops.rms_norm.default(x, weight, eps)
+    return cast(torch.Tensor, torch.ops.myops.rms_norm.default(x, weight, eps))
 
 
-def _backward(grad, x, weight, eps=1e-5):
+def _backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+              eps: float = 1e-5) -> tuple[torch.Tensor, torch.Tensor]:
     # rms_norm_backward in differentiable torch ops, for gradients of any order (create_graph=True);
     # first-order gradients run the C++ backward op itself.
     r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)

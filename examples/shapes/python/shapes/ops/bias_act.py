@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from opbridge.ops import register_gradient, translate_errors
 
@@ -14,10 +16,11 @@ __all__ = ["bias_act"]
 def bias_act(x: torch.Tensor, bias: torch.Tensor | None = None, activation: str = "none") -> torch.Tensor:
     """y = activation(x + bias): bias optional, one per channel (the last dimension of x); activation
     "none", "relu" or "tanh"; float32/float64. Exports to ONNX as com.example.shapes::BiasAct."""
-    return torch.ops.shapes.bias_act.default(x, bias, activation)
+    return cast(torch.Tensor, torch.ops.shapes.bias_act.default(x, bias, activation))
 
 
-def _backward(grad, x, bias=None, activation="none"):
+def _backward(grad: torch.Tensor, x: torch.Tensor, bias: torch.Tensor | None = None,
+              activation: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
     # bias_act_backward in differentiable torch ops, for gradients of any order (create_graph=True);
     # first-order gradients run the C++ backward op itself. Without bias, its gradient is unused.
     z = x if bias is None else x + bias

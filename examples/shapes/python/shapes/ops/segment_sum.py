@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from opbridge.ops import register_gradient, translate_errors
 
@@ -14,10 +16,10 @@ __all__ = ["segment_sum"]
 def segment_sum(values: torch.Tensor, segment_ids: torch.Tensor, num_segments: int) -> torch.Tensor:
     """y[s] = the sum of the rows values[i] with segment_ids[i] == s: values (N, D) float32/float64,
     segment_ids (N,) int64 -> y (num_segments, D). Exports to ONNX as com.example.shapes::SegmentSum."""
-    return torch.ops.shapes.segment_sum.default(values, segment_ids, num_segments)
+    return cast(torch.Tensor, torch.ops.shapes.segment_sum.default(values, segment_ids, num_segments))
 
 
-def _backward(grad, values, segment_ids, num_segments):
+def _backward(grad: torch.Tensor, values: torch.Tensor, segment_ids: torch.Tensor, num_segments: int) -> torch.Tensor:
     # segment_sum_backward in differentiable torch ops, for gradients of any order (create_graph=True);
     # first-order gradients run the C++ backward op itself.
     return grad.index_select(0, segment_ids)

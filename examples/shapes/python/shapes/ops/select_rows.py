@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from opbridge.ops import translate_errors
 
@@ -15,4 +17,4 @@ def select_rows(x: torch.Tensor, threshold: float = 0.0) -> torch.Tensor:
     """The rows of x (N, D), float32/float64, whose largest element exceeds threshold, in order: (M, D),
     M decided by the values (under torch.export an unbacked size). No gradient. Exports to ONNX as
     com.example.shapes::SelectRows."""
-    return torch.ops.shapes.select_rows.default(x, threshold)
+    return cast(torch.Tensor, torch.ops.shapes.select_rows.default(x, threshold))

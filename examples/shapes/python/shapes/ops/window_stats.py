@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from opbridge.ops import register_gradient, translate_errors
 
@@ -14,10 +16,10 @@ __all__ = ["window_stats"]
 def window_stats(x: torch.Tensor, window: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """Per window of `window` consecutive elements of each row of x (N, L), float32/float64: their sum
     and their sum of squares, each (N, L // window). Exports to ONNX as com.example.shapes::WindowStats."""
-    return torch.ops.shapes.window_stats.default(x, window)
+    return cast("tuple[torch.Tensor, torch.Tensor]", torch.ops.shapes.window_stats.default(x, window))
 
 
-def _backward(grad_sum, grad_sumsq, x, window=2):
+def _backward(grad_sum: torch.Tensor, grad_sumsq: torch.Tensor, x: torch.Tensor, window: int = 2) -> torch.Tensor:
     # window_stats_backward in differentiable torch ops, for gradients of any order (create_graph=True);
     # first-order gradients run the C++ backward op itself. The left-out tail gets 0.
     used = grad_sum.shape[1] * window

@@ -4,6 +4,8 @@ it raises a clear NotImplementedError."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from opbridge.ops import load_package_ops, translate_errors
 
@@ -16,4 +18,4 @@ __all__ = ["log_cumsum_exp", *load_package_ops(globals())]
 def log_cumsum_exp(x: torch.Tensor, dim: int) -> torch.Tensor:
     """log(cumsum(exp(x), dim)), computed stably (like torch.logcumsumexp); float32/float64, CPU.
     Exports to ONNX as com.example.userops::LogCumSumExp (attribute axis = dim)."""
-    return torch.ops.userops.log_cumsum_exp.default(x, dim)
+    return cast(torch.Tensor, torch.ops.userops.log_cumsum_exp.default(x, dim))
