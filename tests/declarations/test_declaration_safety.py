@@ -181,6 +181,67 @@ print(json.dumps(out))
     assert out["seg_sum_backward"] == "ok", out
 
 
+
+# ---- a floating output without a gradient ------------------------------------------------------
+
+_SEG_MEAN = r"""
+import json, sys
+import numpy as np, onnxruntime as ort, torch
+import declsafety, declsafety.ops
+
+values, ids, w = (np.load(sys.argv[1])[k] for k in ("values", "ids", "w"))
+v = torch.from_numpy(values).requires_grad_()
+y, count = torch.ops.declsafety.seg_mean(v, torch.from_numpy(ids), 3)
+out = {"y_requires_grad": y.requires_grad, "count_requires_grad": count.requires_grad,
+       "y": y.detach().tolist(), "count": count.tolist()}
+(y * torch.from_numpy(w)).sum().backward()  # count, a constant, adds nothing
+out["grad"] = v.grad.tolist()
+try:
+    count.sum().backward()
+    out["count_backward"] = "ran"
+except RuntimeError as e:
+    out["count_backward"] = str(e)
+bwd = declsafety.library().ops["seg_mean_backward"]
+out["backward_inputs"] = [i.name for i in bwd.inputs]
+sess = ort.InferenceSession(sys.argv[2], declsafety.session_options())
+y_ort, count_ort = sess.run(None, {"values": values, "segment_ids": ids})
+out["y_ort"], out["count_ort"] = y_ort.tolist(), count_ort.tolist()
+print(json.dumps(out))
+"""
+
+
+def test_a_floating_output_declared_not_differentiable_has_no_gradient(project, tmp_path, rng):
+    # seg_mean's count is a float output declared not_differentiable(): autograd treats it as a
+    # constant, and its backward (gradient_of) takes y's gradient only, plus the forward's count.
+    from onnx import TensorProto, helper
+
+    values = rng.standard_normal((7, 4))
+    ids = np.array([0, 2, 2, 0, 2, 1, 0], dtype=np.int64)
+    w = rng.standard_normal((3, 4))
+    np.savez(tmp_path / "in.npz", values=values, ids=ids, w=w)
+    node = helper.make_node("SegMean", ["values", "segment_ids"], ["y", "count"], domain=DOMAIN, name="n",
+                            num_segments=3)
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("values", TensorProto.DOUBLE, [7, 4]),
+         helper.make_tensor_value_info("segment_ids", TensorProto.INT64, [7])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [3, 4]),
+         helper.make_tensor_value_info("count", TensorProto.DOUBLE, [3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)],
+                              ir_version=9)
+    out = _result(_run(project, _SEG_MEAN, str(tmp_path / "in.npz"), _save(model, tmp_path / "m.onnx")))
+
+    count = np.array([3.0, 1.0, 3.0])  # rows of segments 0, 1 and 2
+    y = np.stack([values[ids == s].sum(axis=0) / count[s] for s in range(3)])
+    assert out["y_requires_grad"] and not out["count_requires_grad"], out
+    np.testing.assert_allclose(out["y"], y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(out["count"], count)
+    np.testing.assert_allclose(out["grad"], w[ids] / count[ids][:, None], rtol=1e-12, atol=1e-12)
+    assert "does not require grad" in out["count_backward"], out["count_backward"]
+    assert out["backward_inputs"] == ["grad", "count", "values", "segment_ids"], out["backward_inputs"]
+    np.testing.assert_allclose(out["y_ort"], y, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(out["count_ort"], count)
+
 # ---- a bad declaration is a clear error, never a crash ----------------------------------------
 
 # (DECLSAFETY_CASE, the op's name, what its declaration error says). torch's schema parser refuses
