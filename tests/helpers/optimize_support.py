@@ -71,7 +71,7 @@ def ort_applies_silu() -> bool:
 
 
 needs_ort_silu = pytest.mark.skipif(
-    "not __import__('optimize_support').ort_applies_silu()",
+    "not __import__('helpers.optimize_support').optimize_support.ort_applies_silu()",
     reason="opbridge's ORT library does not apply GroupNorm's activation attribute yet "
     "(ai.opbridge GroupNorm version 2); the fused graph is checked against the float64 reference instead",
 )

@@ -9,6 +9,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import opbridge
+from helpers import reference
 from helpers.msda_inputs import assert_within, f64, forward_allowance, make_inputs
 
 EXPORTERS = pytest.mark.parametrize("dynamo", (True, False), ids=["dynamo", "torchscript"])
@@ -73,8 +74,8 @@ def test_export_parity(rng, dynamo, dtype):
     assert got.shape == (3, 11, 8) and got.dtype == other[0].dtype
     torch_out = model(*_torch(other)).numpy()
     np.testing.assert_array_equal(got, torch_out)  # the same kernel behind both
-    assert_within(got, __import__("reference").ms_deform_attn(f64(other[0]), other[1], other[2], f64(other[3]),
-                                                              f64(other[4])), forward_allowance(other, dtype))
+    assert_within(got, reference.ms_deform_attn(f64(other[0]), other[1], other[2], f64(other[3]), f64(other[4])),
+                  forward_allowance(other, dtype))
 
 
 def _encoder_attention(spatial_shapes_from):
