@@ -15,6 +15,7 @@ import opbridge.testing
 
 def reference(x, weight, eps=1e-5):
     """float64 numpy: x / sqrt(mean(x^2) + eps) * weight over the last dimension."""
+    eps = float(np.float32(eps))  # float attributes are float32 in every call, as ONNX stores them
     x = np.asarray(x, dtype=np.float64)
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * np.asarray(weight, dtype=np.float64)
 
