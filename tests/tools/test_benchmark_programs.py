@@ -188,3 +188,21 @@ def test_benchmarks_know_an_asv_quick_run(tmp_path, args, quick):
     env["BENCH_ROOT"] = str(Path(__file__).resolve().parents[2] / "benchmarks")
     out = subprocess.run([str(asv), *args.split()], capture_output=True, text=True, env=env, check=True).stdout
     assert out.strip() == str(quick), out
+
+
+def test_compare_ort_libraries_times_every_case_on_one_library():
+    """benchmarks/compare_ort_libraries.py (two builds side by side) builds a model of each case that
+    the installed library runs, checks the two sessions' outputs against each other and prints a row
+    per case; the same library on both sides gives a ratio near 1 (a loose bound: one round)."""
+    library = Path(opbridge.__file__).parent / "libopbridge_ort.so"
+    script = REPO / "benchmarks" / "compare_ort_libraries.py"
+    result = subprocess.run([sys.executable, str(script), str(library), str(library), "--rounds", "1", "--runs", "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if "new/old" in line and " us " in line]
+    names = {line.split(" old ")[0].split()[0] for line in rows}
+    assert names == {"GroupNorm", "Inverse", "MSDA", "furthest_point_sample", "ball_query", "knn",
+                     "grouping_operation", "gather_points", "three_nn", "three_interpolate"}, result.stdout
+    for line in rows:
+        ratio = float(re.search(r"new/old (\S+)", line).group(1))
+        assert 0.05 < ratio < 20, line
