@@ -29,11 +29,14 @@
 // Framework-free: no torch, no ORT, no Python.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "opbridge/dtype.h"
@@ -63,10 +66,13 @@ enum class ElemType : int32_t {
 // "float32", "int64", ... ("undefined" for anything else).
 const char* elem_type_name(ElemType t);
 
-// The floating types every opbridge kernel supports, and the usual subsets.
-inline const std::vector<ElemType> kFloatTypes = {ElemType::kFloat32, ElemType::kFloat64, ElemType::kFloat16,
-                                                  ElemType::kBFloat16};
-inline const std::vector<ElemType> kFloat32And64 = {ElemType::kFloat32, ElemType::kFloat64};
+// The floating types every opbridge kernel supports, and the usual subsets. Constant arrays, not
+// vectors: a header variable with a dynamic initializer puts that initializer (and the vector code
+// it calls, a shared COMDAT) into every file that includes it, the per-ISA kernel files too, and
+// whichever copy the linker keeps or runs first would execute AVX code at load time on any CPU.
+inline constexpr std::array<ElemType, 4> kFloatTypes = {ElemType::kFloat32, ElemType::kFloat64, ElemType::kFloat16,
+                                                        ElemType::kBFloat16};
+inline constexpr std::array<ElemType, 2> kFloat32And64 = {ElemType::kFloat32, ElemType::kFloat64};
 
 // The ElemType of a kernel element type: float, double, Half, BFloat16.
 template <class T> constexpr ElemType elem_type_of();
@@ -281,6 +287,10 @@ class OpDecl {
   OpDecl& choices(std::vector<std::string> values);  // string attribute: allowed values
   OpDecl& since(int version);              // argument added in this op version
   OpDecl& types(std::string type_var, std::vector<ElemType> types);
+  template <std::size_t N>
+  OpDecl& types(std::string type_var, const std::array<ElemType, N>& list) {
+    return types(std::move(type_var), std::vector<ElemType>(list.begin(), list.end()));
+  }
   OpDecl& output(std::string name, std::string type_var, std::string rule, std::string doc = "");
   OpDecl& keeps_memory_format();           // last output: torch keeps x's memory format
   // Last output: no gradient flows through it (a mask, a count as float). Integer and bool
