@@ -3,19 +3,12 @@
 
 #include "ball_query.h"
 #include "opbridge/op_decl.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge {
 namespace {
 
 std::string num(double v) { return shortest_double(v); }
-
-Status check_cloud(const TensorArg& t, const char* name) {
-  if (t.known(2) && t.dim(2) != 3) {
-    return Status::InvalidArgument(std::string(name) + " must have shape (B, *, 3), got " + name + ".shape[2] = " +
-                                   std::to_string(t.dim(2)));
-  }
-  return Status::Ok();
-}
 
 Status validate(const OpCall& call) {
   const double lo = call.attr_float("min_radius"), hi = call.attr_float("max_radius");
@@ -25,13 +18,8 @@ Status validate(const OpCall& call) {
   }
   const int64_t s = call.attr_int("sample_num");
   if (s < 1) return Status::InvalidArgument("sample_num must be >= 1, got " + std::to_string(s));
+  OPBRIDGE_RETURN_IF_ERROR(point_cloud::check_cloud_pair(call, "xyz", "center_xyz"));
   const TensorArg &xyz = call.in("xyz"), &c = call.in("center_xyz");
-  OPBRIDGE_RETURN_IF_ERROR(check_cloud(xyz, "xyz"));
-  OPBRIDGE_RETURN_IF_ERROR(check_cloud(c, "center_xyz"));
-  if (xyz.known(0) && c.known(0) && xyz.dim(0) != c.dim(0)) {
-    return Status::InvalidArgument("center_xyz must have B = xyz.shape[0] = " + std::to_string(xyz.dim(0)) +
-                                   " clouds, got center_xyz.shape[0] = " + std::to_string(c.dim(0)));
-  }
   if (xyz.known(1) && xyz.dim(1) == 0 && !(c.known(1) && c.dim(1) == 0) && !(xyz.known(0) && xyz.dim(0) == 0)) {
     return Status::InvalidArgument("xyz must hold at least one point (N >= 1) for its centers, got N = 0");
   }

@@ -1,11 +1,11 @@
 // BallQuery CUDA kernel and its compute function: one thread per center, the CPU kernel's loop
 // (explicitly rounded multiplies and adds, so the same points fall in the ball).
-#include <algorithm>
 #include <cstdint>
 
 #include "ball_query.h"
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/point_cloud.cuh"
 #include "common/rounding.cuh"
 
 namespace opbridge::cuda {
@@ -39,16 +39,14 @@ __global__ void ball_query_kernel(const D* __restrict__ xyz, const D* __restrict
 Status compute(const KernelCall& k) {
   const BallQueryParams p = ball_query_params(k);
   const int64_t total = p.B * p.M;
-  if (total == 0) return Status::Ok();
   return dispatch<float, double, Half, BFloat16>(k.type("xyz"), [&](auto tag) {
     using T = decltype(tag);
     using D = typename DeviceType<T>::type;
     using C = acc<D>;
     const C lo = static_cast<C>(p.min_radius), hi = static_cast<C>(p.max_radius);
-    LaunchShape shape{dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(total, 256), 65535))), dim3(256)};
-    return cuda_status(launch(ball_query_kernel<D>, shape, Stream(static_cast<cudaStream_t>(k.stream())),
-                              reinterpret_cast<const D*>(k.in<T>("xyz")), reinterpret_cast<const D*>(k.in<T>("center_xyz")),
-                              k.out<int64_t>(0), total, p.N, p.M, p.S, lo * lo, hi * hi));
+    return launch_elements(ball_query_kernel<D>, total, stream_of(k), reinterpret_cast<const D*>(k.in<T>("xyz")),
+                           reinterpret_cast<const D*>(k.in<T>("center_xyz")), k.out<int64_t>(0), total, p.N, p.M, p.S,
+                           lo * lo, hi * hi);
   });
 }
 

@@ -3,16 +3,14 @@
 
 #include "furthest_point_sample.h"
 #include "opbridge/op_decl.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge {
 namespace {
 
 Status validate(const OpCall& call) {
   const TensorArg& p = call.in("points_xyz");
-  if (p.known(2) && p.dim(2) != 3) {
-    return Status::InvalidArgument("points_xyz must have shape (B, N, 3), got points_xyz.shape[2] = " +
-                                   std::to_string(p.dim(2)));
-  }
+  OPBRIDGE_RETURN_IF_ERROR(point_cloud::check_xyz(p, "points_xyz", "(B, N, 3)"));
   const int64_t m = call.attr_int("num_points");
   if (m < 0) return Status::InvalidArgument("num_points must be >= 0, got " + std::to_string(m));
   if (p.known(1) && m > p.dim(1)) {

@@ -7,6 +7,7 @@
 
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/point_cloud.cuh"
 #include "common/rounding.cuh"
 #include "furthest_point_sample.h"
 
@@ -67,8 +68,8 @@ Status compute(const KernelCall& k) {
     using D = typename DeviceType<T>::type;
     auto* dist = static_cast<acc<D>*>(k.scratch(sizeof(acc<D>) * static_cast<size_t>(p.B * p.N)));
     LaunchShape shape{dim3(static_cast<unsigned>(p.B)), dim3(kThreads)};
-    return cuda_status(launch(fps_kernel<D>, shape, Stream(static_cast<cudaStream_t>(k.stream())),
-                              reinterpret_cast<const D*>(k.in<T>("points_xyz")), k.out<int64_t>(0), dist, p.N, p.M));
+    return cuda_status(launch(fps_kernel<D>, shape, stream_of(k), reinterpret_cast<const D*>(k.in<T>("points_xyz")),
+                              k.out<int64_t>(0), dist, p.N, p.M));
   });
 }
 

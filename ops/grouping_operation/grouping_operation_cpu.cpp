@@ -9,6 +9,7 @@
 
 #include "grouping_operation.h"
 #include "opbridge/dtype.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge {
 
@@ -87,19 +88,17 @@ namespace {
 template <bool kBackward>
 Status compute(const KernelCall& k) {
   const GatherDims d = gather_dims(k);
-  return dispatch<int64_t, int32_t>(k.type("indices"), [&](auto itag) {
+  return point_cloud::dispatch_gather(k, [&](auto itag, auto tag) {
     using I = decltype(itag);
+    using T = decltype(tag);
     const I* idx = k.in<I>("indices");
     OPBRIDGE_RETURN_IF_ERROR(check_gather_indices<I>(idx, k.arg("indices").shape, d.N));
-    return dispatch<float, double, Half, BFloat16>(k.type("features"), [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (kBackward) {
-        gather_backward_cpu<T, I>(k.in<T>("grad_output"), idx, k.out<T>(0), d, k.parallel());
-      } else {
-        gather_cpu<T, I>(k.in<T>("features"), idx, k.out<T>(0), d, k.parallel());
-      }
-      return Status::Ok();
-    });
+    if constexpr (kBackward) {
+      gather_backward_cpu<T, I>(k.in<T>("grad_output"), idx, k.out<T>(0), d, k.parallel());
+    } else {
+      gather_cpu<T, I>(k.in<T>("features"), idx, k.out<T>(0), d, k.parallel());
+    }
+    return Status::Ok();
   });
 }
 

@@ -8,8 +8,9 @@
 
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
-#include "common/scatter_add.cuh"
+#include "common/point_cloud.cuh"
 #include "grouping_operation.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge::cuda {
 namespace {
@@ -37,29 +38,23 @@ __global__ void scatter_kernel(const D* __restrict__ g, const I* __restrict__ id
 template <bool kBackward>
 Status compute(const KernelCall& k) {
   const GatherDims d = gather_dims(k);
-  const Stream stream(static_cast<cudaStream_t>(k.stream()));
-  return dispatch<int64_t, int32_t>(k.type("indices"), [&](auto itag) {
+  const Stream stream = stream_of(k);
+  return point_cloud::dispatch_gather(k, [&](auto itag, auto tag) -> Status {
     using I = decltype(itag);
+    using T = decltype(tag);
+    using D = typename DeviceType<T>::type;
+    using A = acc<D>;
     const I* idx = k.in<I>("indices");
-    return dispatch<float, double, Half, BFloat16>(k.type("features"), [&](auto tag) -> Status {
-      using T = decltype(tag);
-      using D = typename DeviceType<T>::type;
-      using A = acc<D>;
-      const int64_t out_total = d.B * d.C * d.J;
-      if constexpr (!kBackward) {
-        if (out_total == 0) return Status::Ok();
-        return cuda_status(launch(gather_kernel<D, I>, element_shape(out_total), stream,
-                                  reinterpret_cast<const D*>(k.in<T>("features")), idx, reinterpret_cast<D*>(k.out<T>(0)),
-                                  out_total, d.C, d.N, d.J));
-      } else {
-        const D* g = reinterpret_cast<const D*>(k.in<T>("grad_output"));
-        return scatter_add(k, stream, reinterpret_cast<D*>(k.out<T>(0)), d.B * d.C * d.N, [&](A* gf) {
-          if (out_total == 0) return Status::Ok();
-          return cuda_status(launch(scatter_kernel<D, A, I>, element_shape(out_total), stream, g, idx, gf, out_total,
-                                    d.C, d.N, d.J));
-        });
-      }
-    });
+    const int64_t out_total = d.B * d.C * d.J;
+    if constexpr (!kBackward) {
+      return launch_elements(gather_kernel<D, I>, out_total, stream, reinterpret_cast<const D*>(k.in<T>("features")),
+                             idx, reinterpret_cast<D*>(k.out<T>(0)), out_total, d.C, d.N, d.J);
+    } else {
+      const D* g = reinterpret_cast<const D*>(k.in<T>("grad_output"));
+      return scatter_add(k, stream, reinterpret_cast<D*>(k.out<T>(0)), d.B * d.C * d.N, [&](A* gf) {
+        return launch_elements(scatter_kernel<D, A, I>, out_total, stream, g, idx, gf, out_total, d.C, d.N, d.J);
+      });
+    }
   });
 }
 

@@ -3,23 +3,14 @@
 
 #include "knn.h"
 #include "opbridge/op_decl.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge {
 namespace {
 
 Status validate(const OpCall& call) {
-  const TensorArg &xyz = call.in("xyz"), &c = call.in("center_xyz");
-  for (const char* name : {"xyz", "center_xyz"}) {
-    const TensorArg& a = call.in(name);
-    if (a.known(2) && a.dim(2) != 3) {
-      return Status::InvalidArgument(std::string(name) + " must have shape (B, *, 3), got " + name +
-                                     ".shape[2] = " + std::to_string(a.dim(2)));
-    }
-  }
-  if (xyz.known(0) && c.known(0) && xyz.dim(0) != c.dim(0)) {
-    return Status::InvalidArgument("center_xyz must have B = xyz.shape[0] = " + std::to_string(xyz.dim(0)) +
-                                   " clouds, got center_xyz.shape[0] = " + std::to_string(c.dim(0)));
-  }
+  OPBRIDGE_RETURN_IF_ERROR(point_cloud::check_cloud_pair(call, "xyz", "center_xyz"));
+  const TensorArg& xyz = call.in("xyz");
   const int64_t k = call.attr_int("k");
   if (k < 1) return Status::InvalidArgument("k must be >= 1, got " + std::to_string(k));
   if (xyz.known(1) && k > xyz.dim(1)) {

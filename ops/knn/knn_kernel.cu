@@ -1,11 +1,11 @@
 // KNN CUDA kernel and its compute function: one thread per center, the CPU kernel's insertion
 // into a sorted list (its distances in device scratch, its indices written straight into the
 // output's column), with explicitly rounded multiplies and adds: the CPU kernel's indices.
-#include <algorithm>
 #include <cstdint>
 
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/point_cloud.cuh"
 #include "common/rounding.cuh"
 #include "knn.h"
 
@@ -48,10 +48,9 @@ Status compute(const KernelCall& k) {
     using T = decltype(tag);
     using D = typename DeviceType<T>::type;
     auto* dist = static_cast<acc<D>*>(k.scratch(sizeof(acc<D>) * static_cast<size_t>(total * p.K)));
-    LaunchShape shape{dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(total, 128), 65535))), dim3(128)};
-    return cuda_status(launch(knn_kernel<D>, shape, Stream(static_cast<cudaStream_t>(k.stream())),
-                              reinterpret_cast<const D*>(k.in<T>("xyz")), reinterpret_cast<const D*>(k.in<T>("center_xyz")),
-                              k.out<int64_t>(0), dist, total, p.N, p.M, p.K));
+    return launch_elements<128>(knn_kernel<D>, total, stream_of(k), reinterpret_cast<const D*>(k.in<T>("xyz")),
+                                reinterpret_cast<const D*>(k.in<T>("center_xyz")), k.out<int64_t>(0), dist, total, p.N,
+                                p.M, p.K);
   });
 }
 

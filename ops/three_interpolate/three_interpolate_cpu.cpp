@@ -9,6 +9,7 @@
 
 #include "opbridge/dtype.h"
 #include "opbridge/point_cloud.h"
+#include "opbridge/point_cloud_op.h"
 #include "three_interpolate.h"
 
 OPBRIDGE_NO_FP_CONTRACT_BEGIN
@@ -109,20 +110,18 @@ namespace {
 template <bool kBackward>
 Status compute(const KernelCall& k) {
   const ThreeInterpolateDims d = three_interpolate_dims(k);
-  return dispatch<int64_t, int32_t>(k.type("indices"), [&](auto itag) {
+  return point_cloud::dispatch_gather(k, [&](auto itag, auto tag) {
     using I = decltype(itag);
+    using T = decltype(tag);
     const I* idx = k.in<I>("indices");
     OPBRIDGE_RETURN_IF_ERROR(three_interpolate_check_indices<I>(idx, d));
-    return dispatch<float, double, Half, BFloat16>(k.type("features"), [&](auto tag) {
-      using T = decltype(tag);
-      if constexpr (kBackward) {
-        three_interpolate_backward_cpu<T, I>(k.in<T>("grad_output"), k.in<T>("features"), idx, k.in<T>("weight"),
-                                             k.out<T>(0), k.out<T>(1), d, k.parallel());
-      } else {
-        three_interpolate_cpu<T, I>(k.in<T>("features"), idx, k.in<T>("weight"), k.out<T>(0), d, k.parallel());
-      }
-      return Status::Ok();
-    });
+    if constexpr (kBackward) {
+      three_interpolate_backward_cpu<T, I>(k.in<T>("grad_output"), k.in<T>("features"), idx, k.in<T>("weight"),
+                                           k.out<T>(0), k.out<T>(1), d, k.parallel());
+    } else {
+      three_interpolate_cpu<T, I>(k.in<T>("features"), idx, k.in<T>("weight"), k.out<T>(0), d, k.parallel());
+    }
+    return Status::Ok();
   });
 }
 

@@ -9,7 +9,8 @@
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
 #include "common/rounding.cuh"
-#include "common/scatter_add.cuh"
+#include "common/point_cloud.cuh"
+#include "opbridge/point_cloud_op.h"
 #include "three_interpolate.h"
 
 namespace opbridge::cuda {
@@ -64,34 +65,29 @@ __global__ void grad_weight_kernel(const D* __restrict__ g, const D* __restrict_
 template <bool kBackward>
 Status compute(const KernelCall& k) {
   const ThreeInterpolateDims d = three_interpolate_dims(k);
-  const Stream stream(static_cast<cudaStream_t>(k.stream()));
-  return dispatch<int64_t, int32_t>(k.type("indices"), [&](auto itag) {
+  const Stream stream = stream_of(k);
+  return point_cloud::dispatch_gather(k, [&](auto itag, auto tag) -> Status {
     using I = decltype(itag);
+    using T = decltype(tag);
+    using D = typename DeviceType<T>::type;
+    using A = acc<D>;
     const I* idx = k.in<I>("indices");
-    return dispatch<float, double, Half, BFloat16>(k.type("features"), [&](auto tag) -> Status {
-      using T = decltype(tag);
-      using D = typename DeviceType<T>::type;
-      using A = acc<D>;
-      const D* f = reinterpret_cast<const D*>(k.in<T>("features"));
-      const D* w = reinterpret_cast<const D*>(k.in<T>("weight"));
-      const int64_t out_total = d.B * d.C * d.N;
-      if constexpr (!kBackward) {
-        if (out_total == 0) return Status::Ok();
-        return cuda_status(launch(forward_kernel<D, I>, element_shape(out_total), stream, f, idx, w,
-                                  reinterpret_cast<D*>(k.out<T>(0)), out_total, d.C, d.M, d.N));
-      } else {
-        const D* g = reinterpret_cast<const D*>(k.in<T>("grad_output"));
-        OPBRIDGE_RETURN_IF_ERROR(scatter_add(k, stream, reinterpret_cast<D*>(k.out<T>(0)), d.B * d.C * d.M, [&](A* gf) {
-          if (out_total == 0) return Status::Ok();
-          return cuda_status(launch(grad_features_kernel<D, A, I>, element_shape(out_total), stream, g, idx, w, gf,
-                                    out_total, d.C, d.M, d.N));
-        }));
-        const int64_t w_total = d.B * d.N * 3;
-        if (w_total == 0) return Status::Ok();
-        return cuda_status(launch(grad_weight_kernel<D, I>, element_shape(w_total), stream, g, f, idx,
-                                  reinterpret_cast<D*>(k.out<T>(1)), w_total, d.C, d.M, d.N));
-      }
-    });
+    const D* f = reinterpret_cast<const D*>(k.in<T>("features"));
+    const D* w = reinterpret_cast<const D*>(k.in<T>("weight"));
+    const int64_t out_total = d.B * d.C * d.N;
+    if constexpr (!kBackward) {
+      return launch_elements(forward_kernel<D, I>, out_total, stream, f, idx, w, reinterpret_cast<D*>(k.out<T>(0)),
+                             out_total, d.C, d.M, d.N);
+    } else {
+      const D* g = reinterpret_cast<const D*>(k.in<T>("grad_output"));
+      OPBRIDGE_RETURN_IF_ERROR(scatter_add(k, stream, reinterpret_cast<D*>(k.out<T>(0)), d.B * d.C * d.M, [&](A* gf) {
+        return launch_elements(grad_features_kernel<D, A, I>, out_total, stream, g, idx, w, gf, out_total, d.C, d.M,
+                               d.N);
+      }));
+      const int64_t w_total = d.B * d.N * 3;
+      return launch_elements(grad_weight_kernel<D, I>, w_total, stream, g, f, idx, reinterpret_cast<D*>(k.out<T>(1)),
+                             w_total, d.C, d.M, d.N);
+    }
   });
 }
 

@@ -2,24 +2,15 @@
 #include <string>
 
 #include "opbridge/op_decl.h"
+#include "opbridge/point_cloud_op.h"
 #include "three_nn.h"
 
 namespace opbridge {
 namespace {
 
 Status validate(const OpCall& call) {
-  const TensorArg &t = call.in("target"), &s = call.in("source");
-  for (const char* name : {"target", "source"}) {
-    const TensorArg& a = call.in(name);
-    if (a.known(2) && a.dim(2) != 3) {
-      return Status::InvalidArgument(std::string(name) + " must have shape (B, *, 3), got " + name +
-                                     ".shape[2] = " + std::to_string(a.dim(2)));
-    }
-  }
-  if (t.known(0) && s.known(0) && t.dim(0) != s.dim(0)) {
-    return Status::InvalidArgument("source must have B = target.shape[0] = " + std::to_string(t.dim(0)) +
-                                   " clouds, got source.shape[0] = " + std::to_string(s.dim(0)));
-  }
+  OPBRIDGE_RETURN_IF_ERROR(point_cloud::check_cloud_pair(call, "target", "source"));
+  const TensorArg& s = call.in("source");
   if (s.known(1) && s.dim(1) < 3) {
     return Status::InvalidArgument("source must hold at least 3 points (M >= 3), got source.shape[1] = " +
                                    std::to_string(s.dim(1)));

@@ -1,10 +1,10 @@
 // ThreeNN CUDA kernel and its compute function: one thread per target point, the CPU kernel's
 // loop (explicitly rounded multiplies and adds: the CPU kernel's indices).
-#include <algorithm>
 #include <cstdint>
 
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
+#include "common/point_cloud.cuh"
 #include "common/rounding.cuh"
 #include "three_nn.h"
 
@@ -44,14 +44,12 @@ __global__ void three_nn_kernel(const D* __restrict__ target, const D* __restric
 Status compute(const KernelCall& k) {
   const ThreeNNParams p = three_nn_params(k);
   const int64_t total = p.B * p.N;
-  if (total == 0) return Status::Ok();
   return dispatch<float, double, Half, BFloat16>(k.type("target"), [&](auto tag) {
     using T = decltype(tag);
     using D = typename DeviceType<T>::type;
-    LaunchShape shape{dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div(total, 256), 65535))), dim3(256)};
-    return cuda_status(launch(three_nn_kernel<D>, shape, Stream(static_cast<cudaStream_t>(k.stream())),
-                              reinterpret_cast<const D*>(k.in<T>("target")), reinterpret_cast<const D*>(k.in<T>("source")),
-                              reinterpret_cast<D*>(k.out<T>(0)), k.out<int64_t>(1), total, p.N, p.M));
+    return launch_elements(three_nn_kernel<D>, total, stream_of(k), reinterpret_cast<const D*>(k.in<T>("target")),
+                           reinterpret_cast<const D*>(k.in<T>("source")), reinterpret_cast<D*>(k.out<T>(0)),
+                           k.out<int64_t>(1), total, p.N, p.M);
   });
 }
 

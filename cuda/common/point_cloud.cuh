@@ -1,10 +1,12 @@
-// opbridge CUDA: element-wise grid-stride launches and gradients scattered with atomics (nvcc
-// only), shared by the gather-like ops' kernels (grouping_operation, three_interpolate).
+// opbridge CUDA: what the point-cloud ops' kernels share (nvcc only): grid-stride launches of one
+// thread per element or query point, and gradients scattered with atomics (grouping_operation,
+// three_interpolate).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
@@ -16,9 +18,19 @@ namespace opbridge::cuda {
 // the rest), which fills every SM of today's GPUs many times over.
 inline constexpr int kElementThreads = 256;
 
-inline LaunchShape element_shape(int64_t total) {
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ceil_div(total, kElementThreads), 65535));
-  return LaunchShape{dim3(static_cast<unsigned>(blocks)), dim3(kElementThreads)};
+inline LaunchShape element_shape(int64_t total, int threads = kElementThreads) {
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(ceil_div(total, threads), 65535));
+  return LaunchShape{dim3(static_cast<unsigned>(blocks)), dim3(static_cast<unsigned>(threads))};
+}
+
+// The stream a compute function was handed (ORT's compute stream, torch's current stream).
+inline Stream stream_of(const KernelCall& k) { return Stream(static_cast<cudaStream_t>(k.stream())); }
+
+// kernel over `total` elements with a grid-stride loop, kThreads per block; nothing for none.
+template <int kThreads = kElementThreads, class... Params, class... Args>
+Status launch_elements(void (*kernel)(Params...), int64_t total, Stream stream, Args&&... args) {
+  if (total == 0) return Status::Ok();
+  return cuda_status(launch(kernel, element_shape(total, kThreads), stream, std::forward<Args>(args)...));
 }
 
 template <class D>
