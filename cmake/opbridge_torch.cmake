@@ -20,48 +20,29 @@ if(NOT OPBRIDGE_WITH_TORCH)
   return()
 endif()
 
-execute_process(
-  COMMAND ${Python_EXECUTABLE} -c [=[
-import torch, torch.utils.cpp_extension as ext
-print(",".join(ext.include_paths()))
-print(",".join(ext.library_paths()))
-print(int(torch._C._GLIBCXX_USE_CXX11_ABI))
-print(torch.__version__)
-print(torch.version.cuda or "-")
-]=]
-  OUTPUT_VARIABLE _out ERROR_VARIABLE _err RESULT_VARIABLE _rc OUTPUT_STRIP_TRAILING_WHITESPACE)
-if(NOT _rc EQUAL 0)
-  message(FATAL_ERROR "opbridge: torch is not importable by ${Python_EXECUTABLE} (${_err}).\n"
+include(opbridge_find_torch)
+_opbridge_ask_torch("${Python_EXECUTABLE}" _torch)
+if(_torch_ERROR)
+  message(FATAL_ERROR "opbridge: ${_torch_ERROR}.\n"
     "Install torch first and build with `pip install --no-build-isolation .`, "
     "or configure with -DOPBRIDGE_WITH_TORCH=OFF for an ORT-only build.")
 endif()
-string(REPLACE "\n" ";" _lines "${_out}")
-list(GET _lines 0 _inc)
-list(GET _lines 1 _libdir)
-list(GET _lines 2 _abi)
-list(GET _lines 3 _ver)
-list(GET _lines 4 _cuda)
-if(_cuda STREQUAL "-")
-  set(_cuda "")
-endif()
-string(REPLACE "," ";" _inc "${_inc}")
-string(REPLACE "," ";" _libdir "${_libdir}")
-string(REGEX MATCH "^[0-9]+\\.[0-9]+" _mm "${_ver}")
+string(REGEX MATCH "^[0-9]+\\.[0-9]+" _mm "${_torch_VERSION}")
 if(_mm VERSION_LESS OPBRIDGE_TORCH_TARGET)
-  message(FATAL_ERROR "opbridge: torch ${_ver} is older than ${OPBRIDGE_TORCH_TARGET}, the oldest torch whose "
+  message(FATAL_ERROR "opbridge: torch ${_torch_VERSION} is older than ${OPBRIDGE_TORCH_TARGET}, the oldest torch whose "
     "stable ABI the extension is built on; install torch>=${OPBRIDGE_TORCH_TARGET}")
 endif()
 
-set(OPBRIDGE_TORCH_VERSION "${_ver}")
-if(_cuda)
+set(OPBRIDGE_TORCH_VERSION "${_torch_VERSION}")
+if(_torch_CUDA)
   set(OPBRIDGE_TORCH_HAS_CUDA ON)
 endif()
-message(STATUS "opbridge: torch ${_ver} (CUDA: ${_cuda}) at ${_libdir}; stable ABI targeting ${OPBRIDGE_TORCH_TARGET}")
+message(STATUS "opbridge: torch ${_torch_VERSION} (CUDA: ${_torch_CUDA}) at ${_torch_LIBRARY_DIRS}; stable ABI targeting ${OPBRIDGE_TORCH_TARGET}")
 
-find_library(OPBRIDGE_TORCH_LIB_torch_cpu torch_cpu PATHS ${_libdir} NO_DEFAULT_PATH REQUIRED)
+find_library(OPBRIDGE_TORCH_LIB_torch_cpu torch_cpu PATHS ${_torch_LIBRARY_DIRS} NO_DEFAULT_PATH REQUIRED)
 add_library(opbridge_torch_libs INTERFACE)
 add_library(opbridge::torch_libs ALIAS opbridge_torch_libs)
-target_include_directories(opbridge_torch_libs SYSTEM INTERFACE ${_inc})
+target_include_directories(opbridge_torch_libs SYSTEM INTERFACE ${_torch_INCLUDE_DIRS})
 target_compile_definitions(opbridge_torch_libs INTERFACE TORCH_TARGET_VERSION=${OPBRIDGE_TORCH_TARGET_VERSION})
 # The C shim (aoti_torch_*, torch_*) lives in libtorch_cpu, which torch has loaded already.
 target_link_libraries(opbridge_torch_libs INTERFACE ${OPBRIDGE_TORCH_LIB_torch_cpu})
@@ -69,11 +50,11 @@ target_link_libraries(opbridge_torch_libs INTERFACE ${OPBRIDGE_TORCH_LIB_torch_c
 # The fast-path library: libtorch's C++ API, for exactly this torch.
 add_library(opbridge_torch_cxx_libs INTERFACE)
 add_library(opbridge::torch_cxx_libs ALIAS opbridge_torch_cxx_libs)
-target_include_directories(opbridge_torch_cxx_libs SYSTEM INTERFACE ${_inc})
-target_compile_definitions(opbridge_torch_cxx_libs INTERFACE _GLIBCXX_USE_CXX11_ABI=${_abi})
+target_include_directories(opbridge_torch_cxx_libs SYSTEM INTERFACE ${_torch_INCLUDE_DIRS})
+target_compile_definitions(opbridge_torch_cxx_libs INTERFACE _GLIBCXX_USE_CXX11_ABI=${_torch_CXX11_ABI})
 set(_libs)
 foreach(_l c10 torch_cpu)
-  find_library(OPBRIDGE_TORCH_LIB_${_l} ${_l} PATHS ${_libdir} NO_DEFAULT_PATH REQUIRED)
+  find_library(OPBRIDGE_TORCH_LIB_${_l} ${_l} PATHS ${_torch_LIBRARY_DIRS} NO_DEFAULT_PATH REQUIRED)
   list(APPEND _libs ${OPBRIDGE_TORCH_LIB_${_l}})
 endforeach()
 target_link_libraries(opbridge_torch_cxx_libs INTERFACE ${_libs})

@@ -119,59 +119,48 @@ OpDecl& OpDecl::input(std::string name, std::string type_var, std::string doc) {
 }
 
 namespace {
-ArgDecl attribute(std::string name, AttrType type, std::string doc) {
+ArgDecl attribute(std::string name, AttrType type, std::string doc, bool has_default) {
   ArgDecl a;
   a.is_input = false;
   a.name = std::move(name);
   a.attr_type = type;
   a.doc = std::move(doc);
+  a.has_default = has_default;
   a.default_value.type = type;
   return a;
 }
 }  // namespace
 
 OpDecl& OpDecl::attr_int(std::string name, std::string doc) {
-  add(attribute(std::move(name), AttrType::kInt, std::move(doc)));
+  add(attribute(std::move(name), AttrType::kInt, std::move(doc), false));
   return *this;
 }
 OpDecl& OpDecl::attr_int(std::string name, int64_t value, std::string doc) {
-  ArgDecl& a = add(attribute(std::move(name), AttrType::kInt, std::move(doc)));
-  a.has_default = true;
-  a.default_value.i = value;
+  add(attribute(std::move(name), AttrType::kInt, std::move(doc), true)).default_value.i = value;
   return *this;
 }
 OpDecl& OpDecl::attr_float(std::string name, double value, std::string doc) {
-  ArgDecl& a = add(attribute(std::move(name), AttrType::kFloat, std::move(doc)));
-  a.has_default = true;
-  a.default_value.f = value;
+  add(attribute(std::move(name), AttrType::kFloat, std::move(doc), true)).default_value.f = value;
   return *this;
 }
 OpDecl& OpDecl::attr_float(std::string name, std::string doc) {
-  add(attribute(std::move(name), AttrType::kFloat, std::move(doc)));
+  add(attribute(std::move(name), AttrType::kFloat, std::move(doc), false));
   return *this;
 }
 OpDecl& OpDecl::attr_bool(std::string name, bool value, std::string doc) {
-  ArgDecl& a = add(attribute(std::move(name), AttrType::kBool, std::move(doc)));
-  a.has_default = true;
-  a.default_value.i = value ? 1 : 0;
+  add(attribute(std::move(name), AttrType::kBool, std::move(doc), true)).default_value.i = value ? 1 : 0;
   return *this;
 }
 OpDecl& OpDecl::attr_string(std::string name, std::string value, std::string doc) {
-  ArgDecl& a = add(attribute(std::move(name), AttrType::kString, std::move(doc)));
-  a.has_default = true;
-  a.default_value.s = std::move(value);
+  add(attribute(std::move(name), AttrType::kString, std::move(doc), true)).default_value.s = std::move(value);
   return *this;
 }
 OpDecl& OpDecl::attr_ints(std::string name, std::vector<int64_t> value, std::string doc) {
-  ArgDecl& a = add(attribute(std::move(name), AttrType::kInts, std::move(doc)));
-  a.has_default = true;
-  a.default_value.ints = std::move(value);
+  add(attribute(std::move(name), AttrType::kInts, std::move(doc), true)).default_value.ints = std::move(value);
   return *this;
 }
 OpDecl& OpDecl::attr_floats(std::string name, std::vector<double> value, std::string doc) {
-  ArgDecl& a = add(attribute(std::move(name), AttrType::kFloats, std::move(doc)));
-  a.has_default = true;
-  a.default_value.floats = std::move(value);
+  add(attribute(std::move(name), AttrType::kFloats, std::move(doc), true)).default_value.floats = std::move(value);
   return *this;
 }
 

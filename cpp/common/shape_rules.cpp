@@ -72,37 +72,32 @@ class RuleParser {
     pos_ += n;
     return true;
   }
-  void sum(std::vector<DimTerm>* out) {
-    product(out);
+  struct BinaryOp {
+    const char* token;
+    DimTerm::Kind kind;
+  };
+  // One precedence level, left-associative: an operand, then any number of (operator, operand),
+  // written in postfix order. ops are tried in order.
+  template <size_t K>
+  void level(std::vector<DimTerm>* out, const BinaryOp (&ops)[K],
+             void (RuleParser::*operand)(std::vector<DimTerm>*)) {
+    (this->*operand)(out);
     for (;;) {
-      if (eat("+")) {
-        product(out);
-        out->push_back({DimTerm::kAdd, 0, 0});
-      } else if (eat("-")) {
-        product(out);
-        out->push_back({DimTerm::kSub, 0, 0});
-      } else {
-        return;
-      }
+      const BinaryOp* op = std::find_if(ops, ops + K, [&](const BinaryOp& o) { return eat(o.token); });
+      if (op == ops + K) return;
+      (this->*operand)(out);
+      out->push_back({op->kind, 0, 0});
     }
   }
+  void sum(std::vector<DimTerm>* out) {
+    static constexpr BinaryOp kOps[] = {{"+", DimTerm::kAdd}, {"-", DimTerm::kSub}};
+    level(out, kOps, &RuleParser::product);
+  }
   void product(std::vector<DimTerm>* out) {
-    primary(out);
-    for (;;) {
-      if (eat("*")) {
-        primary(out);
-        out->push_back({DimTerm::kMul, 0, 0});
-      } else if (eat("//")) {
-        primary(out);
-        out->push_back({DimTerm::kFloorDiv, 0, 0});
-      } else if (eat("%")) {
-        primary(out);
-        out->push_back({DimTerm::kMod, 0, 0});
-      } else if (skip(), pos_ < s_.size() && s_[pos_] == '/') {
-        fail("'/' is not an operator of shape rules (use // for floor division)");
-      } else {
-        return;
-      }
+    static constexpr BinaryOp kOps[] = {{"*", DimTerm::kMul}, {"//", DimTerm::kFloorDiv}, {"%", DimTerm::kMod}};
+    level(out, kOps, &RuleParser::primary);
+    if (skip(), pos_ < s_.size() && s_[pos_] == '/') {
+      fail("'/' is not an operator of shape rules (use // for floor division)");
     }
   }
   bool integer(int64_t* value) {

@@ -218,6 +218,19 @@ std::string fresh_symbol() {
   static std::atomic<uint64_t> counter{0};
   return "opbridge_unk_" + std::to_string(counter.fetch_add(1));
 }
+
+// Sets output `out` of a shape inference to `type` and `dims`, symbols[i] naming dimension i.
+void set_output_shape(OrtShapeInferContext* ctx, size_t out, ONNXTensorElementDataType type,
+                      const std::vector<int64_t>& dims, std::vector<const char*>& symbols) {
+  OrtTensorTypeAndShapeInfo* shape = nullptr;
+  check(api().CreateTensorTypeAndShapeInfo(&shape));
+  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> holder(
+      shape, [](OrtTensorTypeAndShapeInfo* p) { api().ReleaseTensorTypeAndShapeInfo(p); });
+  check(api().SetTensorElementType(shape, type));
+  check(api().SetDimensions(shape, dims.data(), dims.size()));
+  check(api().SetSymbolicDimensions(shape, symbols.data(), symbols.size()));
+  check(api().ShapeInferContext_SetOutputTypeShape(ctx, out, shape));
+}
 }  // namespace
 
 void InferIO::set_output_like_input(size_t out, size_t in) const {
@@ -247,14 +260,7 @@ void InferIO::set_output_like_input(size_t out, size_t in) const {
     }
     symbol_ptrs[i] = symbols[i].c_str();
   }
-  OrtTensorTypeAndShapeInfo* shape = nullptr;
-  check(api().CreateTensorTypeAndShapeInfo(&shape));
-  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> holder(
-      shape, [](OrtTensorTypeAndShapeInfo* p) { api().ReleaseTensorTypeAndShapeInfo(p); });
-  check(api().SetTensorElementType(shape, type));
-  check(api().SetDimensions(shape, dims.data(), rank));
-  check(api().SetSymbolicDimensions(shape, symbol_ptrs.data(), rank));
-  check(api().ShapeInferContext_SetOutputTypeShape(ctx_, out, shape));
+  set_output_shape(ctx_, out, type, dims, symbol_ptrs);
 }
 
 void InferIO::set_output(size_t out, ONNXTensorElementDataType type, const std::vector<int64_t>& dims,
@@ -271,14 +277,7 @@ void InferIO::set_output(size_t out, ONNXTensorElementDataType type, const std::
     }
     name_ptrs[i] = names[i].c_str();
   }
-  OrtTensorTypeAndShapeInfo* shape = nullptr;
-  check(api().CreateTensorTypeAndShapeInfo(&shape));
-  std::unique_ptr<OrtTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*)> holder(
-      shape, [](OrtTensorTypeAndShapeInfo* p) { api().ReleaseTensorTypeAndShapeInfo(p); });
-  check(api().SetTensorElementType(shape, type));
-  check(api().SetDimensions(shape, values.data(), rank));
-  check(api().SetSymbolicDimensions(shape, name_ptrs.data(), rank));
-  check(api().ShapeInferContext_SetOutputTypeShape(ctx_, out, shape));
+  set_output_shape(ctx_, out, type, values, name_ptrs);
 }
 
 }  // namespace opbridge::ort

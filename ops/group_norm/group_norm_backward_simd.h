@@ -760,21 +760,13 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
 
 template <class I, class T>
 void gn_backward(const group_norm_isa::BackwardArgs<T>& a, const ParallelFor& pf) {
-  // One channel per row: [N, S, 1] is [N, 1, S] in memory.
-  const bool nhwc = a.d.channels_last && a.d.C > 1 && a.d.S > 1;
-  if (a.act == Activation::kSilu) {
+  gn_layout_and_act(a.d, a.act, [&](auto act, bool nhwc) {
     if (nhwc) {
-      gn_backward_nhwc<I, Activation::kSilu>(a, pf);
+      gn_backward_nhwc<I, decltype(act)::value>(a, pf);
     } else {
-      gn_backward_nchw<I, Activation::kSilu>(a, pf);
+      gn_backward_nchw<I, decltype(act)::value>(a, pf);
     }
-  } else {
-    if (nhwc) {
-      gn_backward_nhwc<I, Activation::kNone>(a, pf);
-    } else {
-      gn_backward_nchw<I, Activation::kNone>(a, pf);
-    }
-  }
+  });
 }
 
 }  // namespace

@@ -217,6 +217,39 @@ void nhwc_tile_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments
   }
 }
 
+// The row tiles of the [N, S, C] scalar passes: kTileBytes of x each.
+struct NhwcTiles {
+  int64_t rows;        // rows per tile
+  int64_t per_sample;  // tiles per sample
+};
+template <class T>
+NhwcTiles nhwc_tiles(int64_t S, int64_t C) {
+  const int64_t rows = std::max<int64_t>(1, kTileBytes / (C * static_cast<int64_t>(sizeof(T))));
+  return {rows, (S + rows - 1) / rows};
+}
+
+// Runs row(t, n, off, k0, k1, k2) over every row of the [N, S, C] tensor (off: the row's first
+// element), tile t by tile, tiles in parallel. k0..k2 are the per-channel coefficients of sample
+// n, coef(n, c, &k0[c], &k1[c], &k2[c]), computed again only where a task's next tile starts
+// another sample: once per sample and task, not once per tile.
+template <class K, class Coef, class Row>
+void nhwc_tile_rows(const NhwcTiles& tiles, int64_t N, int64_t S, int64_t C, const ParallelFor& pf,
+                    const Coef& coef, const Row& row) {
+  pf(N * tiles.per_sample, 1, [&](int64_t begin, int64_t end) {
+    std::vector<K> k0(static_cast<size_t>(C)), k1(static_cast<size_t>(C)), k2(static_cast<size_t>(C));
+    int64_t coef_n = -1;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n = t / tiles.per_sample, r0 = (t % tiles.per_sample) * tiles.rows;
+      const int64_t r1 = std::min(S, r0 + tiles.rows);
+      if (n != coef_n) {
+        for (int64_t c = 0; c < C; ++c) coef(n, c, &k0[c], &k1[c], &k2[c]);
+        coef_n = n;
+      }
+      for (int64_t r = r0; r < r1; ++r) row(t, n, (n * S + r) * C, k0.data(), k1.data(), k2.data());
+    }
+  });
+}
+
 // Mean and rstd of every (n, g) of x ([N, C, S] or [N, S, C]) into mean[N * G], rstd[N * G].
 template <class T>
 void all_group_stats(const T* x, const GroupNormDims& d, double eps, double* mean, double* rstd,
@@ -229,14 +262,14 @@ void all_group_stats(const T* x, const GroupNormDims& d, double eps, double* mea
     });
     return;
   }
-  const int64_t tile_rows = std::max<int64_t>(1, kTileBytes / (C * static_cast<int64_t>(sizeof(T))));
-  const int64_t tps = (S + tile_rows - 1) / tile_rows;
+  const NhwcTiles tiles = nhwc_tiles<T>(S, C);
+  const int64_t tps = tiles.per_sample;
   std::vector<GnMoments> partial(static_cast<size_t>(N * tps * G));
   pf(N * tps, 1, [&](int64_t b, int64_t e) {
     std::vector<double> acc;
     for (int64_t t = b; t < e; ++t) {
-      const int64_t n = t / tps, r0 = (t % tps) * tile_rows;
-      nhwc_tile_moments(x + (n * S + r0) * C, std::min(tile_rows, S - r0), C, G, partial.data() + t * G, &acc);
+      const int64_t n = t / tps, r0 = (t % tps) * tiles.rows;
+      nhwc_tile_moments(x + (n * S + r0) * C, std::min(tiles.rows, S - r0), C, G, partial.data() + t * G, &acc);
     }
   });
   for (int64_t n = 0; n < N; ++n) {
@@ -249,12 +282,6 @@ void all_group_stats(const T* x, const GroupNormDims& d, double eps, double* mea
   }
 }
 
-// Rows or channels per task of the [N, S, C] scalar passes.
-template <class T>
-int64_t nhwc_tile_rows(int64_t C) {
-  return std::max<int64_t>(1, kTileBytes / (C * static_cast<int64_t>(sizeof(T))));
-}
-
 }  // namespace
 
 const GroupNormCpuChoices& group_norm_cpu_choices() {
@@ -264,11 +291,11 @@ const GroupNormCpuChoices& group_norm_cpu_choices() {
 
 namespace group_norm_isa {
 template <class T>
-void forward_baseline(const Args<T>& a, const ParallelFor& pf) {
+void run_baseline(const Args<T>& a, const ParallelFor& pf) {
   gn_forward<SimdGeneric, T>(a, pf);
 }
 template <class T>
-void backward_baseline(const BackwardArgs<T>& a, const ParallelFor& pf) {
+void run_baseline(const BackwardArgs<T>& a, const ParallelFor& pf) {
   gn_backward<SimdGeneric, T>(a, pf);
 }
 }  // namespace group_norm_isa
@@ -325,28 +352,16 @@ Status group_norm_cpu_f64(const double* x, const double* weight, const double* b
   all_group_stats(x, d, eps, gm.data(), gr.data(), pf);
   if (mean != nullptr) std::copy(gm.begin(), gm.end(), mean);
   if (rstd != nullptr) std::copy(gr.begin(), gr.end(), rstd);
-  const int64_t tile_rows = nhwc_tile_rows<double>(C);
-  const int64_t tps = (S + tile_rows - 1) / tile_rows;
-  pf(N * tps, 1, [&](int64_t begin, int64_t end) {
-    std::vector<double> m(static_cast<size_t>(C)), a(static_cast<size_t>(C)), b(static_cast<size_t>(C));
-    int64_t coef_n = -1;
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t n = t / tps, r0 = (t % tps) * tile_rows, r1 = std::min(S, r0 + tile_rows);
-      if (n != coef_n) {
-        for (int64_t c = 0; c < C; ++c) {
-          m[c] = gm[n * G + c / Cg];
-          a[c] = coef(c, gr[n * G + c / Cg]);
-          b[c] = shift(c);
-        }
-        coef_n = n;
-      }
-      for (int64_t r = r0; r < r1; ++r) {
-        const double* xr = x + (n * S + r) * C;
-        double* yr = y + (n * S + r) * C;
-        for (int64_t c = 0; c < C; ++c) yr[c] = act_double(act, (xr[c] - m[c]) * a[c] + b[c]);
-      }
-    }
-  });
+  nhwc_tile_rows<double>(
+      nhwc_tiles<double>(S, C), N, S, C, pf,
+      [&](int64_t n, int64_t c, double* m, double* a, double* b) {
+        *m = gm[n * G + c / Cg];
+        *a = coef(c, gr[n * G + c / Cg]);
+        *b = shift(c);
+      },
+      [&](int64_t, int64_t, int64_t off, const double* m, const double* a, const double* b) {
+        for (int64_t c = 0; c < C; ++c) y[off + c] = act_double(act, (x[off + c] - m[c]) * a[c] + b[c]);
+      });
   return Status::Ok();
 }
 
@@ -425,32 +440,20 @@ void group_norm_backward_scalar(const T* dy, const T* x, const T* weight, const 
       }
     });
   } else {
-    const int64_t tile_rows = nhwc_tile_rows<T>(C);
-    const int64_t tps = (S + tile_rows - 1) / tile_rows;
+    const NhwcTiles tiles = nhwc_tiles<T>(S, C);
+    const int64_t tps = tiles.per_sample;
     std::vector<double> pds(static_cast<size_t>(N * tps * C)), pdb(static_cast<size_t>(N * tps * C));
-    pf(N * tps, 1, [&](int64_t begin, int64_t end) {
-      std::vector<A> m_hi(static_cast<size_t>(C)), za(static_cast<size_t>(C)), zo(static_cast<size_t>(C));
-      int64_t coef_n = -1;
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t n = t / tps, r0 = (t % tps) * tile_rows, r1 = std::min(S, r0 + tile_rows);
-        if (n != coef_n) {
-          for (int64_t c = 0; c < C; ++c) pre(n, c, &m_hi[c], &za[c], &zo[c]);
-          coef_n = n;
-        }
-        double* a_ds = pds.data() + t * C;
-        double* a_db = pdb.data() + t * C;
-        for (int64_t r = r0; r < r1; ++r) {
-          const T* xr = x + (n * S + r) * C;
-          const T* dyr = dy + (n * S + r) * C;
-          for (int64_t c = 0; c < C; ++c) {
-            const A xv = to_float(xr[c]) - m_hi[c];
-            const A g = act_grad<A>(act, to_float(dyr[c]), xv * za[c] + zo[c]);
-            a_ds[c] += static_cast<double>(g * xv);
-            a_db[c] += static_cast<double>(g);
-          }
-        }
-      }
-    });
+    nhwc_tile_rows<A>(tiles, N, S, C, pf, pre,
+                      [&](int64_t t, int64_t, int64_t off, const A* m_hi, const A* za, const A* zo) {
+                        double* a_ds = pds.data() + t * C;
+                        double* a_db = pdb.data() + t * C;
+                        for (int64_t c = 0; c < C; ++c) {
+                          const A xv = to_float(x[off + c]) - m_hi[c];
+                          const A g = act_grad<A>(act, to_float(dy[off + c]), xv * za[c] + zo[c]);
+                          a_ds[c] += static_cast<double>(g * xv);
+                          a_db[c] += static_cast<double>(g);
+                        }
+                      });
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t c = 0; c < C; ++c) {
         double s_ds = 0.0, s_db = 0.0;
@@ -506,30 +509,15 @@ void group_norm_backward_scalar(const T* dy, const T* x, const T* weight, const 
         }
       });
     } else {
-      const int64_t tile_rows = nhwc_tile_rows<T>(C);
-      const int64_t tps = (S + tile_rows - 1) / tile_rows;
-      pf(N * tps, 1, [&](int64_t begin, int64_t end) {
-        std::vector<A> m_hi(static_cast<size_t>(C)), za(static_cast<size_t>(C)), zo(static_cast<size_t>(C));
-        int64_t coef_n = -1;
-        for (int64_t t = begin; t < end; ++t) {
-          const int64_t n = t / tps, r0 = (t % tps) * tile_rows, r1 = std::min(S, r0 + tile_rows);
-          if (n != coef_n) {
-            for (int64_t c = 0; c < C; ++c) pre(n, c, &m_hi[c], &za[c], &zo[c]);
-            coef_n = n;
-          }
-          for (int64_t r = r0; r < r1; ++r) {
-            const T* xr = x + (n * S + r) * C;
-            const T* dyr = dy + (n * S + r) * C;
-            T* dxr = dx + (n * S + r) * C;
-            for (int64_t c = 0; c < C; ++c) {
-              const int64_t ng = n * G + c / Cg;
-              const A xv = to_float(xr[c]) - m_hi[c];
-              const A g = act_grad<A>(act, to_float(dyr[c]), xv * za[c] + zo[c]);
-              dxr[c] = from_acc<T>(c1[n * C + c] * g + c2[ng] * xv + c3[ng]);
-            }
-          }
-        }
-      });
+      nhwc_tile_rows<A>(nhwc_tiles<T>(S, C), N, S, C, pf, pre,
+                        [&](int64_t, int64_t n, int64_t off, const A* m_hi, const A* za, const A* zo) {
+                          for (int64_t c = 0; c < C; ++c) {
+                            const int64_t ng = n * G + c / Cg;
+                            const A xv = to_float(x[off + c]) - m_hi[c];
+                            const A g = act_grad<A>(act, to_float(dy[off + c]), xv * za[c] + zo[c]);
+                            dx[off + c] = from_acc<T>(c1[n * C + c] * g + c2[ng] * xv + c3[ng]);
+                          }
+                        });
     }
   }
 }
@@ -549,13 +537,7 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
     const GroupNormCpuChoices& ch = group_norm_cpu_choices();
     const group_norm_isa::Args<T> a{x,    weight, bias, y, d, eps, act, mean, rstd, ch.cache_budget,
                                     ch.cache_budget_streamed, ch.stream_bytes, ch.wave_bytes};
-    switch (cpu_isa_resolve(isa)) {
-#if defined(OPBRIDGE_X86_DISPATCH)
-      case CpuIsa::kAvx512: group_norm_isa::forward_avx512(a, pf); break;
-      case CpuIsa::kAvx2: group_norm_isa::forward_avx2(a, pf); break;
-#endif
-      default: group_norm_isa::forward_baseline(a, pf); break;
-    }
+    cpu_isa_run(isa, a, pf);
     return Status::Ok();
   }
 }
@@ -588,13 +570,7 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T
     const group_norm_isa::BackwardArgs<T> a{dy,        x,         weight,       bias,          dx, d, eps, act,
                                             ds.data(), db.data(), grstd.data(), ch.cache_budget,
                                             ch.stream_bytes};
-    switch (cpu_isa_resolve(isa)) {
-#if defined(OPBRIDGE_X86_DISPATCH)
-      case CpuIsa::kAvx512: group_norm_isa::backward_avx512(a, pf); break;
-      case CpuIsa::kAvx2: group_norm_isa::backward_avx2(a, pf); break;
-#endif
-      default: group_norm_isa::backward_baseline(a, pf); break;
-    }
+    cpu_isa_run(isa, a, pf);
   }
   if (dweight != nullptr || dbias != nullptr) {
     // Group by group: a division per channel (c / Cg) took longer than the rest of this loop

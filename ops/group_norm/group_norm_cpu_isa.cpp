@@ -9,21 +9,21 @@
 namespace opbridge::group_norm_isa {
 
 template <class T>
-void OPBRIDGE_ISA_FN(forward)(const Args<T>& a, const ParallelFor& pf) {
+void OPBRIDGE_ISA_FN(run)(const Args<T>& a, const ParallelFor& pf) {
   gn_forward<SimdIsa, T>(a, pf);
 }
 
-template void OPBRIDGE_ISA_FN(forward)<float>(const Args<float>&, const ParallelFor&);
-template void OPBRIDGE_ISA_FN(forward)<Half>(const Args<Half>&, const ParallelFor&);
-template void OPBRIDGE_ISA_FN(forward)<BFloat16>(const Args<BFloat16>&, const ParallelFor&);
-
 template <class T>
-void OPBRIDGE_ISA_FN(backward)(const BackwardArgs<T>& a, const ParallelFor& pf) {
+void OPBRIDGE_ISA_FN(run)(const BackwardArgs<T>& a, const ParallelFor& pf) {
   gn_backward<SimdIsa, T>(a, pf);
 }
 
-template void OPBRIDGE_ISA_FN(backward)<float>(const BackwardArgs<float>&, const ParallelFor&);
-template void OPBRIDGE_ISA_FN(backward)<Half>(const BackwardArgs<Half>&, const ParallelFor&);
-template void OPBRIDGE_ISA_FN(backward)<BFloat16>(const BackwardArgs<BFloat16>&, const ParallelFor&);
+#define OPBRIDGE_GN_INSTANTIATE(T)                                          \
+  template void OPBRIDGE_ISA_FN(run)<T>(const Args<T>&, const ParallelFor&); \
+  template void OPBRIDGE_ISA_FN(run)<T>(const BackwardArgs<T>&, const ParallelFor&);
+OPBRIDGE_GN_INSTANTIATE(float)
+OPBRIDGE_GN_INSTANTIATE(Half)
+OPBRIDGE_GN_INSTANTIATE(BFloat16)
+#undef OPBRIDGE_GN_INSTANTIATE
 
 }  // namespace opbridge::group_norm_isa

@@ -1,7 +1,7 @@
 // GroupNorm forward and backward for float, Half and BFloat16, once per instruction set
-// (internal header).
-// group_norm_cpu() picks one at run time (opbridge/cpu_isa.h); each is defined in its own TU
-// compiled with that instruction set's flags (group_norm_cpu_isa.cpp, once per set).
+// (internal header). group_norm_cpu() picks one at run time (cpu_isa_run, opbridge/cpu_isa.h);
+// each is defined in its own TU compiled with that instruction set's flags (group_norm_cpu_isa.cpp,
+// once per set; the baseline in group_norm_cpu.cpp).
 #pragma once
 
 #include <cstdint>
@@ -35,9 +35,9 @@ struct Args {
   int64_t wave_bytes;
 };
 
-template <class T> void forward_baseline(const Args<T>& a, const ParallelFor& pf);
-template <class T> void forward_avx2(const Args<T>& a, const ParallelFor& pf);
-template <class T> void forward_avx512(const Args<T>& a, const ParallelFor& pf);
+template <class T> void run_baseline(const Args<T>& a, const ParallelFor& pf);
+template <class T> void run_avx2(const Args<T>& a, const ParallelFor& pf);
+template <class T> void run_avx512(const Args<T>& a, const ParallelFor& pf);
 
 // The arguments of the backward kernels (group_norm_backward_cpu), already checked. The kernels
 // write dx (unless null) and, for the caller's dweight / dbias, the per-channel sums and rstd.
@@ -59,8 +59,8 @@ struct BackwardArgs {
   int64_t stream_bytes;  // dx of at least this many bytes is written with streaming stores
 };
 
-template <class T> void backward_baseline(const BackwardArgs<T>& a, const ParallelFor& pf);
-template <class T> void backward_avx2(const BackwardArgs<T>& a, const ParallelFor& pf);
-template <class T> void backward_avx512(const BackwardArgs<T>& a, const ParallelFor& pf);
+template <class T> void run_baseline(const BackwardArgs<T>& a, const ParallelFor& pf);
+template <class T> void run_avx2(const BackwardArgs<T>& a, const ParallelFor& pf);
+template <class T> void run_avx512(const BackwardArgs<T>& a, const ParallelFor& pf);
 
 }  // namespace opbridge::group_norm_isa

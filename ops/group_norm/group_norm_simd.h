@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "group_norm_isa.h"
@@ -68,6 +69,19 @@ constexpr int64_t kGnMinSampleTasks = 8;
 
 inline int64_t gn_min(int64_t a, int64_t b) { return a < b ? a : b; }
 inline int64_t gn_max(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// Calls f(act, nhwc) with the activation as a compile-time constant (an std::integral_constant),
+// so that the kernels' inner loops are compiled once per activation; nhwc: whether d takes the
+// [N, S, C] kernels. One channel per row: [N, S, 1] is [N, 1, S] in memory.
+template <class F>
+void gn_layout_and_act(const GroupNormDims& d, Activation act, const F& f) {
+  const bool nhwc = d.channels_last && d.C > 1 && d.S > 1;
+  if (act == Activation::kSilu) {
+    f(std::integral_constant<Activation, Activation::kSilu>{}, nhwc);
+  } else {
+    f(std::integral_constant<Activation, Activation::kNone>{}, nhwc);
+  }
+}
 
 // Elements of T before the first address at or after p that is aligned to a vector of I
 // (0 <= result < I::W): where aligned loads and streaming stores can start.
@@ -841,21 +855,13 @@ void gn_forward(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
     }
     return;
   }
-  // One channel per row: [N, S, 1] is [N, 1, S] in memory.
-  const bool nhwc = a.d.channels_last && a.d.C > 1 && a.d.S > 1;
-  if (a.act == Activation::kSilu) {
+  gn_layout_and_act(a.d, a.act, [&](auto act, bool nhwc) {
     if (nhwc) {
-      gn_forward_nhwc<I, Activation::kSilu>(a, pf);
+      gn_forward_nhwc<I, decltype(act)::value>(a, pf);
     } else {
-      gn_forward_nchw<I, Activation::kSilu>(a, pf);
+      gn_forward_nchw<I, decltype(act)::value>(a, pf);
     }
-  } else {
-    if (nhwc) {
-      gn_forward_nhwc<I, Activation::kNone>(a, pf);
-    } else {
-      gn_forward_nchw<I, Activation::kNone>(a, pf);
-    }
-  }
+  });
 }
 
 }  // namespace

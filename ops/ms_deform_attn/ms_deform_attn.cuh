@@ -50,15 +50,7 @@ cudaError_t launch_ms_deform_attn_backward(cudaStream_t stream, const T* grad_ou
                                            const int64_t* level_start_index_host, const T* sampling_locations,
                                            const T* attention_weights, T* grad_value,
                                            T* grad_sampling_locations, T* grad_attention_weights,
-                                           const MsDeformAttnDims& d, void* workspace, size_t workspace_bytes);
-
-// The same without a caller-provided workspace (16-bit types allocate one on the stream).
-template <class T>
-cudaError_t launch_ms_deform_attn_backward(cudaStream_t stream, const T* grad_output, const T* value,
-                                           const int64_t* spatial_shapes_host,
-                                           const int64_t* level_start_index_host, const T* sampling_locations,
-                                           const T* attention_weights, T* grad_value,
-                                           T* grad_sampling_locations, T* grad_attention_weights,
-                                           const MsDeformAttnDims& d);
+                                           const MsDeformAttnDims& d, void* workspace = nullptr,
+                                           size_t workspace_bytes = 0);
 
 }  // namespace opbridge::cuda

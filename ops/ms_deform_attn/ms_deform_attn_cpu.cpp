@@ -21,12 +21,12 @@ namespace opbridge {
 
 namespace msda_isa {
 template <class T>
-void forward_baseline(const FwdArgs<T>& a, const ParallelFor& pf) {
+void run_baseline(const FwdArgs<T>& a, const ParallelFor& pf) {
   using S = std::conditional_t<std::is_same_v<T, double>, F64Lanes, SimdGeneric>;
   msda_forward<S, T>(a, pf);
 }
 template <class T>
-void backward_baseline(const BwdArgs<T>& a, const ParallelFor& pf) {
+void run_baseline(const BwdArgs<T>& a, const ParallelFor& pf) {
   using S = std::conditional_t<std::is_same_v<T, double>, F64Lanes, SimdGeneric>;
   msda_backward<S, T>(a, pf);
 }
@@ -40,13 +40,7 @@ Status ms_deform_attn_cpu(const T* value, const int64_t* spatial_shapes, const i
   OPBRIDGE_RETURN_IF_ERROR(ms_deform_attn_check_levels(spatial_shapes, level_start_index, d.L, d.S));
   const msda_isa::FwdArgs<T> a{value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
                                output, d};
-  switch (cpu_isa_resolve(isa)) {
-#if defined(OPBRIDGE_X86_DISPATCH)
-    case CpuIsa::kAvx512: msda_isa::forward_avx512(a, pf); break;
-    case CpuIsa::kAvx2: msda_isa::forward_avx2(a, pf); break;
-#endif
-    default: msda_isa::forward_baseline(a, pf); break;
-  }
+  cpu_isa_run(isa, a, pf);
   return Status::Ok();
 }
 
@@ -61,13 +55,7 @@ Status ms_deform_attn_backward_cpu(const T* grad_output, const T* value, const i
   const msda_isa::BwdArgs<T> a{grad_output,       value,      spatial_shapes,           level_start_index,
                                sampling_locations, attention_weights, grad_value, grad_sampling_locations,
                                grad_attention_weights, d};
-  switch (cpu_isa_resolve(isa)) {
-#if defined(OPBRIDGE_X86_DISPATCH)
-    case CpuIsa::kAvx512: msda_isa::backward_avx512(a, pf); break;
-    case CpuIsa::kAvx2: msda_isa::backward_avx2(a, pf); break;
-#endif
-    default: msda_isa::backward_baseline(a, pf); break;
-  }
+  cpu_isa_run(isa, a, pf);
   return Status::Ok();
 }
 

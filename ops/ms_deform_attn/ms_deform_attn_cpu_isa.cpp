@@ -14,18 +14,18 @@ template <class T>
 using Lanes = std::conditional_t<std::is_same_v<T, double>, F64Lanes, SimdIsa>;
 
 template <class T>
-void OPBRIDGE_ISA_FN(forward)(const FwdArgs<T>& a, const ParallelFor& pf) {
+void OPBRIDGE_ISA_FN(run)(const FwdArgs<T>& a, const ParallelFor& pf) {
   msda_forward<Lanes<T>, T>(a, pf);
 }
 
 template <class T>
-void OPBRIDGE_ISA_FN(backward)(const BwdArgs<T>& a, const ParallelFor& pf) {
+void OPBRIDGE_ISA_FN(run)(const BwdArgs<T>& a, const ParallelFor& pf) {
   msda_backward<Lanes<T>, T>(a, pf);
 }
 
 #define OPBRIDGE_MSDA_INSTANTIATE(T)                                                 \
-  template void OPBRIDGE_ISA_FN(forward)<T>(const FwdArgs<T>&, const ParallelFor&); \
-  template void OPBRIDGE_ISA_FN(backward)<T>(const BwdArgs<T>&, const ParallelFor&);
+  template void OPBRIDGE_ISA_FN(run)<T>(const FwdArgs<T>&, const ParallelFor&); \
+  template void OPBRIDGE_ISA_FN(run)<T>(const BwdArgs<T>&, const ParallelFor&);
 OPBRIDGE_MSDA_INSTANTIATE(float)
 OPBRIDGE_MSDA_INSTANTIATE(double)
 OPBRIDGE_MSDA_INSTANTIATE(Half)

@@ -1,6 +1,6 @@
 // MultiScaleDeformableAttention forward and backward, once per instruction set (internal
 // header). ms_deform_attn_cpu() / ms_deform_attn_backward_cpu() pick one at run time
-// (opbridge/cpu_isa.h); each is defined in its own TU compiled with that instruction set's flags
+// (cpu_isa_run, opbridge/cpu_isa.h); each is defined in its own TU compiled with that instruction set's flags
 // (ms_deform_attn_cpu_isa.cpp, once per set; the baseline in ms_deform_attn_cpu.cpp).
 #pragma once
 
@@ -39,11 +39,11 @@ struct BwdArgs {
   MsDeformAttnDims d;
 };
 
-template <class T> void forward_baseline(const FwdArgs<T>& a, const ParallelFor& pf);
-template <class T> void forward_avx2(const FwdArgs<T>& a, const ParallelFor& pf);
-template <class T> void forward_avx512(const FwdArgs<T>& a, const ParallelFor& pf);
-template <class T> void backward_baseline(const BwdArgs<T>& a, const ParallelFor& pf);
-template <class T> void backward_avx2(const BwdArgs<T>& a, const ParallelFor& pf);
-template <class T> void backward_avx512(const BwdArgs<T>& a, const ParallelFor& pf);
+template <class T> void run_baseline(const FwdArgs<T>& a, const ParallelFor& pf);
+template <class T> void run_avx2(const FwdArgs<T>& a, const ParallelFor& pf);
+template <class T> void run_avx512(const FwdArgs<T>& a, const ParallelFor& pf);
+template <class T> void run_baseline(const BwdArgs<T>& a, const ParallelFor& pf);
+template <class T> void run_avx2(const BwdArgs<T>& a, const ParallelFor& pf);
+template <class T> void run_avx512(const BwdArgs<T>& a, const ParallelFor& pf);
 
 }  // namespace opbridge::msda_isa

@@ -343,28 +343,13 @@ cudaError_t launch_ms_deform_attn_backward(cudaStream_t stream_handle, const T* 
   return e;
 }
 
-template <class T>
-cudaError_t launch_ms_deform_attn_backward(cudaStream_t stream, const T* grad_output, const T* value,
-                                           const int64_t* spatial_shapes_host,
-                                           const int64_t* level_start_index_host, const T* sampling_locations,
-                                           const T* attention_weights, T* grad_value,
-                                           T* grad_sampling_locations, T* grad_attention_weights,
-                                           const MsDeformAttnDims& d) {
-  return launch_ms_deform_attn_backward<T>(stream, grad_output, value, spatial_shapes_host, level_start_index_host,
-                                           sampling_locations, attention_weights, grad_value,
-                                           grad_sampling_locations, grad_attention_weights, d, nullptr, 0);
-}
-
 #define OPBRIDGE_INSTANTIATE_MS_DEFORM_ATTN_CUDA(T)                                                               \
   template cudaError_t launch_ms_deform_attn<T>(cudaStream_t, const T*, const int64_t*, const int64_t*, const T*, \
                                                 const T*, T*, const MsDeformAttnDims&);                         \
   template size_t ms_deform_attn_backward_workspace_bytes<T>(const MsDeformAttnDims&);                            \
   template cudaError_t launch_ms_deform_attn_backward<T>(cudaStream_t, const T*, const T*, const int64_t*,         \
                                                          const int64_t*, const T*, const T*, T*, T*, T*,           \
-                                                         const MsDeformAttnDims&, void*, size_t);                 \
-  template cudaError_t launch_ms_deform_attn_backward<T>(cudaStream_t, const T*, const T*, const int64_t*,         \
-                                                         const int64_t*, const T*, const T*, T*, T*, T*,           \
-                                                         const MsDeformAttnDims&);
+                                                         const MsDeformAttnDims&, void*, size_t);
 
 OPBRIDGE_INSTANTIATE_MS_DEFORM_ATTN_CUDA(float)
 OPBRIDGE_INSTANTIATE_MS_DEFORM_ATTN_CUDA(double)

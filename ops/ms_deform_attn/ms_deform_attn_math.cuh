@@ -171,24 +171,18 @@ OPBRIDGE_HD void backward_sample(const D* __restrict__ vp, const D* __restrict__
       ty += g[k] * dy;
     }
     if (gv != nullptr) {
-      A ag[VEC], add[VEC];
+      A ag[VEC];
       for (int k = 0; k < VEC; ++k) ag[k] = a * g[k];
-      if (s.t00 >= 0) {
-        for (int k = 0; k < VEC; ++k) add[k] = w00 * ag[k];
-        atomic_add_vec<VEC>(gv + s.t00 + e, add);
-      }
-      if (s.t01 >= 0) {
-        for (int k = 0; k < VEC; ++k) add[k] = w01 * ag[k];
-        atomic_add_vec<VEC>(gv + s.t01 + e, add);
-      }
-      if (s.t10 >= 0) {
-        for (int k = 0; k < VEC; ++k) add[k] = w10 * ag[k];
-        atomic_add_vec<VEC>(gv + s.t10 + e, add);
-      }
-      if (s.t11 >= 0) {
-        for (int k = 0; k < VEC; ++k) add[k] = w11 * ag[k];
-        atomic_add_vec<VEC>(gv + s.t11 + e, add);
-      }
+      const auto scatter = [&](int64_t tap, A w) {
+        if (tap < 0) return;  // outside the map
+        A add[VEC];
+        for (int k = 0; k < VEC; ++k) add[k] = w * ag[k];
+        atomic_add_vec<VEC>(gv + tap + e, add);
+      };
+      scatter(s.t00, w00);
+      scatter(s.t01, w01);
+      scatter(s.t10, w10);
+      scatter(s.t11, w11);
     }
   }
   *sv = tv;

@@ -165,22 +165,23 @@ inline int add_taps(const Sample<A>& s, A aw, int64_t W, int64_t row, int64_t* o
   return k;
 }
 
+// One tap: acc (K vectors, the last one `tail` lanes when kTail) += w * p[0 ...].
+template <class S, int K, bool kTail, class P>
+inline void fma_tap(const P* p, typename S::V w, int tail, typename S::V* acc) {
+  for (int j = 0; j < K; ++j) {
+    if (kTail && j == K - 1) {
+      acc[j] = S::fmadd(w, S::load_n(p + j * S::W, tail), acc[j]);
+    } else {
+      acc[j] = S::fmadd(w, S::load(p + j * S::W), acc[j]);
+    }
+  }
+}
+
 // acc (K vectors, the last one `tail` lanes when kTail) += sum over taps of wt[t] * vb[off[t] ...].
 template <class S, class T, int K, bool kTail>
 inline void gather(const T* vb, const int64_t* off, const acc_t<T>* wt, int ntaps, int tail,
                    typename S::V* acc) {
-  using V = typename S::V;
-  for (int t = 0; t < ntaps; ++t) {
-    const T* p = vb + off[t];
-    const V w = S::set1(wt[t]);
-    for (int j = 0; j < K; ++j) {
-      if (kTail && j == K - 1) {
-        acc[j] = S::fmadd(w, S::load_n(p + j * S::W, tail), acc[j]);
-      } else {
-        acc[j] = S::fmadd(w, S::load(p + j * S::W), acc[j]);
-      }
-    }
-  }
+  for (int t = 0; t < ntaps; ++t) fma_tap<S, K, kTail>(vb + off[t], S::set1(wt[t]), tail, acc);
 }
 
 // One chunk of K vectors of D (starting at vb / out / partial): accumulates the listed taps onto
@@ -554,17 +555,7 @@ inline void gather_rows(const H* head, const int32_t* offs, const acc_t<T>* wts,
   for (int u = 0; u < U; ++u) {
     for (int j = 0; j < K; ++j) acc[u][j] = S::zero();
   }
-  const auto tap = [&](int64_t t, V* a) {
-    const H* p = head + offs[t];
-    const V w = S::set1(wts[t]);
-    for (int j = 0; j < K; ++j) {
-      if (kTail && j == K - 1) {
-        a[j] = S::fmadd(w, S::load_n(p + j * S::W, tail), a[j]);
-      } else {
-        a[j] = S::fmadd(w, S::load(p + j * S::W), a[j]);
-      }
-    }
-  };
+  const auto tap = [&](int64_t t, V* a) { fma_tap<S, K, kTail>(head + offs[t], S::set1(wts[t]), tail, a); };
   int64_t t = 0;
   for (; t + U <= ntaps; t += U) {
     for (int u = 0; u < U; ++u) tap(t + u, acc[u]);

@@ -60,3 +60,25 @@ CpuIsa set_cpu_isa(CpuIsa isa);
 #elif defined(OPBRIDGE_ISA_AVX2)
 #define OPBRIDGE_ISA_FN(name) name##_avx2
 #endif
+
+namespace opbridge {
+
+// Runs the variant of a kernel that cpu_isa_resolve(isa) picks: run_avx512(args, more...),
+// run_avx2(...) or run_baseline(...), found by argument-dependent lookup next to the type of
+// `args` (an <op>_cpu_isa.cpp defines OPBRIDGE_ISA_FN(run) for its argument struct; the baseline
+// is in the op's own source). Builds without the x86 variants (opbridge_add_op leaves
+// OPBRIDGE_X86_DISPATCH undefined) always run the baseline.
+//   isa:  the variant a caller asked for (cpu_isa_check() has accepted it)
+//   args: the kernel's argument struct; overloads on its type tell one kernel from another
+template <class Args, class... More>
+void cpu_isa_run(CpuIsa isa, const Args& args, More&&... more) {
+  switch (cpu_isa_resolve(isa)) {
+#if defined(OPBRIDGE_X86_DISPATCH)
+    case CpuIsa::kAvx512: run_avx512(args, more...); break;
+    case CpuIsa::kAvx2: run_avx2(args, more...); break;
+#endif
+    default: run_baseline(args, more...); break;
+  }
+}
+
+}  // namespace opbridge
