@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import os
 import sys
 import warnings
@@ -220,14 +221,21 @@ def _chain(value, sampling_locations, attention_weights, *, mode="bilinear", pad
     return out.view(bs, heads * dims, queries).transpose(1, 2).contiguous()
 
 
+# Each near-miss with what its reason must say: the node that differs (by its name in the
+# exported graph) and how.
 NEAR_MISSES = {
-    "nearest": (dict(mode="nearest"), "GridSample"),
-    "border padding": (dict(padding_mode="border"), "GridSample"),
-    "align_corners": (dict(align_corners=True), "align_corners"),
-    "another affine map": (dict(grid=lambda x: 2 * x - 0.5), "not 2·x − 1"),
-    "weights in another layout": (dict(weights_layout="points first"), "not laid out like the samples"),
-    "sum over the queries": (dict(reduce_dim=2), "not over the levels and points"),
-    "levels paired with other levels' locations": (dict(swap_levels=True), _msda_rules.NOT_REWRITTEN),
+    "nearest": (dict(mode="nearest"), "GridSample mode='nearest' (the op interpolates bilinearly)"),
+    "border padding": (dict(padding_mode="border"), "GridSample padding_mode='border' (the op reads zeros"),
+    "align_corners": (dict(align_corners=True), "GridSample align_corners=1 (the op samples pixel centres"),
+    "another affine map": (dict(grid=lambda x: 2 * x - 0.5),
+                           "the grid of GridSample '/GridSample' is 2·x − 0.5 of the locations, not 2·x − 1"),
+    "weights in another layout": (dict(weights_layout="points first"),
+                                  "the attention weights of Mul '/Mul_1' are not laid out like the samples they "
+                                  "weigh (an axis (points, levels) against the samples' (levels, points))"),
+    "sum over the queries": (dict(reduce_dim=2),
+                             "ReduceSum '/ReduceSum' sums over (queries), not over the levels and points"),
+    "levels paired with other levels' locations": (
+        dict(swap_levels=True), "level 0 of the values is sampled with another level of the locations"),
 }
 
 
@@ -294,7 +302,7 @@ def test_the_unchanged_chain_is_rewritten(tmp_path, rng):
 
 
 @pytest.mark.parametrize("case", list(NEAR_MISSES))
-def test_near_misses_are_left_alone_with_the_reason(tmp_path, rng, case):
+def test_near_misses_are_left_alone_with_the_reason(tmp_path, rng, capsys, case):
     kw, reason = NEAR_MISSES[case]
     inputs = _attention_inputs(rng)
     src, dst = str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx")
@@ -305,9 +313,22 @@ def test_near_misses_are_left_alone_with_the_reason(tmp_path, rng, case):
     assert report.ok, text
     assert not report.result.counts.get(_msda_rules.LABEL), text
     notes = [s for s in report.result.skipped if _msda_rules.NOT_REWRITTEN in s]
-    assert notes, text
+    # One note per GridSample, each naming its node, then the reason.
+    grid_samples = [n.name for n in onnx.load(src).graph.node if n.op_type == "GridSample"]
+    assert len(grid_samples) == len(LEVELS) and all(grid_samples)
+    assert sorted(s.split(": ")[0] for s in notes) == sorted(f"GridSample {g!r}" for g in grid_samples), notes
     assert all(reason in s for s in notes), notes
     assert _grid_samples(dst) == _grid_samples(src) == len(LEVELS)
+    # The command says the same: in its text with -v, and in --json's left_unchanged.
+    from opbridge.cli import main
+
+    capsys.readouterr()
+    assert main(["optimize", "-v", src, str(tmp_path / "c.onnx")]) == 0
+    cli_text = capsys.readouterr().out
+    assert all(s in cli_text for s in notes), cli_text
+    assert main(["optimize", "--json", src, str(tmp_path / "d.onnx")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [s for s in doc["left_unchanged"] if _msda_rules.NOT_REWRITTEN in s] == notes, doc
     fresh = dict(zip(names, _attention_inputs(np.random.default_rng(7))))
     want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, fresh)[0]
     got = opbridge.InferenceSession(dst).run(None, fresh)[0]

@@ -760,6 +760,16 @@ def _affine(node: Any, info: _Info) -> _Info | None:
     return None if new is None else dataclasses.replace(info, tags=dict(info.tags), affine=new)
 
 
+def _path_affine(chain: list[tuple[Any, Any]]) -> tuple[float, float]:
+    """The scalar affine map a _back chain applies from its far end to its start: a reason names
+    the map from the locations, whichever candidate source was tried."""
+    info = _Info(axes=())
+    for _, node in reversed(chain):
+        if node is not None and node.op_type in _AFFINE:
+            info = _affine(node, info) or info
+    return info.affine
+
+
 def _affine_operand(node: Any) -> Any:
     """The non-constant operand of an affine node."""
     c0 = _const(node.inputs[0])
@@ -808,6 +818,19 @@ _ROLE = {"C.0": "m", "C.1": "d", "MLP.0": "m", "MLP.1": "LP", "LP.0": "l", "LP.1
 
 def _role(name: str) -> str:
     return _ROLE.get(name, name)
+
+
+# The factors' names in the reasons a chain is left alone.
+_WORDS = {"n": "batch", "S": "positions", "m": "heads", "d": "channels", "q": "queries", "l": "levels",
+          "p": "points", "c": "coordinates", "LP": "levels·points"}
+
+
+def _words(roles: Iterable[Any]) -> str:
+    return "(" + ", ".join(_WORDS.get(r, str(r)) for r in roles) + ")"
+
+
+def _affine_text(a: float, b: float) -> str:
+    return f"{a:g}·x {'−' if b < 0 else '+'} {abs(b):g}"
 
 
 def _roles(axis: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -870,12 +893,16 @@ class _Analysis:
                         return self._verify(vsrc, lsrc, wsrc, vchains, lchains, wchain, grids, samples,
                                             reduce_node, tail)
                     except _Fail as e:
-                        if self.stage > best[0]:
+                        # Of equally far candidates the last, whose sources lie furthest back:
+                        # its reason is about the whole chain (the grid's affine map from the
+                        # locations, not from a value half-way).
+                        if self.stage >= best[0]:
                             best = (self.stage, str(e))
         raise _Fail(best[1])
 
     def _verify(self, vsrc: Any, lsrc: Any, wsrc: Any, vchains: Any, lchains: Any, wchain: Any, grids: Any,
                 samples: Any, reduce_node: Any, tail: Any) -> _Plan:
+        mul = reduce_node.inputs[0].producer()
         sizes = self.sizes
         sizes.reset()
         tr = _Tracker(sizes)
@@ -904,7 +931,8 @@ class _Analysis:
             if x.affine != (1.0, 0.0) or len(x.axes) != 4:
                 raise _Fail("a GridSample's image is not (N·M, D, H, W) of the values")
             if grid.affine != (2.0, -1.0):
-                raise _Fail(f"the grid is {grid.affine[0]:g}·x + {grid.affine[1]:g} of the locations, not 2·x − 1")
+                a, b = _path_affine(lch)
+                raise _Fail(f"the grid of {_label(g)} is {_affine_text(a, b)} of the locations, not 2·x − 1")
             if len(grid.axes) != 4:
                 raise _Fail("a GridSample's grid is not 4-D")
             if _roles(x.axes[0]) not in (("n", "m"), ("m",)) or _roles(x.axes[1]) != ("d",):
@@ -920,15 +948,16 @@ class _Analysis:
             sizes.layouts[id(g.outputs[0])] = out
             outs.append(out)
         role_sizes = self._role_sizes(tr)
-        levels, covers, end = self._levels(levels_of, role_sizes)
         self.stage = max(self.stage, 4)
-        combined = self._combine(tr, grids, outs, samples)
+        levels, covers, end = self._levels(levels_of, role_sizes)
         self.stage = max(self.stage, 5)
-        wi = self._follow(tr, wsrc.value, winfo, wchain, affine=False)
-        prod = _mul(combined, wi)
+        combined = self._combine(tr, grids, outs, samples)
         self.stage = max(self.stage, 6)
-        info = self._reduce(reduce_node, prod, role_sizes)
+        wi = self._follow(tr, wsrc.value, winfo, wchain, affine=False)
+        prod = _mul(combined, wi, mul)
         self.stage = max(self.stage, 7)
+        info = self._reduce(reduce_node, prod, role_sizes)
+        self.stage = max(self.stage, 8)
         sizes.layouts[id(reduce_node.outputs[0])] = info
         for node in tail:
             info = tr.apply(node, info, 0)
@@ -984,7 +1013,8 @@ class _Analysis:
             role = _role(atom.name)
             if role in ("m", "d", "l", "p", "c", "LP") and atom.size.value is not None:
                 if out.get(role, atom.size.value) != atom.size.value:
-                    raise _Fail(f"the size of {role} differs between the values, locations and weights")
+                    raise _Fail(f"the number of {_WORDS.get(role, role)} differs between the values, locations and "
+                                "weights")
                 out[role] = atom.size.value
 
         for atom in tr.source_atoms:
@@ -1103,7 +1133,8 @@ class _Analysis:
         reduced = sorted(role for a in ax for role in _expand_lp(_roles(info.axes[a])))
         required = sorted(x for x in ("l", "p") if sizes.get("L" if x == "l" else "p", 1) > 1)
         if reduced != required:
-            raise _Fail(f"the sum runs over {reduced or 'nothing'}, not over the levels and points")
+            raise _Fail(f"{_label(node)} sums over {_words(reduced) if reduced else 'nothing'}, not over the "
+                        "levels and points")
         keep = _attr_int(node, "keepdims", 1)
         axes = [(() if i in ax else a) for i, a in enumerate(info.axes)] if keep else \
             [a for i, a in enumerate(info.axes) if i not in ax]
@@ -1195,7 +1226,7 @@ def _points_cut(tr: "_Tracker", axis: tuple[Any, ...], tags: dict[Any, Any]) -> 
     return None
 
 
-def _mul(s: _Info, w: _Info) -> _Info:
+def _mul(s: _Info, w: _Info, node: Any) -> _Info:
     r = max(len(s.axes), len(w.axes))
     sa = ((),) * (r - len(s.axes)) + tuple(s.axes)
     wa = ((),) * (r - len(w.axes)) + tuple(w.axes)
@@ -1205,8 +1236,8 @@ def _mul(s: _Info, w: _Info) -> _Info:
         rx, ry = _expand_lp(_roles(x)), _expand_lp(_roles(y))
         if _same_roles(rx, ry) or (not ry and rx == ("d",)):
             continue
-        raise _Fail("the attention weights are not laid out like the samples they weigh "
-                    f"(axis {list(ry)} against {list(rx)})")
+        raise _Fail(f"the attention weights of {_label(node)} are not laid out like the samples they weigh "
+                    f"(an axis {_words(ry)} against the samples' {_words(rx)})")
     return _Info(axes=sa)
 
 
