@@ -174,17 +174,39 @@ def test_each_family_is_rewritten(tmp_path, family):
     _case(tmp_path, family, **DEFAULT[family])
 
 
+def test_float16_torchscript_export_is_checked_against_the_original(tmp_path):
+    """transformers' models exported by the TorchScript exporter in float16 sample a float16 image
+    with a float64 grid, which ORT has no kernel for: the check runs a copy of the original with
+    those GridSamples in float32 (as torch computes them), and the rewrite is written."""
+    _, text = _case(tmp_path, "deformable_detr", dynamo=False, opset=17, dynamic=False, dtype="float16")
+    assert "its GridSample nodes of types ORT lacks computed in float32" in text, text
+
+
 MATRIX = [(f, dynamo, opset, dynamic, "float32") for f in DEFAULT
           for dynamo, opsets in ((False, (16, 17, 18, 19, 20)), (True, (18, 19, 20, 21)))
           for opset in opsets for dynamic in (False, True)]
 # float16 too; not float64: ORT's CPU provider has no float64 Conv or GridSample, so the check of
 # `optimize` cannot run such an original.
 MATRIX += [(f, False, 17, False, "float16") for f in DEFAULT]
+# Float16 exports that fail before opbridge is involved (strict: a fix elsewhere shows up here).
+_FLOAT16_BROKEN = {
+    "grounding_dino": "the original does not load in ORT: its text encoder's LayerNormalization mixes float16 "
+                      "and float32, so optimize cannot check the rewrite",
+    "mask2former": "the TorchScript exporter fails in float16 (tensor does not have a device)",
+    "oneformer_pixel_decoder": "the TorchScript exporter fails in float16 (tensor does not have a device)",
+}
+
+
+def _matrix_param(m):
+    if m[4] == "float16" and m[0] in _FLOAT16_BROKEN:
+        return pytest.param(*m, marks=pytest.mark.xfail(strict=True, reason=_FLOAT16_BROKEN[m[0]]))
+    return m
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family, dynamo, opset, dynamic, dtype", [
-    m for m in MATRIX if dict(dynamo=m[1], opset=m[2], dynamic=m[3]) != DEFAULT[m[0]] or m[4] != "float32"])
+    _matrix_param(m) for m in MATRIX
+    if dict(dynamo=m[1], opset=m[2], dynamic=m[3]) != DEFAULT[m[0]] or m[4] != "float32"])
 def test_matrix(tmp_path, family, dynamo, opset, dynamic, dtype):
     _case(tmp_path, family, dynamo=dynamo, opset=opset, dynamic=dynamic, dtype=dtype)
 

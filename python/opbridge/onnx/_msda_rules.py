@@ -1566,6 +1566,10 @@ def make_grid_samples_runnable(model: Any) -> int:
         name = out.name
         out.name = f"{name}/f32"
         result.name = name
+        # The output is float32 now: a float16 type inferred for it earlier would be written into
+        # the copy's value_info, which ORT checks against the kernel's (a float16 image).
+        result.shape, result.dtype = out.shape, x.dtype
+        out.dtype = f32
         for k, o in enumerate(graph.outputs):
             if o is out:
                 graph.outputs[k] = result
