@@ -182,6 +182,26 @@ def test_float16_torchscript_export_is_checked_against_the_original(tmp_path):
     assert "its GridSample nodes of types ORT lacks computed in float32" in text, text
 
 
+def test_level_sizes_with_floor_division_are_followed():
+    """The dynamo exporter's level sizes for a dynamic image: its symbolic dims write a conv's
+    output size as ((s0 - 1)//32) + 1, and the graph computes the same size with an integer Div.
+    Both must be one size, and the segments of the values (heads times all levels' positions,
+    each level h·w) must divide into them, or the chain is left alone (RT-DETR at opset 21)."""
+    P = _msda_rules._parse_dim_param
+    h, w = P("(((s100 - 1)//32)) + 1"), P("((s4 - 1)//32) + 1")
+    assert h == _msda_rules.floor_div(_msda_rules.Poly.leaf("p:s100") - _msda_rules.Poly.const(1), 32) + \
+        _msda_rules.Poly.const(1)
+    total = P("((((s100 - 1)//32)) + 1)*((((s4 - 1)//32)) + 1) + (2*(((s100 - 1)//32)) + 2)*(2*(((s4 - 1)//32)) + 2)"
+              " + (4*(((s100 - 1)//32)) + 4)*(4*(((s4 - 1)//32)) + 4)")
+    assert total == _msda_rules.Poly.const(21) * h * w
+    four = _msda_rules.Poly.const(4)
+    assert (four * total).div(total) == four  # heads times all positions, split
+    assert (_msda_rules.Poly.const(16) * h * w).div(four * h) == four * w  # one level's rows and columns
+    assert (h * h + w).div(h) is None  # not a multiple: left alone
+    assert P("(2*s0 + 2)//2") == _msda_rules.Poly.leaf("p:s0") + _msda_rules.Poly.const(1)  # exact
+    assert P("Max(s0, 3)").single_leaf() == "p:Max(s0, 3)"  # anything else: one size of its own
+
+
 MATRIX = [(f, dynamo, opset, dynamic, "float32") for f in DEFAULT
           for dynamo, opsets in ((False, (16, 17, 18, 19, 20)), (True, (18, 19, 20, 21)))
           for opset in opsets for dynamic in (False, True)]

@@ -128,7 +128,7 @@ class Poly:
         if other == self:
             return ONE
         if len(other.terms) != 1:
-            return None
+            return self._long_div(other)
         (ok, ov), = other.terms.items()
         if ov == 0:
             return None
@@ -143,6 +143,34 @@ class Poly:
                 return None
             out[tuple(rest)] = out.get(tuple(rest), 0) + v // ov
         return Poly(out)
+
+    def _long_div(self, other: "Poly") -> "Poly | None":
+        """self / other when exact, by long division on the largest monomial first (degree, then
+        names): sizes of levels computed with floor division are products of sums, e.g.
+        16·(1 + a)·(1 + b) / (4 + 4·a) = 4 + 4·b."""
+        if not other.terms:
+            return None
+
+        def lead(p: "Poly") -> tuple[Any, int]:
+            k = max(p.terms, key=lambda m: (len(m), m))
+            return k, p.terms[k]
+
+        ok, ov = lead(other)
+        rest, out = self, ZERO
+        for _ in range(64):  # the quotient's terms; sizes have a handful
+            if not rest.terms:
+                return out
+            k, v = lead(rest)
+            left = list(k)
+            for leaf in ok:
+                if leaf not in left:
+                    return None
+                left.remove(leaf)
+            if v % ov:
+                return None
+            t = Poly({tuple(left): v // ov})
+            out, rest = out + t, rest - t * other
+        return None
 
     def rename(self, alias: dict[Any, Any]) -> "Poly":
         """self with leaves replaced by the Polys ``alias`` gives for them."""
@@ -183,15 +211,82 @@ def _prod(polys: Iterable[Poly]) -> Poly:
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def floor_div(x: Poly, k: int) -> Poly:
+    """x // k for a size x >= 0 and a constant k > 0: exact where every coefficient divides,
+    else a leaf named by x and k, so that the same quotient computed in the graph (an integer Div
+    of sizes: truncation, which is floor for x >= 0) and written in a symbolic dim
+    ("((s0 - 1)//32) + 1", the dynamo exporter's conv output sizes) is one leaf."""
+    q = x.div(Poly.const(k))
+    return q if q is not None else Poly.leaf(f"floor(({x!r})/{k})")
+
+
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*()]))")
+
+
 def _parse_dim_param(s: str) -> Poly:
-    """torch's symbolic dims are written as names or simple sums of products ("2*s0", "s0*s1")."""
-    total = ZERO
-    for term in s.replace(" ", "").split("+"):
-        factors = term.split("*")
-        if not factors or any(not (f.isdigit() or _IDENT.match(f)) for f in factors):
+    """torch's symbolic dims: names, and sums, differences and products of them and integers, with
+    parentheses and floor division by an integer ("2*s0", "s0*s1", "((s0 - 1)//32) + 1"); anything
+    else is one leaf of its own."""
+    tokens: list[tuple[str, str]] = []
+    pos, text = 0, s.strip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
             return Poly.leaf("p:" + s)
-        total = total + _prod(Poly.const(int(f)) if f.isdigit() else Poly.leaf("p:" + f) for f in factors)
-    return total
+        tokens.append(("int", m.group(1)) if m.group(1) else ("name", m.group(2)) if m.group(2) else ("op", m.group(3)))
+        pos = m.end()
+    at = [0]
+
+    def peek() -> str | None:
+        return tokens[at[0]][1] if at[0] < len(tokens) else None
+
+    def expr() -> Poly:
+        out = term()
+        while peek() in ("+", "-"):
+            op = tokens[at[0]][1]
+            at[0] += 1
+            out = out + term() if op == "+" else out - term()
+        return out
+
+    def term() -> Poly:
+        out = factor()
+        while peek() in ("*", "//"):
+            op = tokens[at[0]][1]
+            at[0] += 1
+            rhs = factor()
+            if op == "*":
+                out = out * rhs
+            else:
+                k = rhs.value
+                if k is None or k <= 0:
+                    raise ValueError(s)
+                out = floor_div(out, k)
+        return out
+
+    def factor() -> Poly:
+        if at[0] >= len(tokens):
+            raise ValueError(s)
+        kind, tok = tokens[at[0]]
+        at[0] += 1
+        if kind == "int":
+            return Poly.const(int(tok))
+        if kind == "name":
+            return Poly.leaf("p:" + tok)
+        if tok == "-":
+            return -factor()
+        if tok == "(":
+            out = expr()
+            if peek() != ")":
+                raise ValueError(s)
+            at[0] += 1
+            return out
+        raise ValueError(s)
+
+    try:
+        out = expr()
+    except ValueError:
+        return Poly.leaf("p:" + s)
+    return out if at[0] == len(tokens) else Poly.leaf("p:" + s)
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,7 +412,9 @@ class _Sizes:
             text = getattr(d, "value", None)
             if isinstance(text, str) and text:
                 p = _parse_dim_param(text)
-                for leaf in (k for term in p.terms for k in term):
+                # A dim is where a leaf can be read only when it is that leaf: "2*s0" is not s0.
+                leaf = p.single_leaf()
+                if leaf is not None:
                     self.sources.setdefault(leaf, ("dim", value, i))
                 out.append(p)
                 continue
@@ -490,6 +587,11 @@ class _Sizes:
                     out.append(x * y)
                 else:
                     q = x.div(y)
+                    if q is None and y.is_const() and cast(int, y.value) > 0 and value.dtype is not None \
+                            and value.dtype.is_integer():
+                        q = floor_div(x, cast(int, y.value))
+                        if q.single_leaf() is not None:
+                            self.sources.setdefault(cast(str, q.single_leaf()), ("elem", value, len(out)))
                     if q is None:
                         return None
                     out.append(q)
@@ -1385,6 +1487,11 @@ def _make_rule_class() -> Any:
             self._sizes = _Sizes()
             try:
                 self._plan = _Analysis(self._sizes).run(mul, red, tail)
+                emitted = [p for h, w, st in self._plan.levels for p in (h, w, st)]
+                emitted += [self._plan.end] if self._plan.end is not None and not self._plan.covers_all else []
+                if any(leaf not in self._sizes.sources for p in emitted if not p.is_const()
+                       for term in p.terms for leaf in term):
+                    raise _Fail("a level's size is not one the graph computes (the node needs it at run time)")
             except _Fail as e:
                 reason = str(e)
                 if not self.tail and _feeds_from_grid_sample(mul):
