@@ -217,9 +217,17 @@ _FLOAT16_BROKEN = {
 }
 
 
+# The dynamo exporter writes the example's number of positions (256) as a constant into one of
+# Deformable DETR's Reshapes at opset 21 with a dynamic image: that chain is left alone ("cannot
+# tell what a Reshape's -1 stands for"), 2 of 3 are rewritten.
+_LEFT_ALONE = {("deformable_detr", True, 21, True): "one chain's Reshape holds the example's position count"}
+
+
 def _matrix_param(m):
     if m[4] == "float16" and m[0] in _FLOAT16_BROKEN:
         return pytest.param(*m, marks=pytest.mark.xfail(strict=True, reason=_FLOAT16_BROKEN[m[0]]))
+    if m[:4] in _LEFT_ALONE:
+        return pytest.param(*m, marks=pytest.mark.xfail(strict=True, reason=_LEFT_ALONE[m[:4]]))
     return m
 
 
