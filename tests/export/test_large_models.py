@@ -258,6 +258,7 @@ def test_deformable_detr_at_real_size_optimizes_in_bounded_memory(tmp_path):
     assert sum(n.op_type == "MultiScaleDeformableAttention" and n.domain == opbridge.DOMAIN for n in nodes) == 4
     assert not any(n.op_type == "GridSample" for n in nodes)
     _ort_matches(out_path, ref, rtol=1e-4)
+    shutil.rmtree(tmp_path / "opt")
 
 
 @pytest.mark.slow
