@@ -41,7 +41,7 @@ import time
 N_PARAMS = 64
 BLOCKS = 2
 KINDS = ("conv", "linear", "sliced_1d", "sliced_nd", "gathered", "viewed", "tied", "buffer", "folded")
-MODELS = ("matmuls", *KINDS, "mixed", "unet_sd15")
+MODELS = ("matmuls", *KINDS, "mixed", "unet_sd15", "deformable_detr")
 CHANNELS, GROUPS = 32, 8
 SEED = 0
 
@@ -207,12 +207,47 @@ def build_unet(seed: int = SEED, latent: int = 32):
     return Unet().eval(), inputs
 
 
+def build_deformable_detr(gb: float, seed: int = SEED):
+    """transformers' DeformableDetrForObjectDetection (random init) with feed-forward layers wide
+    enough for about ``gb`` of weights (d_model 256, 2 encoder + 2 decoder layers, 8 heads, 4 levels,
+    4 points: 4 deformable-attention modules), returning logits and boxes in one tensor; (image,)
+    of 1x3x96x128. Real-size in bytes, small in compute: 256 encoder positions, 10 queries."""
+    import torch
+    import transformers
+
+    d_model, layers = 256, 4
+    ffn = max(1024, int(gb * 1e9 / (layers * 2 * d_model * 4)) // 1024 * 1024)
+    backbone = transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 1, 1],
+                                         layer_type="basic", out_features=["stage2", "stage3", "stage4"])
+    cfg = transformers.DeformableDetrConfig(
+        backbone_config=backbone, use_timm_backbone=False, use_pretrained_backbone=False, d_model=d_model,
+        encoder_layers=layers // 2, decoder_layers=layers // 2, encoder_attention_heads=8, decoder_attention_heads=8,
+        encoder_ffn_dim=ffn, decoder_ffn_dim=ffn, num_queries=10, num_feature_levels=4, encoder_n_points=4,
+        decoder_n_points=4, num_labels=3)
+    torch.manual_seed(seed)
+    detr = transformers.DeformableDetrForObjectDetection(cfg).eval()
+
+    class Detector(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.detr = detr
+
+        def forward(self, pixel_values):
+            out = self.detr(pixel_values=pixel_values)
+            return torch.cat([out.logits, out.pred_boxes], dim=-1)
+
+    g = torch.Generator().manual_seed(seed + 1)
+    return Detector().eval(), (torch.randn(1, 3, 96, 128, generator=g),)
+
+
 def build_model(model: str, gb: float, dtype: str = "float32"):
     """Any of MODELS: (model, inputs). ``gb`` is ignored for unet_sd15 (its size is its own)."""
     if model == "matmuls":
         return build(gb, dtype)
     if dtype != "float32":
         raise ValueError(f"{model}: float32 only, got {dtype}")
+    if model == "deformable_detr":
+        return build_deformable_detr(gb)
     return build_unet() if model == "unet_sd15" else build_kind(model, gb)
 
 
@@ -252,6 +287,10 @@ def _export(args: argparse.Namespace) -> None:
         np.savez(os.path.join(args.reference, "inputs.npz"), *[as_np(t) for t in inputs])
         np.save(os.path.join(args.reference, "x.npy"), as_np(inputs[0]))
         np.save(os.path.join(args.reference, "y.npy"), as_np(y))
+    if args.model == "deformable_detr" and args.dynamo:
+        # transformers' torch._check calls become aten._is_all_true, which the dynamo exporter
+        # cannot export; transformers' own switch turns them off (read at call time).
+        os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
     start = time.perf_counter()
     if args.variant == "torch":
         torch.onnx.export(model, inputs, args.out, dynamo=bool(args.dynamo))

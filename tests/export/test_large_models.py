@@ -13,7 +13,8 @@ and every model written runs in ONNX Runtime and gives torch's output. The model
 whole by a Conv or a Linear, a 1-D or N-D parameter sliced, gathered, viewed, tied between layers,
 a buffer, a constant torch lifts and folds), at 1 GB (the 1-D slice at 2.24 GB); diffusers'
 UNet2DConditionModel at Stable Diffusion 1.5's size (3.44 GB); the 64-matmul model at 2.2 GB,
-both exporters. Those run with --run-slow. In the default suite: the model that mixes every kind,
+both exporters; transformers' Deformable DETR at 1.1 GB (optimize rewrites its deformable
+attention). Those run with --run-slow. In the default suite: the model that mixes every kind,
 at 0.45 GB, both exporters; and the same model through opbridge's steps instrumented
 (tests/helpers/large_model_probe.py): no step of ours reads a large tensor except to write it, once, and
 none grows the process by more than a small bound. All need the machine to themselves (the
@@ -219,6 +220,45 @@ def test_stable_diffusion_unet_at_real_size_in_bounded_memory(tmp_path):
     (3.44 GB of float32): dynamo export and optimize (its 61 GroupNorms)."""
     pytest.importorskip("diffusers")
     _bounded(tmp_path, "unet_sd15", 0, min_group_norms=61, rtol=1e-3)
+
+
+DETR_GB = 1.1
+
+
+@pytest.mark.slow
+@pytest.mark.serial
+def test_deformable_detr_at_real_size_optimizes_in_bounded_memory(tmp_path):
+    """A plain dynamo export (external data) of transformers' Deformable DETR with 1.1 GB of
+    weights (_large_model.build_deformable_detr: 4 deformable-attention modules): optimize rewrites
+    every attention chain within 2 G + 1.5 GB, leaves no GridSample, and gives torch's output."""
+    pytest.importorskip("transformers")
+    from opbridge.onnx._msda_rules import LABEL
+
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    plain_dir = tmp_path / "plain"
+    plain_dir.mkdir()
+    plain_path = str(plain_dir / "m.onnx")
+    plain = _run(L.export_argv(DETR_GB, "torch", True, plain_path, model="deformable_detr", reference=str(ref)),
+                 "torch dynamo")
+    g = plain.json()["state_bytes"]
+    assert g >= 1.0 * GB
+    assert sorted(os.listdir(plain_dir)) == ["m.onnx", "m.onnx.data"]
+    budget = int(2 * g + OPTIMIZE_SLACK)
+    out_path = str(tmp_path / "opt" / "m.onnx")
+    opt = _run(L.optimize_argv(plain_path, out_path, "--max-memory", str(budget), "--json"), "opbridge optimize")
+    report = (f"Deformable DETR optimize, G {g / GB:.2f} GB: {opt.peak_bytes / GB:.2f} GB {opt.wall_s:.1f} s "
+              f"(budget {budget / GB:.2f} GB); plain export {plain.peak_bytes / GB:.2f} GB {plain.wall_s:.1f} s")
+    print(report)
+    assert opt.peak_bytes <= budget, report
+    doc = json.loads(opt.stdout)
+    assert doc["ok"] and doc["rewritten"].get(LABEL) == 4, doc
+    shutil.rmtree(plain_dir)
+    nodes = onnx.load(out_path, load_external_data=False).graph.node
+    assert sum(n.op_type == "MultiScaleDeformableAttention" and n.domain == opbridge.DOMAIN for n in nodes) == 4
+    assert not any(n.op_type == "GridSample" for n in nodes)
+    _ort_matches(out_path, ref, rtol=1e-4)
+    shutil.rmtree(tmp_path / "opt")
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import os
 import sys
 import warnings
@@ -173,17 +174,67 @@ def test_each_family_is_rewritten(tmp_path, family):
     _case(tmp_path, family, **DEFAULT[family])
 
 
+def test_float16_torchscript_export_is_checked_against_the_original(tmp_path):
+    """transformers' models exported by the TorchScript exporter in float16 sample a float16 image
+    with a float64 grid, which ORT has no kernel for: the check runs a copy of the original with
+    those GridSamples in float32 (as torch computes them), and the rewrite is written."""
+    _, text = _case(tmp_path, "deformable_detr", dynamo=False, opset=17, dynamic=False, dtype="float16")
+    assert "its GridSample nodes of types ORT lacks computed in float32" in text, text
+
+
+def test_level_sizes_with_floor_division_are_followed():
+    """The dynamo exporter's level sizes for a dynamic image: its symbolic dims write a conv's
+    output size as ((s0 - 1)//32) + 1, and the graph computes the same size with an integer Div.
+    Both must be one size, and the segments of the values (heads times all levels' positions,
+    each level h·w) must divide into them, or the chain is left alone (RT-DETR at opset 21)."""
+    P = _msda_rules._parse_dim_param
+    h, w = P("(((s100 - 1)//32)) + 1"), P("((s4 - 1)//32) + 1")
+    assert h == _msda_rules.floor_div(_msda_rules.Poly.leaf("p:s100") - _msda_rules.Poly.const(1), 32) + \
+        _msda_rules.Poly.const(1)
+    total = P("((((s100 - 1)//32)) + 1)*((((s4 - 1)//32)) + 1) + (2*(((s100 - 1)//32)) + 2)*(2*(((s4 - 1)//32)) + 2)"
+              " + (4*(((s100 - 1)//32)) + 4)*(4*(((s4 - 1)//32)) + 4)")
+    assert total == _msda_rules.Poly.const(21) * h * w
+    four = _msda_rules.Poly.const(4)
+    assert (four * total).div(total) == four  # heads times all positions, split
+    assert (_msda_rules.Poly.const(16) * h * w).div(four * h) == four * w  # one level's rows and columns
+    assert (h * h + w).div(h) is None  # not a multiple: left alone
+    assert P("(2*s0 + 2)//2") == _msda_rules.Poly.leaf("p:s0") + _msda_rules.Poly.const(1)  # exact
+    assert P("Max(s0, 3)").single_leaf() == "p:Max(s0, 3)"  # anything else: one size of its own
+
+
 MATRIX = [(f, dynamo, opset, dynamic, "float32") for f in DEFAULT
           for dynamo, opsets in ((False, (16, 17, 18, 19, 20)), (True, (18, 19, 20, 21)))
           for opset in opsets for dynamic in (False, True)]
 # float16 too; not float64: ORT's CPU provider has no float64 Conv or GridSample, so the check of
 # `optimize` cannot run such an original.
 MATRIX += [(f, False, 17, False, "float16") for f in DEFAULT]
+# Float16 exports that fail before opbridge is involved (strict: a fix elsewhere shows up here).
+_FLOAT16_BROKEN = {
+    "grounding_dino": "the original does not load in ORT: its text encoder's LayerNormalization mixes float16 "
+                      "and float32, so optimize cannot check the rewrite",
+    "mask2former": "the TorchScript exporter fails in float16 (tensor does not have a device)",
+    "oneformer_pixel_decoder": "the TorchScript exporter fails in float16 (tensor does not have a device)",
+}
+
+
+# The dynamo exporter writes the example's number of positions (256) as a constant into one of
+# Deformable DETR's Reshapes at opset 21 with a dynamic image: that chain is left alone ("cannot
+# tell what a Reshape's -1 stands for"), 2 of 3 are rewritten.
+_LEFT_ALONE = {("deformable_detr", True, 21, True): "one chain's Reshape holds the example's position count"}
+
+
+def _matrix_param(m):
+    if m[4] == "float16" and m[0] in _FLOAT16_BROKEN:
+        return pytest.param(*m, marks=pytest.mark.xfail(strict=True, reason=_FLOAT16_BROKEN[m[0]]))
+    if m[:4] in _LEFT_ALONE:
+        return pytest.param(*m, marks=pytest.mark.xfail(strict=True, reason=_LEFT_ALONE[m[:4]]))
+    return m
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family, dynamo, opset, dynamic, dtype", [
-    m for m in MATRIX if dict(dynamo=m[1], opset=m[2], dynamic=m[3]) != DEFAULT[m[0]] or m[4] != "float32"])
+    _matrix_param(m) for m in MATRIX
+    if dict(dynamo=m[1], opset=m[2], dynamic=m[3]) != DEFAULT[m[0]] or m[4] != "float32"])
 def test_matrix(tmp_path, family, dynamo, opset, dynamic, dtype):
     _case(tmp_path, family, dynamo=dynamo, opset=opset, dynamic=dynamic, dtype=dtype)
 
@@ -220,14 +271,21 @@ def _chain(value, sampling_locations, attention_weights, *, mode="bilinear", pad
     return out.view(bs, heads * dims, queries).transpose(1, 2).contiguous()
 
 
+# Each near-miss with what its reason must say: the node that differs (by its name in the
+# exported graph) and how.
 NEAR_MISSES = {
-    "nearest": (dict(mode="nearest"), "GridSample"),
-    "border padding": (dict(padding_mode="border"), "GridSample"),
-    "align_corners": (dict(align_corners=True), "align_corners"),
-    "another affine map": (dict(grid=lambda x: 2 * x - 0.5), "not 2·x − 1"),
-    "weights in another layout": (dict(weights_layout="points first"), "not laid out like the samples"),
-    "sum over the queries": (dict(reduce_dim=2), "not over the levels and points"),
-    "levels paired with other levels' locations": (dict(swap_levels=True), _msda_rules.NOT_REWRITTEN),
+    "nearest": (dict(mode="nearest"), "GridSample mode='nearest' (the op interpolates bilinearly)"),
+    "border padding": (dict(padding_mode="border"), "GridSample padding_mode='border' (the op reads zeros"),
+    "align_corners": (dict(align_corners=True), "GridSample align_corners=1 (the op samples pixel centres"),
+    "another affine map": (dict(grid=lambda x: 2 * x - 0.5),
+                           "the grid of GridSample '/GridSample' is 2·x − 0.5 of the locations, not 2·x − 1"),
+    "weights in another layout": (dict(weights_layout="points first"),
+                                  "the attention weights of Mul '/Mul_1' are not laid out like the samples they "
+                                  "weigh (an axis (points, levels) against the samples' (levels, points))"),
+    "sum over the queries": (dict(reduce_dim=2),
+                             "ReduceSum '/ReduceSum' sums over (queries), not over the levels and points"),
+    "levels paired with other levels' locations": (
+        dict(swap_levels=True), "level 0 of the values is sampled with another level of the locations"),
 }
 
 
@@ -294,7 +352,7 @@ def test_the_unchanged_chain_is_rewritten(tmp_path, rng):
 
 
 @pytest.mark.parametrize("case", list(NEAR_MISSES))
-def test_near_misses_are_left_alone_with_the_reason(tmp_path, rng, case):
+def test_near_misses_are_left_alone_with_the_reason(tmp_path, rng, capsys, case):
     kw, reason = NEAR_MISSES[case]
     inputs = _attention_inputs(rng)
     src, dst = str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx")
@@ -305,9 +363,22 @@ def test_near_misses_are_left_alone_with_the_reason(tmp_path, rng, case):
     assert report.ok, text
     assert not report.result.counts.get(_msda_rules.LABEL), text
     notes = [s for s in report.result.skipped if _msda_rules.NOT_REWRITTEN in s]
-    assert notes, text
+    # One note per GridSample, each naming its node, then the reason.
+    grid_samples = [n.name for n in onnx.load(src).graph.node if n.op_type == "GridSample"]
+    assert len(grid_samples) == len(LEVELS) and all(grid_samples)
+    assert sorted(s.split(": ")[0] for s in notes) == sorted(f"GridSample {g!r}" for g in grid_samples), notes
     assert all(reason in s for s in notes), notes
     assert _grid_samples(dst) == _grid_samples(src) == len(LEVELS)
+    # The command says the same: in its text with -v, and in --json's left_unchanged.
+    from opbridge.cli import main
+
+    capsys.readouterr()
+    assert main(["optimize", "-v", src, str(tmp_path / "c.onnx")]) == 0
+    cli_text = capsys.readouterr().out
+    assert all(s in cli_text for s in notes), cli_text
+    assert main(["optimize", "--json", src, str(tmp_path / "d.onnx")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [s for s in doc["left_unchanged"] if _msda_rules.NOT_REWRITTEN in s] == notes, doc
     fresh = dict(zip(names, _attention_inputs(np.random.default_rng(7))))
     want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, fresh)[0]
     got = opbridge.InferenceSession(dst).run(None, fresh)[0]

@@ -128,7 +128,7 @@ class Poly:
         if other == self:
             return ONE
         if len(other.terms) != 1:
-            return None
+            return self._long_div(other)
         (ok, ov), = other.terms.items()
         if ov == 0:
             return None
@@ -143,6 +143,34 @@ class Poly:
                 return None
             out[tuple(rest)] = out.get(tuple(rest), 0) + v // ov
         return Poly(out)
+
+    def _long_div(self, other: "Poly") -> "Poly | None":
+        """self / other when exact, by long division on the largest monomial first (degree, then
+        names): sizes of levels computed with floor division are products of sums, e.g.
+        16·(1 + a)·(1 + b) / (4 + 4·a) = 4 + 4·b."""
+        if not other.terms:
+            return None
+
+        def lead(p: "Poly") -> tuple[Any, int]:
+            k = max(p.terms, key=lambda m: (len(m), m))
+            return k, p.terms[k]
+
+        ok, ov = lead(other)
+        rest, out = self, ZERO
+        for _ in range(64):  # the quotient's terms; sizes have a handful
+            if not rest.terms:
+                return out
+            k, v = lead(rest)
+            left = list(k)
+            for leaf in ok:
+                if leaf not in left:
+                    return None
+                left.remove(leaf)
+            if v % ov:
+                return None
+            t = Poly({tuple(left): v // ov})
+            out, rest = out + t, rest - t * other
+        return None
 
     def rename(self, alias: dict[Any, Any]) -> "Poly":
         """self with leaves replaced by the Polys ``alias`` gives for them."""
@@ -183,15 +211,82 @@ def _prod(polys: Iterable[Poly]) -> Poly:
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+def floor_div(x: Poly, k: int) -> Poly:
+    """x // k for a size x >= 0 and a constant k > 0: exact where every coefficient divides,
+    else a leaf named by x and k, so that the same quotient computed in the graph (an integer Div
+    of sizes: truncation, which is floor for x >= 0) and written in a symbolic dim
+    ("((s0 - 1)//32) + 1", the dynamo exporter's conv output sizes) is one leaf."""
+    q = x.div(Poly.const(k))
+    return q if q is not None else Poly.leaf(f"floor(({x!r})/{k})")
+
+
+_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*()]))")
+
+
 def _parse_dim_param(s: str) -> Poly:
-    """torch's symbolic dims are written as names or simple sums of products ("2*s0", "s0*s1")."""
-    total = ZERO
-    for term in s.replace(" ", "").split("+"):
-        factors = term.split("*")
-        if not factors or any(not (f.isdigit() or _IDENT.match(f)) for f in factors):
+    """torch's symbolic dims: names, and sums, differences and products of them and integers, with
+    parentheses and floor division by an integer ("2*s0", "s0*s1", "((s0 - 1)//32) + 1"); anything
+    else is one leaf of its own."""
+    tokens: list[tuple[str, str]] = []
+    pos, text = 0, s.strip()
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
             return Poly.leaf("p:" + s)
-        total = total + _prod(Poly.const(int(f)) if f.isdigit() else Poly.leaf("p:" + f) for f in factors)
-    return total
+        tokens.append(("int", m.group(1)) if m.group(1) else ("name", m.group(2)) if m.group(2) else ("op", m.group(3)))
+        pos = m.end()
+    at = [0]
+
+    def peek() -> str | None:
+        return tokens[at[0]][1] if at[0] < len(tokens) else None
+
+    def expr() -> Poly:
+        out = term()
+        while peek() in ("+", "-"):
+            op = tokens[at[0]][1]
+            at[0] += 1
+            out = out + term() if op == "+" else out - term()
+        return out
+
+    def term() -> Poly:
+        out = factor()
+        while peek() in ("*", "//"):
+            op = tokens[at[0]][1]
+            at[0] += 1
+            rhs = factor()
+            if op == "*":
+                out = out * rhs
+            else:
+                k = rhs.value
+                if k is None or k <= 0:
+                    raise ValueError(s)
+                out = floor_div(out, k)
+        return out
+
+    def factor() -> Poly:
+        if at[0] >= len(tokens):
+            raise ValueError(s)
+        kind, tok = tokens[at[0]]
+        at[0] += 1
+        if kind == "int":
+            return Poly.const(int(tok))
+        if kind == "name":
+            return Poly.leaf("p:" + tok)
+        if tok == "-":
+            return -factor()
+        if tok == "(":
+            out = expr()
+            if peek() != ")":
+                raise ValueError(s)
+            at[0] += 1
+            return out
+        raise ValueError(s)
+
+    try:
+        out = expr()
+    except ValueError:
+        return Poly.leaf("p:" + s)
+    return out if at[0] == len(tokens) else Poly.leaf("p:" + s)
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,7 +412,9 @@ class _Sizes:
             text = getattr(d, "value", None)
             if isinstance(text, str) and text:
                 p = _parse_dim_param(text)
-                for leaf in (k for term in p.terms for k in term):
+                # A dim is where a leaf can be read only when it is that leaf: "2*s0" is not s0.
+                leaf = p.single_leaf()
+                if leaf is not None:
                     self.sources.setdefault(leaf, ("dim", value, i))
                 out.append(p)
                 continue
@@ -490,6 +587,11 @@ class _Sizes:
                     out.append(x * y)
                 else:
                     q = x.div(y)
+                    if q is None and y.is_const() and cast(int, y.value) > 0 and value.dtype is not None \
+                            and value.dtype.is_integer():
+                        q = floor_div(x, cast(int, y.value))
+                        if q.single_leaf() is not None:
+                            self.sources.setdefault(cast(str, q.single_leaf()), ("elem", value, len(out)))
                     if q is None:
                         return None
                     out.append(q)
@@ -760,6 +862,16 @@ def _affine(node: Any, info: _Info) -> _Info | None:
     return None if new is None else dataclasses.replace(info, tags=dict(info.tags), affine=new)
 
 
+def _path_affine(chain: list[tuple[Any, Any]]) -> tuple[float, float]:
+    """The scalar affine map a _back chain applies from its far end to its start: a reason names
+    the map from the locations, whichever candidate source was tried."""
+    info = _Info(axes=())
+    for _, node in reversed(chain):
+        if node is not None and node.op_type in _AFFINE:
+            info = _affine(node, info) or info
+    return info.affine
+
+
 def _affine_operand(node: Any) -> Any:
     """The non-constant operand of an affine node."""
     c0 = _const(node.inputs[0])
@@ -808,6 +920,19 @@ _ROLE = {"C.0": "m", "C.1": "d", "MLP.0": "m", "MLP.1": "LP", "LP.0": "l", "LP.1
 
 def _role(name: str) -> str:
     return _ROLE.get(name, name)
+
+
+# The factors' names in the reasons a chain is left alone.
+_WORDS = {"n": "batch", "S": "positions", "m": "heads", "d": "channels", "q": "queries", "l": "levels",
+          "p": "points", "c": "coordinates", "LP": "levels·points"}
+
+
+def _words(roles: Iterable[Any]) -> str:
+    return "(" + ", ".join(_WORDS.get(r, str(r)) for r in roles) + ")"
+
+
+def _affine_text(a: float, b: float) -> str:
+    return f"{a:g}·x {'−' if b < 0 else '+'} {abs(b):g}"
 
 
 def _roles(axis: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -870,12 +995,16 @@ class _Analysis:
                         return self._verify(vsrc, lsrc, wsrc, vchains, lchains, wchain, grids, samples,
                                             reduce_node, tail)
                     except _Fail as e:
-                        if self.stage > best[0]:
+                        # Of equally far candidates the last, whose sources lie furthest back:
+                        # its reason is about the whole chain (the grid's affine map from the
+                        # locations, not from a value half-way).
+                        if self.stage >= best[0]:
                             best = (self.stage, str(e))
         raise _Fail(best[1])
 
     def _verify(self, vsrc: Any, lsrc: Any, wsrc: Any, vchains: Any, lchains: Any, wchain: Any, grids: Any,
                 samples: Any, reduce_node: Any, tail: Any) -> _Plan:
+        mul = reduce_node.inputs[0].producer()
         sizes = self.sizes
         sizes.reset()
         tr = _Tracker(sizes)
@@ -904,7 +1033,8 @@ class _Analysis:
             if x.affine != (1.0, 0.0) or len(x.axes) != 4:
                 raise _Fail("a GridSample's image is not (N·M, D, H, W) of the values")
             if grid.affine != (2.0, -1.0):
-                raise _Fail(f"the grid is {grid.affine[0]:g}·x + {grid.affine[1]:g} of the locations, not 2·x − 1")
+                a, b = _path_affine(lch)
+                raise _Fail(f"the grid of {_label(g)} is {_affine_text(a, b)} of the locations, not 2·x − 1")
             if len(grid.axes) != 4:
                 raise _Fail("a GridSample's grid is not 4-D")
             if _roles(x.axes[0]) not in (("n", "m"), ("m",)) or _roles(x.axes[1]) != ("d",):
@@ -920,15 +1050,16 @@ class _Analysis:
             sizes.layouts[id(g.outputs[0])] = out
             outs.append(out)
         role_sizes = self._role_sizes(tr)
-        levels, covers, end = self._levels(levels_of, role_sizes)
         self.stage = max(self.stage, 4)
-        combined = self._combine(tr, grids, outs, samples)
+        levels, covers, end = self._levels(levels_of, role_sizes)
         self.stage = max(self.stage, 5)
-        wi = self._follow(tr, wsrc.value, winfo, wchain, affine=False)
-        prod = _mul(combined, wi)
+        combined = self._combine(tr, grids, outs, samples)
         self.stage = max(self.stage, 6)
-        info = self._reduce(reduce_node, prod, role_sizes)
+        wi = self._follow(tr, wsrc.value, winfo, wchain, affine=False)
+        prod = _mul(combined, wi, mul)
         self.stage = max(self.stage, 7)
+        info = self._reduce(reduce_node, prod, role_sizes)
+        self.stage = max(self.stage, 8)
         sizes.layouts[id(reduce_node.outputs[0])] = info
         for node in tail:
             info = tr.apply(node, info, 0)
@@ -984,7 +1115,8 @@ class _Analysis:
             role = _role(atom.name)
             if role in ("m", "d", "l", "p", "c", "LP") and atom.size.value is not None:
                 if out.get(role, atom.size.value) != atom.size.value:
-                    raise _Fail(f"the size of {role} differs between the values, locations and weights")
+                    raise _Fail(f"the number of {_WORDS.get(role, role)} differs between the values, locations and "
+                                "weights")
                 out[role] = atom.size.value
 
         for atom in tr.source_atoms:
@@ -1103,7 +1235,8 @@ class _Analysis:
         reduced = sorted(role for a in ax for role in _expand_lp(_roles(info.axes[a])))
         required = sorted(x for x in ("l", "p") if sizes.get("L" if x == "l" else "p", 1) > 1)
         if reduced != required:
-            raise _Fail(f"the sum runs over {reduced or 'nothing'}, not over the levels and points")
+            raise _Fail(f"{_label(node)} sums over {_words(reduced) if reduced else 'nothing'}, not over the "
+                        "levels and points")
         keep = _attr_int(node, "keepdims", 1)
         axes = [(() if i in ax else a) for i, a in enumerate(info.axes)] if keep else \
             [a for i, a in enumerate(info.axes) if i not in ax]
@@ -1195,7 +1328,7 @@ def _points_cut(tr: "_Tracker", axis: tuple[Any, ...], tags: dict[Any, Any]) -> 
     return None
 
 
-def _mul(s: _Info, w: _Info) -> _Info:
+def _mul(s: _Info, w: _Info, node: Any) -> _Info:
     r = max(len(s.axes), len(w.axes))
     sa = ((),) * (r - len(s.axes)) + tuple(s.axes)
     wa = ((),) * (r - len(w.axes)) + tuple(w.axes)
@@ -1205,8 +1338,8 @@ def _mul(s: _Info, w: _Info) -> _Info:
         rx, ry = _expand_lp(_roles(x)), _expand_lp(_roles(y))
         if _same_roles(rx, ry) or (not ry and rx == ("d",)):
             continue
-        raise _Fail("the attention weights are not laid out like the samples they weigh "
-                    f"(axis {list(ry)} against {list(rx)})")
+        raise _Fail(f"the attention weights of {_label(node)} are not laid out like the samples they weigh "
+                    f"(an axis {_words(ry)} against the samples' {_words(rx)})")
     return _Info(axes=sa)
 
 
@@ -1354,6 +1487,11 @@ def _make_rule_class() -> Any:
             self._sizes = _Sizes()
             try:
                 self._plan = _Analysis(self._sizes).run(mul, red, tail)
+                emitted = [p for h, w, st in self._plan.levels for p in (h, w, st)]
+                emitted += [self._plan.end] if self._plan.end is not None and not self._plan.covers_all else []
+                if any(leaf not in self._sizes.sources for p in emitted if not p.is_const()
+                       for term in p.terms for leaf in term):
+                    raise _Fail("a level's size is not one the graph computes (the node needs it at run time)")
             except _Fail as e:
                 reason = str(e)
                 if not self.tail and _feeds_from_grid_sample(mul):
@@ -1535,6 +1673,10 @@ def make_grid_samples_runnable(model: Any) -> int:
         name = out.name
         out.name = f"{name}/f32"
         result.name = name
+        # The output is float32 now: a float16 type inferred for it earlier would be written into
+        # the copy's value_info, which ORT checks against the kernel's (a float16 image).
+        result.shape, result.dtype = out.shape, x.dtype
+        out.dtype = f32
         for k, o in enumerate(graph.outputs):
             if o is out:
                 graph.outputs[k] = result
