@@ -39,12 +39,12 @@ from typing import Any, Iterator, Mapping, Sequence, TextIO
 import numpy as np
 
 from . import _memory
+from ._library import DOMAIN, MS_DOMAIN
 from ._ort import import_onnxruntime
 from .onnx import _reader
 
 from .onnx._external_data import (AUTO_EXTERNAL_BYTES, EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, WriteError,
                                    data_file_name, tensor_bytes, writing)
-from .onnx._group_norm_fusion import DOMAIN, MS_DOMAIN, _ir
 from .onnx._rewrite import RewriteResult, rewrite_model
 
 
@@ -194,7 +194,8 @@ def _inline_tensors(proto: Any) -> Iterator[Any]:
 
 
 def uses_external_data(model: Any) -> bool:
-    ir = _ir()
+    import onnx_ir as ir
+
     for graph in (model.graph, *model.graph.subgraphs()):
         for value in graph.initializers.values():
             if isinstance(value.const_value, ir.ExternalTensor):
@@ -210,7 +211,8 @@ def save(model: Any, path: str, external: bool) -> None:
     """Writes ``model`` to ``path``; with ``external``, tensors > 1 KiB go to data_file_name(path)
     in the same folder (large ones 64 KiB-aligned so that ONNX Runtime can memory-map them),
     written one tensor at a time from where they are (the input's data file, memory-mapped)."""
-    ir = _ir()
+    import onnx_ir as ir
+
     path = os.fspath(path)
     if external:
         ir.save(model, path, external_data=data_file_name(path), size_threshold_bytes=EXTERNAL_THRESHOLD,

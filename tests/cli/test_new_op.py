@@ -17,7 +17,7 @@ import pytest
 import opbridge
 from opbridge._newop import new_op, pascal
 from opbridge.cli import main as cli_main
-from helpers.scaffold_helpers import pip_install, run_project_tests, run_python
+from helpers.scaffold_helpers import pip_install, run_project_tests, run_python, run_readme_block
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -239,15 +239,12 @@ def test_index_output_scaffold(tmp_path, pytestconfig):
     pip_install(project, tmp_path / "site", tmp_path / "build")
     out = run_project_tests(project, tmp_path / "site")
     assert re.search(r"\b4 passed\b", out), out
-    (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
-    check = ("import numpy as np\n"
-             "assert peak_ort.dtype == np.int64 and not y[1].requires_grad\n"
-             "np.testing.assert_array_equal(peak_ort, y[1].numpy())\n"
-             "np.testing.assert_array_equal(y[1].numpy(), (x * weight).numpy().argmax(0))\n"
-             "print('same result')\n")
-    (tmp_path / "example.py").write_text(block + check)
-    out = run_python([tmp_path / "example.py"], tmp_path / "site", tmp_path)
-    assert "same result" in out.stdout, out.stdout + out.stderr
+    run_readme_block(project, tmp_path / "site", tmp_path, check=(
+        "import numpy as np\n"
+        "assert peak_ort.dtype == np.int64 and not y[1].requires_grad\n"
+        "np.testing.assert_array_equal(peak_ort, y[1].numpy())\n"
+        "np.testing.assert_array_equal(y[1].numpy(), (x * weight).numpy().argmax(0))\n"
+        "print('same result')\n"))
     # The op function's return type (a pair) type-checks too.
     _mypy_passes(project, pytestconfig)
 
@@ -266,15 +263,12 @@ def _mypy_passes(project, pytestconfig):
 def test_generated_readme_example_runs(built, tmp_path):
     # The README's Python block, as a user copies it: torch op, export, ONNX Runtime.
     project, site = built
-    (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
     # ... and ORT's result is the op's (the block's own names; y = x * weight, alpha 1).
-    check = ("import numpy as np\n"
-             "np.testing.assert_allclose(y.numpy(), x.numpy() * weight.numpy(), rtol=1e-6)\n"
-             "np.testing.assert_allclose(y_ort, y.numpy(), rtol=1e-6, atol=1e-7)\n"
-             "print('same result')\n")
-    (tmp_path / "example.py").write_text(block + check)
-    out = run_python([tmp_path / "example.py"], site, tmp_path)
-    assert "same result" in out.stdout, out.stdout + out.stderr
+    run_readme_block(project, site, tmp_path, check=(
+        "import numpy as np\n"
+        "np.testing.assert_allclose(y.numpy(), x.numpy() * weight.numpy(), rtol=1e-6)\n"
+        "np.testing.assert_allclose(y_ort, y.numpy(), rtol=1e-6, atol=1e-7)\n"
+        "print('same result')\n"))
 
 
 def test_opbridge_check_discovers_the_library(built, tmp_path):

@@ -5,7 +5,6 @@ mirrored by the fake kernel for what shapes alone show), never a crash or an out
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
