@@ -43,6 +43,7 @@ from ._library import DOMAIN, MS_DOMAIN
 from ._ort import import_onnxruntime
 from .onnx import _reader
 
+from .onnx._declared_export import model_problems
 from .onnx._external_data import (AUTO_EXTERNAL_BYTES, EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, WriteError,
                                    data_file_name, tensor_bytes, writing)
 from .onnx._rewrite import RewriteResult, rewrite_model
@@ -494,13 +495,20 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
     preflight(input_path, output_path, max_memory)
     start = time.perf_counter()
     print(f"opbridge optimize: {input_path} -> {output_path}", file=out)
-    # A file the reader refuses is exit status 2, as in `opbridge check`; a graph that is read but
-    # malformed fails like a model ONNX Runtime cannot load (check's verdict for it): status 1.
+    # A file the reader refuses is exit status 2, as in `opbridge check`. A model whose nodes of our
+    # (or a registered library's) ops do not fit those ops is refused as `opbridge check` and
+    # InferenceSession refuse it (written unchanged, it would only fail later), and a graph that is
+    # read but malformed fails like a model ONNX Runtime cannot load (check's verdict): status 1.
+    proto = _reader.read_graph(input_path)
+    problems = model_problems(proto)
+    if problems:
+        return _not_written(report, f"{_reader.INVALID_MODEL} " + "; ".join(problems), output_path, out)
     try:
-        model = load(input_path)
+        model = _reader.to_ir(proto, input_path)
     except _reader.MalformedGraph as e:
         return _not_written(report, f"cannot rewrite {input_path}: its graph is malformed "
                                     f"({_reader.short(e.__cause__ or e)})", output_path, out)
+    del proto
     external = uses_external_data(model)
     check_memory(input_path, tensor_bytes(model), external, max_memory)  # exact now
     external = external or tensor_bytes(model) > AUTO_EXTERNAL_BYTES
