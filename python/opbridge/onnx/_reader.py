@@ -124,7 +124,7 @@ def read_graph(path: str | os.PathLike[str]) -> onnx.ModelProto:
     if not stat.S_ISREG(st.st_mode):
         raise UnreadableModel(f"cannot read {path}: it is not a regular file")
     if st.st_size == 0:
-        raise UnreadableModel(f"cannot read {path}: the file is empty, not an ONNX model")
+        raise UnreadableModel(f"cannot read {path}: it is not an ONNX model (the file is empty)")
     try:
         proto = onnx.load(path, load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, TypeError, RecursionError, MemoryError) as e:
