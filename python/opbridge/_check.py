@@ -2,8 +2,9 @@
 
 Lists every (domain, op type) the model uses and who provides it (opbridge's library, stock ONNX
 Runtime, a model-local function), then runs the model once on random inputs of its declared
-shapes. Exit status: 0 all provided and the run succeeded; 1 something is missing or the model
-failed to load or run; 2 the file could not be read. Needs onnx and onnxruntime, not torch.
+shapes. Exit status: 0 all provided and the run succeeded; 1 something is missing, the model's
+nodes do not fit their ops, or the model failed to load or run; 2 the file could not be read.
+Needs onnx and onnxruntime, not torch.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -57,6 +59,12 @@ class OpUse:
     count: int = 0
     provider: str = ""  # who runs it; "" when nobody here does
     note: str = ""
+    nodes: list[str] = field(default_factory=list)  # the names of its nodes
+
+    def named(self) -> str:
+        """The name, with the node names (the first three) in the messages about it."""
+        shown = ", ".join(repr(n) for n in self.nodes[:3]) + (", ..." if len(self.nodes) > 3 else "")
+        return f"{self.name} (node{'s' if len(self.nodes) > 1 else ''} {shown})" if self.nodes else self.name
 
     @property
     def name(self) -> str:
@@ -109,7 +117,10 @@ def classify(model: Any, providers: Sequence[str], stock: bool = False) -> list[
         nodes.extend(fn.node)
     for node in nodes:
         key = ("" if node.domain == "ai.onnx" else node.domain, node.op_type)
-        uses.setdefault(key, OpUse(*key)).count += 1
+        use = uses.setdefault(key, OpUse(*key))
+        use.count += 1
+        if node.name:
+            use.nodes.append(node.name)
 
     local = {(f.domain, f.name) for f in model.functions}
     kernels = _ort_kernels(providers)
@@ -208,7 +219,8 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
     from ._version import __version__
     from ._discovery import _discover
     from ._op_library import register_library
-    from ._session import InferenceSession
+    from ._session import session_options
+    from .onnx._reader import INVALID_MODEL
 
     skipped = []
     if not stock:
@@ -227,7 +239,7 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
     report = Report(ops=classify(model, providers, stock=stock), skipped=skipped)
     log.info("ops and who provides them: %.3f s", time.perf_counter() - start)
     report.missing = [u for u in report.ops if not u.provider]
-    problems = [] if stock else _attribute_problems(model)
+    problems = [] if stock else _model_problems(model)
 
     opsets = ", ".join(f"{o.domain or 'ai.onnx'} {o.version}" for o in model.opset_import)
     print(f"model        {os.fspath(path)}", file=out)
@@ -244,7 +256,7 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
         print(f"  {u.name:{width}s} x{u.count:<4d} {who}{note}", file=out)
 
     if report.missing:
-        names = ", ".join(u.name for u in report.missing)
+        names = ", ".join(u.named() for u in report.missing)
         print(f"\nFAILED: no implementation here for {names}.", file=out)
         domains = sorted({u.domain for u in report.missing if u.domain not in (DOMAIN, *_STANDARD_DOMAINS)
                           and not u.note.startswith("misdeclared")})
@@ -261,10 +273,11 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
         print("  The model was not run.", file=out)
         return report
     if problems:
-        report.error = "; ".join(problems)
-        print("\nFAILED: attributes ONNX Runtime would silently ignore:", file=out)
+        report.error = f"{INVALID_MODEL} " + "; ".join(problems)
+        print(f"\nFAILED: {INVALID_MODEL}", file=out)
         for p in problems:
             print(f"  {p}", file=out)
+        print("  The model was not run.", file=out)
         return report
     if not run:
         report.ran = True
@@ -272,13 +285,16 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
         return report
 
     start = time.perf_counter()
+    so = ort.SessionOptions()
+    if not log.isEnabledFor(logging.INFO):
+        # A failure is reported below in full; ONNX Runtime's own log line would repeat it (at -v it stays).
+        so.log_severity_level = 4
     try:
-        if stock:
-            session = ort.InferenceSession(os.fspath(path), providers=providers)
-        else:
-            session = InferenceSession(os.fspath(path), providers=providers)
+        # The model's nodes were checked above (what opbridge.InferenceSession checks first).
+        session = ort.InferenceSession(os.fspath(path), sess_options=so if stock else session_options(so),
+                                       providers=providers)
     except Exception as e:  # ORT raises its own exception types
-        report.error = f"onnxruntime {ort.__version__} could not load the model: {e}"
+        report.error = f"onnxruntime {ort.__version__} could not load the model: {_ort_message(e)}"
         print(f"\nFAILED: {report.error}", file=out)
         return report
     log.info("onnxruntime session: %.3f s", time.perf_counter() - start)
@@ -288,7 +304,11 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
         outputs = session.run(None, feeds)
         log.info("run: %.3f s", time.perf_counter() - start)
     except Exception as e:
-        report.error = f"running the model failed: {e}"
+        report.error = f"running the model failed: {_ort_message(e)}"
+        guessed = _guessed_dims(session, dims)
+        if guessed:
+            report.error += (f" (on random inputs whose dimensions {', '.join(guessed)} were not given by --dim "
+                             f"and were set to {DEFAULT_DIM}: give their sizes with --dim NAME=SIZE)")
         print(f"\nFAILED: {report.error}", file=out)
         return report
     report.ran = True
@@ -309,8 +329,33 @@ def check(path: str | os.PathLike, *, providers: Sequence[str] | None = None, di
     return report
 
 
-def _attribute_problems(model: Any) -> list[str]:
-    from .onnx._declared_export import attribute_problems
+def _model_problems(model: Any) -> list[str]:
+    from .onnx._declared_export import model_problems
 
-    return attribute_problems(model)
+    return model_problems(model)
 
+
+def _ort_message(e: Exception) -> str:
+    """ONNX Runtime's message without its wrapping: a kernel's error comes as "[ONNXRuntimeError] :
+    2 : INVALID_ARGUMENT : Non-zero status code returned while running GroupNorm node. Name:'gn'
+    Status Message: <the kernel's message>"; ours names the op and the node itself, another
+    kernel's gets them in front."""
+    text = str(e)
+    m = re.search(r"running (\S+) node\. Name:'(.*?)' Status Message: (.*)", text, re.S)
+    if m is None:
+        return text
+    op_type, name, message = m.group(1), m.group(2), m.group(3).strip()
+    return message if f"(node {name!r})" in message else f"{op_type} (node {name!r}): {message}"
+
+
+def _guessed_dims(session: Any, dims: Mapping[str, int] | None) -> list[str]:
+    """The symbolic or unknown input dimensions a run gave DEFAULT_DIM (not given by --dim), as
+    'NAME (input X)' or 'X[axis]'."""
+    guessed: dict[str, None] = {}  # in order, once each
+    for arg in session.get_inputs():
+        for axis, d in enumerate(arg.shape):
+            if isinstance(d, str) and d not in (dims or {}):
+                guessed.setdefault(f"{d!r} (input {arg.name!r})")
+            elif not isinstance(d, (int, str)) or (isinstance(d, int) and d < 0):
+                guessed.setdefault(f"{arg.name}[{axis}]")
+    return list(guessed)

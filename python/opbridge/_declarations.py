@@ -29,6 +29,18 @@ STATUS_EXCEPTIONS = {1: ValueError, 2: TypeError, 3: NotImplementedError, 4: Run
 
 _NO_DEFAULT = object()
 
+_ATTR_PY_TYPES: dict[str, Any] = {
+    "bool": bool, "int": int, "float": float, "str": str,
+    "int[]": lambda v: [int(x) for x in v], "float[]": lambda v: [float(x) for x in v],
+}
+
+
+def attr_value(type_name: str, value: Any) -> Any:
+    """``value`` as the Python type of an attribute of declaration type ``type_name`` ("int",
+    "float[]", ...); a value of any other type is returned as it is."""
+    convert = _ATTR_PY_TYPES.get(type_name)
+    return value if convert is None else convert(value)
+
 
 class CheckError(Exception):
     """A declaration's checks rejected a call: ``code`` (StatusCode) and ``message``."""
@@ -89,19 +101,7 @@ class AttrDecl:
 
     def normalize(self, value: Any) -> Any:
         """``value`` as this attribute's Python type (bool for "bool", int for "int", ...)."""
-        if self.type == "bool":
-            return bool(value)
-        if self.type == "int":
-            return int(value)
-        if self.type == "float":
-            return float(value)
-        if self.type == "str":
-            return str(value)
-        if self.type == "int[]":
-            return [int(v) for v in value]
-        if self.type == "float[]":
-            return [float(v) for v in value]
-        return value
+        return attr_value(self.type, value)
 
     def is_default(self, value: Any) -> bool:
         return self.has_default and self.normalize(value) == self.normalize(self.default)

@@ -15,6 +15,8 @@ ORT_LIBRARY = "libopbridge_ort.so"
 TORCH_LIBRARY = "libopbridge_torch.so"
 DOMAIN = "ai.opbridge"
 """The ONNX domain of opbridge's ops (the nodes torch's exporters write, the ops ONNX Runtime registers)."""
+MS_DOMAIN = "com.microsoft"
+"""ONNX Runtime's contrib-op domain (its GroupNorm, Inverse, QuickGelu: what exports and rewrites may target)."""
 
 
 def _find(name: str) -> Path | None:

@@ -240,9 +240,20 @@ def new_op(name: str, dir: str | Path | None = None, namespace: str | None = Non
             anchor = "\nfind_package(opbridge"
             cmake_text = cmake_text.replace(anchor, values["cuda_block"] + anchor, 1)
 
+    ops_init = root / _PROJECT_FILES["ops_init.py.tmpl"].format(ns=ns)
+    ops_init_text = None
+    if existing is not None and ops_init.is_file():
+        # The op's function, statically visible to type checkers, beside the others (a project
+        # made before this block existed gets none: its ops stay typed as load_package_ops makes them).
+        text = ops_init.read_text()
+        if "\nif TYPE_CHECKING:\n" in text:
+            ops_init_text = text.rstrip("\n") + f"\n    from .{name} import {name} as {name}\n"
+
     for path, text in plan.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     if cmake_text is not None:
         (root / "CMakeLists.txt").write_text(cmake_text)
+    if ops_init_text is not None:
+        ops_init.write_text(ops_init_text)
     return NewOp(root, sorted(plan), existing is None)

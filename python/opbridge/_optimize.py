@@ -39,12 +39,13 @@ from typing import Any, Iterator, Mapping, Sequence, TextIO
 import numpy as np
 
 from . import _memory
+from ._library import DOMAIN, MS_DOMAIN
 from ._ort import import_onnxruntime
 from .onnx import _reader
 
+from .onnx._declared_export import model_problems
 from .onnx._external_data import (AUTO_EXTERNAL_BYTES, EXTERNAL_ALIGNMENT, EXTERNAL_THRESHOLD, WriteError,
                                    data_file_name, tensor_bytes, writing)
-from .onnx._group_norm_fusion import DOMAIN, MS_DOMAIN, _ir
 from .onnx._rewrite import RewriteResult, rewrite_model
 
 
@@ -194,7 +195,8 @@ def _inline_tensors(proto: Any) -> Iterator[Any]:
 
 
 def uses_external_data(model: Any) -> bool:
-    ir = _ir()
+    import onnx_ir as ir
+
     for graph in (model.graph, *model.graph.subgraphs()):
         for value in graph.initializers.values():
             if isinstance(value.const_value, ir.ExternalTensor):
@@ -210,7 +212,8 @@ def save(model: Any, path: str, external: bool) -> None:
     """Writes ``model`` to ``path``; with ``external``, tensors > 1 KiB go to data_file_name(path)
     in the same folder (large ones 64 KiB-aligned so that ONNX Runtime can memory-map them),
     written one tensor at a time from where they are (the input's data file, memory-mapped)."""
-    ir = _ir()
+    import onnx_ir as ir
+
     path = os.fspath(path)
     if external:
         ir.save(model, path, external_data=data_file_name(path), size_threshold_bytes=EXTERNAL_THRESHOLD,
@@ -492,13 +495,20 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
     preflight(input_path, output_path, max_memory)
     start = time.perf_counter()
     print(f"opbridge optimize: {input_path} -> {output_path}", file=out)
-    # A file the reader refuses is exit status 2, as in `opbridge check`; a graph that is read but
-    # malformed fails like a model ONNX Runtime cannot load (check's verdict for it): status 1.
+    # A file the reader refuses is exit status 2, as in `opbridge check`. A model whose nodes of our
+    # (or a registered library's) ops do not fit those ops is refused as `opbridge check` and
+    # InferenceSession refuse it (written unchanged, it would only fail later), and a graph that is
+    # read but malformed fails like a model ONNX Runtime cannot load (check's verdict): status 1.
+    proto = _reader.read_graph(input_path)
+    problems = model_problems(proto)
+    if problems:
+        return _not_written(report, f"{_reader.INVALID_MODEL} " + "; ".join(problems), output_path, out)
     try:
-        model = load(input_path)
+        model = _reader.to_ir(proto, input_path)
     except _reader.MalformedGraph as e:
         return _not_written(report, f"cannot rewrite {input_path}: its graph is malformed "
                                     f"({_reader.short(e.__cause__ or e)})", output_path, out)
+    del proto
     external = uses_external_data(model)
     check_memory(input_path, tensor_bytes(model), external, max_memory)  # exact now
     external = external or tensor_bytes(model) > AUTO_EXTERNAL_BYTES

@@ -29,21 +29,21 @@ def session_options(so: onnxruntime.SessionOptions | None = None) -> onnxruntime
     return so
 
 
-def _check_attributes(model: Any) -> None:
+def _check_model(model: Any) -> None:
     """For a model file: every tensor checked before ONNX Runtime reads any (external data inside
     the model's folder, offsets and lengths within its files: opbridge/onnx/_reader.py), an
     UnreadableModel (a ValueError) naming the file, the tensor and the reason otherwise. Then
-    nodes of ops their library refuses as misdeclared (MisdeclaredOpError), unknown attribute
-    names (ORT ignores them silently) and attributes newer than the op version the model imports,
-    in nodes of declared ops, then static shapes and types that already fail a declared op's
-    checks (ORT would fail only at run): a ValueError naming them. Needs onnx; without it the
-    checks are skipped."""
+    nodes of ops their library refuses as misdeclared (MisdeclaredOpError), and the nodes of
+    declared ops that do not fit their op (``_declared_export.model_problems``: unknown attribute
+    names, which ORT ignores silently; inputs, attributes and element types ORT would refuse in
+    its own words; static shapes that already fail the op's checks, which ORT would fail only at
+    run): an InvalidModel (a ValueError) naming them. Needs onnx; without it the checks are skipped."""
     try:
         import onnx
     except ImportError:
         return
     from .onnx import _reader
-    from .onnx._declared_export import attribute_problems, misdeclared_ops, static_shape_problems
+    from .onnx._declared_export import misdeclared_ops, model_problems
 
     if isinstance(model, (bytes, bytearray)):
         try:
@@ -56,13 +56,9 @@ def _check_attributes(model: Any) -> None:
     error = misdeclared_ops(proto)
     if error is not None:
         raise error
-    problems = attribute_problems(proto)
+    problems = model_problems(proto)
     if problems:
-        raise ValueError("opbridge: the model has attributes ONNX Runtime would ignore:\n  " + "\n  ".join(problems))
-    problems = static_shape_problems(proto)
-    if problems:
-        raise ValueError("opbridge: the model's static shapes already fail these ops' checks:\n  " +
-                         "\n  ".join(problems))
+        raise _reader.InvalidModel(problems)
 
 
 def InferenceSession(
@@ -82,7 +78,7 @@ def InferenceSession(
         model = model.SerializeToString()
     elif isinstance(model, os.PathLike):
         model = os.fspath(model)
-    _check_attributes(model)
+    _check_model(model)
     return ort.InferenceSession(
         model,
         sess_options=session_options(sess_options),

@@ -336,7 +336,9 @@ def check_json(path: str, report: _check.Report, header: ModelHeader | None, pro
     from ._version import __version__
 
     missing = [u.name for u in report.missing]
-    error = report.error or (f"no implementation here for {', '.join(missing)}" if missing else "")
+    error = report.error or (f"no implementation here for "
+                             f"{'; '.join(u.named() + (f': {u.note}' if u.note else '') for u in report.missing)}"
+                             if missing else "")
     return {
         "format_version": JSON_FORMAT_VERSION,
         "command": "check",
@@ -378,7 +380,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(check_json(path, report, header, providers, args.stock))
     elif not text and not report.ok:
-        names = ", ".join(u.name for u in report.missing)
+        names = "; ".join(u.named() + (f": {u.note}" if u.note else "") for u in report.missing)
         log.error("%s: %s", path, report.error or f"no implementation here for {names}")
     return 0 if report.ok else 1
 
@@ -446,7 +448,11 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from ._demo import run_demo
 
-    return int(run_demo(out_dir=args.out_dir, repeats=args.repeats))
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    # -q: no report; a failure is still logged as an error, and the exit status says it.
+    return int(run_demo(out_dir=args.out_dir, repeats=args.repeats,
+                        out=io.StringIO() if args.verbosity < 0 else None))
 
 
 def _missing(command: str, e: ImportError) -> int:
@@ -537,7 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = command("info", "versions, library path, ops, ONNX Runtime providers")
     _json_option(i, "info")
-    d = command("demo", "export a small conv net with opbridge ops with both exporters and run it in ORT")
+    d = command("demo", "export two small models with opbridge ops with both exporters, run them in ONNX Runtime and "
+                        "compare with PyTorch (about half a minute)")
     d.add_argument("--out-dir", default="opbridge-demo", help="where to write the .onnx files (default: %(default)s)")
     d.add_argument("--repeats", type=int, default=20, help="timed runs per implementation (default: %(default)s)")
     c = command(

@@ -5,6 +5,7 @@ that `opbridge check` finds its library through the entry point the project anno
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 import opbridge
 from opbridge._newop import new_op, pascal
 from opbridge.cli import main as cli_main
-from helpers.scaffold_helpers import pip_install, run_project_tests, run_python
+from helpers.scaffold_helpers import pip_install, run_project_tests, run_python, run_readme_block
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -99,6 +100,10 @@ def test_second_op_joins_the_project(tmp_path):
     assert sorted(p.name for p in (root / "ops/second_op").iterdir()) == [
         "second_op.h", "second_op_cpu.cpp", "second_op_decl.cpp", "second_op_kernel.cu"]
     assert (root / "python/myops/ops/second_op.py").is_file() and (root / "tests/test_second_op.py").is_file()
+    # Both functions, statically visible to type checkers in the ops module (run time imports them anyway).
+    ops_init = (root / "python/myops/ops/__init__.py").read_text()
+    assert ops_init.endswith("if TYPE_CHECKING:\n    from .first_op import first_op as first_op\n"
+                             "    from .second_op import second_op as second_op\n"), ops_init
     with pytest.raises(ValueError, match="would overwrite"):
         new_op("second_op", dir=root)
     with pytest.raises(ValueError, match="namespace 'myops', not 'other'"):
@@ -185,10 +190,20 @@ def test_generated_project_builds_and_its_tests_pass(built):
     assert re.search(r"\b4 passed\b", out), out
 
 
-def test_generated_package_passes_mypy_strict(built, pytestconfig):
+def test_generated_package_passes_mypy_strict(built, pytestconfig, tmp_path):
     # With the project's own [tool.mypy] (strict), as its author would run it, against the
     # installed (typed) opbridge.
-    _mypy_passes(built[0], pytestconfig)
+    project = built[0]
+    _mypy_passes(project, pytestconfig)
+    # A user's code that imports the op from the ops module gets the function's own type (strict
+    # mypy refuses a name the module does not define statically, and returning Any).
+    (tmp_path / "use_op.py").write_text(
+        "import torch\n"
+        "from myproj.ops import scaled_mul\n\n\n"
+        "def scaled(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:\n"
+        "    return scaled_mul(x, w, alpha=2.0)\n")
+    _mypy_passes(project, pytestconfig, "--config-file", str(project / "pyproject.toml"),
+                 str(tmp_path / "use_op.py"), cwd=tmp_path, mypy_path=project / "python")
 
 
 def test_installed_package_requires_neither_torch_nor_onnxruntime(built):
@@ -239,42 +254,37 @@ def test_index_output_scaffold(tmp_path, pytestconfig):
     pip_install(project, tmp_path / "site", tmp_path / "build")
     out = run_project_tests(project, tmp_path / "site")
     assert re.search(r"\b4 passed\b", out), out
-    (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
-    check = ("import numpy as np\n"
-             "assert peak_ort.dtype == np.int64 and not y[1].requires_grad\n"
-             "np.testing.assert_array_equal(peak_ort, y[1].numpy())\n"
-             "np.testing.assert_array_equal(y[1].numpy(), (x * weight).numpy().argmax(0))\n"
-             "print('same result')\n")
-    (tmp_path / "example.py").write_text(block + check)
-    out = run_python([tmp_path / "example.py"], tmp_path / "site", tmp_path)
-    assert "same result" in out.stdout, out.stdout + out.stderr
+    run_readme_block(project, tmp_path / "site", tmp_path, check=(
+        "import numpy as np\n"
+        "assert peak_ort.dtype == np.int64 and not y[1].requires_grad\n"
+        "np.testing.assert_array_equal(peak_ort, y[1].numpy())\n"
+        "np.testing.assert_array_equal(y[1].numpy(), (x * weight).numpy().argmax(0))\n"
+        "print('same result')\n"))
     # The op function's return type (a pair) type-checks too.
     _mypy_passes(project, pytestconfig)
 
 
-def _mypy_passes(project, pytestconfig):
+def _mypy_passes(project, pytestconfig, *args, cwd=None, mypy_path=None):
     pytest.importorskip("mypy")
     # One cache for every run: checking torch's stubs from cold takes most of a run's time.
     # (pytest's cache, or a folder of the system's temp dir where -p no:cacheprovider turns it off)
     cache = (pytestconfig.cache.mkdir("mypy") if getattr(pytestconfig, "cache", None) is not None
              else Path(tempfile.gettempdir()) / "opbridge-mypy-cache")
-    r = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache)],
-                       capture_output=True, text=True, cwd=project, timeout=600)
+    env = dict(os.environ, MYPYPATH=str(mypy_path)) if mypy_path is not None else None
+    r = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(cache), *args],
+                       capture_output=True, text=True, cwd=cwd or project, env=env, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_generated_readme_example_runs(built, tmp_path):
     # The README's Python block, as a user copies it: torch op, export, ONNX Runtime.
     project, site = built
-    (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
     # ... and ORT's result is the op's (the block's own names; y = x * weight, alpha 1).
-    check = ("import numpy as np\n"
-             "np.testing.assert_allclose(y.numpy(), x.numpy() * weight.numpy(), rtol=1e-6)\n"
-             "np.testing.assert_allclose(y_ort, y.numpy(), rtol=1e-6, atol=1e-7)\n"
-             "print('same result')\n")
-    (tmp_path / "example.py").write_text(block + check)
-    out = run_python([tmp_path / "example.py"], site, tmp_path)
-    assert "same result" in out.stdout, out.stdout + out.stderr
+    run_readme_block(project, site, tmp_path, check=(
+        "import numpy as np\n"
+        "np.testing.assert_allclose(y.numpy(), x.numpy() * weight.numpy(), rtol=1e-6)\n"
+        "np.testing.assert_allclose(y_ort, y.numpy(), rtol=1e-6, atol=1e-7)\n"
+        "print('same result')\n"))
 
 
 def test_opbridge_check_discovers_the_library(built, tmp_path):

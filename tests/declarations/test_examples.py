@@ -13,7 +13,7 @@ import pytest
 import opbridge
 from opbridge._newop import _PLAIN_VALUES
 from helpers.cmake_helpers import REPO
-from helpers.scaffold_helpers import pip_install, run_project_tests, run_python
+from helpers.scaffold_helpers import pip_install, run_project_tests, run_readme_block
 
 EXAMPLE = REPO / "examples" / "rms_norm"
 # What RMSNorm changes in the scaffold of `opbridge new-op rms_norm --namespace myops`.
@@ -74,9 +74,7 @@ def test_shapes_example(tmp_path):
     out = run_project_tests(project, tmp_path / "site")
     assert re.search(r"\b13 passed\b", out), out
     # The README's Python block, as a user copies it.
-    (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
-    (tmp_path / "readme.py").write_text(block)
-    run_python([tmp_path / "readme.py"], tmp_path / "site", tmp_path)
+    run_readme_block(project, tmp_path / "site", tmp_path)
     assert (tmp_path / "model.onnx").is_file()
 
 
@@ -92,12 +90,9 @@ def test_index_ops_example(tmp_path):
     out = run_project_tests(project, tmp_path / "site")
     assert re.search(r"\b8 passed\b", out), out
     # The README's Python block, as a user copies it, and ONNX Runtime's outputs are torch's.
-    (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
-    check = ("import numpy as np\n"
-             "np.testing.assert_array_equal(argmax_ort, argmax.numpy())\n"
-             "np.testing.assert_allclose(y_ort, y.numpy(), rtol=1e-6)\n"
-             "assert near.shape == (4, 8) and near.dtype == torch.int64\n"
-             "print('same result')\n")
-    (tmp_path / "readme.py").write_text(block + check)
-    out = run_python([tmp_path / "readme.py"], tmp_path / "site", tmp_path)
-    assert "same result" in out.stdout, out.stdout + out.stderr
+    run_readme_block(project, tmp_path / "site", tmp_path, check=(
+        "import numpy as np\n"
+        "np.testing.assert_array_equal(argmax_ort, argmax.numpy())\n"
+        "np.testing.assert_allclose(y_ort, y.numpy(), rtol=1e-6)\n"
+        "assert near.shape == (4, 8) and near.dtype == torch.int64\n"
+        "print('same result')\n"))

@@ -9,7 +9,6 @@ import json
 import re
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest

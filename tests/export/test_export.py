@@ -187,3 +187,19 @@ def test_half_precision_standard_lowering_computes_in_float32(rng):
         y = _run(proto, "standard", x)
         assert y.dtype == np.float16
         np.testing.assert_allclose(y.astype(np.float64), model.reference(x.astype(np.float64)), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("x_shape,error,match", [
+    ((2, 6, 3), ValueError, r"^opbridge::group_norm: weight must have C = 6 elements \(one per channel\), got 4$"),
+    ((4,), ValueError, r"^opbridge::group_norm: x must have rank >= 2 \(N, C, \*\), got rank 1$"),
+])
+def test_a_model_that_calls_an_op_wrongly_gets_the_ops_verdict_from_both_exporters(tmp_path, x_shape, error, match):
+    # Eager torch, the TorchScript exporter and the dynamo exporter (which fails inside torch.export,
+    # in the op's fake kernel) raise the op's own error: the model, not the exporter, is what is wrong.
+    model = torch.nn.Sequential(opbridge.nn.GroupNorm(2, 4)).eval()
+    x = torch.randn(*x_shape)
+    with pytest.raises(error, match=match):
+        model(x)
+    for dynamo in (False, True):
+        with pytest.raises(error, match=match):
+            opbridge.onnx.export(model, (x,), tmp_path / "m.onnx", dynamo=dynamo)

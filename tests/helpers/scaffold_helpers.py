@@ -5,6 +5,7 @@ environment is left as it was), then the project's own tests in a subprocess tha
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -38,6 +39,19 @@ def run_python(args: list, target: Path, cwd: Path, check: bool = True) -> subpr
     if check and p.returncode != 0:
         pytest.fail(f"python {' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout[-8000:]}\n{p.stderr[-4000:]}")
     return p
+
+
+def run_readme_block(project: Path, target: Path, workdir: Path, check: str = "") -> str:
+    """The one ```python block of the project's README.md, as a user copies it, followed by
+    ``check`` (code that reads the block's names), run in ``workdir``; returns its stdout. With a
+    check, the check must print "same result"."""
+    (block,) = re.findall(r"^```python\n(.*?)^```", (project / "README.md").read_text(), flags=re.S | re.M)
+    script = workdir / "readme.py"
+    script.write_text(block + check)
+    out = run_python([script], target, workdir)
+    if check:
+        assert "same result" in out.stdout, out.stdout + out.stderr
+    return out.stdout
 
 
 def run_project_tests(project: Path, target: Path) -> str:

@@ -5,7 +5,6 @@ mirrored by the fake kernel for what shapes alone show), never a crash or an out
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -164,7 +163,7 @@ _ORT_TYPES = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): Ten
               np.dtype(np.int32): TensorProto.INT32}
 
 
-def run_ort(args):
+def run_ort(args, session=None):
     names = ["value", "spatial_shapes", "level_start_index", "sampling_locations", "attention_weights"]
     # Shapes undeclared: the node's own check reports what is wrong when it runs.
     inputs = [helper.make_tensor_value_info(n, _ORT_TYPES[a.dtype], None) for n, a in zip(names, args)]
@@ -172,7 +171,7 @@ def run_ort(args):
     graph = helper.make_graph([node], "bad", inputs, [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(opbridge.DOMAIN, 2)],
                               ir_version=9)
-    sess = opbridge.InferenceSession(model.SerializeToString())
+    sess = (session or opbridge.InferenceSession)(model.SerializeToString())
     return sess.run(None, dict(zip(names, args)))
 
 
@@ -185,8 +184,17 @@ def test_ort(case):
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[3] is TypeError], ids=[c[0] for c in CASES if c[3] is TypeError])
 def test_ort_types_are_checked_by_ort(case):
-    """Element types are part of the kernel's registration: ORT itself refuses the node."""
+    """Element types are part of the kernel's registration: ORT itself refuses the node; before it
+    loads the model, opbridge.InferenceSession names the input, its type and the types the op takes."""
+    import onnxruntime as ort
+
     with pytest.raises(Exception, match=r"Type Error|no kernel def matches|Could not find an implementation"):
+        run_ort(bad_args(case), lambda model: ort.InferenceSession(model, opbridge.session_options(),
+                                                                   providers=["CPUExecutionProvider"]))
+    with pytest.raises(ValueError, match=r"the model is invalid: .*\n  ai\.opbridge::MultiScaleDeformableAttention "
+                                         r"\(node 'attn'\): input '\w+' (\(value '\w+'\) is tensor\(\w+\); "
+                                         r"MultiScaleDeformableAttention takes tensor\(|is tensor\(\w+\) but '\w+' is "
+                                         r"tensor\(\w+\); MultiScaleDeformableAttention takes them of one type)"):
         run_ort(bad_args(case))
 
 

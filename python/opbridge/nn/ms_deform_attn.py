@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, cast
+from typing import Any, Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -35,18 +35,20 @@ from .. import ops
 
 __all__ = ["RECOGNISERS", "REPLACED"]
 
-if TYPE_CHECKING:
-    from typing import Protocol
 
-    class _Layer(Protocol):
-        # What _attend reads of the layers (the originals' attributes, through a shared __dict__).
-        sampling_offsets: torch.nn.Module
-        attention_weights: torch.nn.Module
-        output_proj: torch.nn.Module
-        n_heads: int
-        d_model: int
-        n_levels: int
-        n_points: int
+class _DeformableLayer(torch.nn.Module):
+    """The attributes the DeformableDetr-form layers (transformers' layers, Deformable-DETR's
+    MSDeformAttn, RT-DETRv2's) hold; a replacement reads them through the shared ``__dict__``."""
+
+    # The originals' attributes, read through the shared __dict__.
+    value_proj: torch.nn.Module
+    sampling_offsets: torch.nn.Module
+    attention_weights: torch.nn.Module
+    output_proj: torch.nn.Module
+    n_heads: int
+    d_model: int
+    n_levels: int
+    n_points: int
 
 
 def _params(m: torch.nn.Module) -> tuple[str, ...]:
@@ -157,25 +159,33 @@ def _sampling_locations_broadcast(reference_points: torch.Tensor, sampling_offse
             + sampling_offsets / n_points * reference_points[:, :, None, :, None, 2:] * 0.5)
 
 
-def _attend(m: _Layer, hidden_states: torch.Tensor, value: torch.Tensor, reference_points: torch.Tensor,
+def _sample(query: torch.Tensor, value: torch.Tensor, reference_points: torch.Tensor, spatial_shapes: torch.Tensor,
+            level_start_index: torch.Tensor, spatial_shapes_list: Any, sampling_offsets: torch.nn.Module,
+            attention_weights: torch.nn.Module, n_heads: int, head_dim: int, n_levels: int,
+            n_points: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The steps every replaced layer takes between projecting (and masking) the values and the
+    output projection: per-head values, offsets, softmaxed weights, locations, the sampling (by
+    opbridge). Returns (sampled, attention_weights)."""
+    batch_size, num_queries, _ = query.shape
+    sequence_length = value.shape[1]
+    value = value.view(batch_size, sequence_length, n_heads, head_dim)
+    offsets = sampling_offsets(query).view(batch_size, num_queries, n_heads, n_levels, n_points, 2)
+    weights = attention_weights(query).view(batch_size, num_queries, n_heads, n_levels * n_points)
+    weights = F.softmax(weights, -1).view(batch_size, num_queries, n_heads, n_levels, n_points)
+    offset_normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
+    sampling_locations = _sampling_locations(reference_points, offsets, offset_normalizer, n_points)
+    tables = _op_tables(spatial_shapes, level_start_index, spatial_shapes_list)
+    return ops.ms_deform_attn(value, *tables, sampling_locations, weights), weights
+
+
+def _attend(m: _DeformableLayer, hidden_states: torch.Tensor, value: torch.Tensor, reference_points: torch.Tensor,
             spatial_shapes: torch.Tensor, level_start_index: torch.Tensor,
             spatial_shapes_list: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The arithmetic the transformers layers share after projecting (and masking) the values:
-    offsets, softmaxed weights, locations, the sampling (by opbridge), the output projection.
-    Returns (output, attention_weights) as those layers do."""
-    batch_size, num_queries, _ = hidden_states.shape
-    sequence_length = value.shape[1]
-    value = value.view(batch_size, sequence_length, m.n_heads, m.d_model // m.n_heads)
-    sampling_offsets = m.sampling_offsets(hidden_states).view(
-        batch_size, num_queries, m.n_heads, m.n_levels, m.n_points, 2)
-    attention_weights = m.attention_weights(hidden_states).view(
-        batch_size, num_queries, m.n_heads, m.n_levels * m.n_points)
-    attention_weights = F.softmax(attention_weights, -1).view(
-        batch_size, num_queries, m.n_heads, m.n_levels, m.n_points)
-    offset_normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
-    sampling_locations = _sampling_locations(reference_points, sampling_offsets, offset_normalizer, m.n_points)
-    tables = _op_tables(spatial_shapes, level_start_index, spatial_shapes_list)
-    output = ops.ms_deform_attn(value, *tables, sampling_locations, attention_weights)
+    """``_sample`` with a DeformableDetr-form layer's attributes, then its output projection.
+    Returns (output, attention_weights) as the transformers layers do."""
+    output, attention_weights = _sample(hidden_states, value, reference_points, spatial_shapes, level_start_index,
+                                        spatial_shapes_list, m.sampling_offsets, m.attention_weights, m.n_heads,
+                                        m.d_model // m.n_heads, m.n_levels, m.n_points)
     return m.output_proj(output), attention_weights
 
 
@@ -204,7 +214,7 @@ def _is_hf_core(m: torch.nn.Module) -> bool:
 
 # --- transformers: the DeformableDetr-form layer that holds the core module as `self.attn` --------
 
-class TransformersDeformableAttentionLayer(torch.nn.Module):
+class TransformersDeformableAttentionLayer(_DeformableLayer):
     """Replaces the ``*MultiscaleDeformableAttention`` layers whose forward is DeformableDetr's
     (transformers 5.x: deformable_detr, grounding_dino, mm_grounding_dino, lw_detr, omdet_turbo,
     rf_detr, rt_detr, pp_doclayout_v2/v3/v4): that forward, with the sampling locations computed in
@@ -216,16 +226,6 @@ class TransformersDeformableAttentionLayer(torch.nn.Module):
     the original class, which must keep holding."""
 
     _original: type  # set on each per-class subclass
-    # The original's attributes (shared __dict__).
-    value_proj: torch.nn.Module
-    sampling_offsets: torch.nn.Module
-    attention_weights: torch.nn.Module
-    output_proj: torch.nn.Module
-    n_heads: int
-    d_model: int
-    n_levels: int
-    n_points: int
-
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask: Any = None,
                 position_embeddings: torch.Tensor | None = None, reference_points: torch.Tensor | None = None,
@@ -334,23 +334,13 @@ def _is_hf_outer(m: torch.nn.Module) -> bool:
 
 # --- transformers: Mask2Former / OneFormer pixel-decoder attention (functional call) ------------
 
-class TransformersPixelDecoderMultiscaleDeformableAttention(torch.nn.Module):
+class TransformersPixelDecoderMultiscaleDeformableAttention(_DeformableLayer):
     """Replaces ``Mask2FormerPixelDecoderEncoderMultiscaleDeformableAttention`` and
     ``OneFormerPixelDecoderEncoderMultiscaleDeformableAttention``: their forward (transformers
     5.x), with ``multi_scale_deformable_attention(...)`` computed by opbridge. Both mask
     *padding* positions (attention_mask True = padding), unlike DeformableDetr's layer."""
 
     _signature: inspect.Signature  # set on each per-source subclass
-    # The original's attributes (shared __dict__).
-    value_proj: torch.nn.Module
-    sampling_offsets: torch.nn.Module
-    attention_weights: torch.nn.Module
-    output_proj: torch.nn.Module
-    n_heads: int
-    d_model: int
-    n_levels: int
-    n_points: int
-
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 encoder_hidden_states: torch.Tensor | None = None, encoder_attention_mask: Any = None,
                 position_embeddings: torch.Tensor | None = None, reference_points: torch.Tensor | None = None,
@@ -404,38 +394,17 @@ def _is_pixel_decoder(m: torch.nn.Module) -> bool:
 
 # --- Deformable-DETR: MSDeformAttn (models/ops/modules/ms_deform_attn.py) -----------------------
 
-class MSDeformAttn(torch.nn.Module):
+class MSDeformAttn(_DeformableLayer):
     """Replaces Deformable-DETR's ``MSDeformAttn`` (d_model, n_levels, n_heads, n_points); its
     forward with ``MSDeformAttnFunction.apply`` computed by opbridge."""
-
-    # The original's attributes (shared __dict__).
-    value_proj: torch.nn.Module
-    sampling_offsets: torch.nn.Module
-    attention_weights: torch.nn.Module
-    output_proj: torch.nn.Module
-    n_heads: int
-    d_model: int
-    n_levels: int
-    n_points: int
 
     def forward(self, query: torch.Tensor, reference_points: torch.Tensor, input_flatten: torch.Tensor,
                 input_spatial_shapes: torch.Tensor, input_level_start_index: torch.Tensor,
                 input_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
-        N, Len_q, _ = query.shape
-        N, Len_in, _ = input_flatten.shape
         value = self.value_proj(input_flatten)
         if input_padding_mask is not None:
             value = value.masked_fill(input_padding_mask[..., None], float(0))
-        value = value.view(N, Len_in, self.n_heads, self.d_model // self.n_heads)
-        sampling_offsets = self.sampling_offsets(query).view(N, Len_q, self.n_heads, self.n_levels, self.n_points, 2)
-        attention_weights = self.attention_weights(query).view(N, Len_q, self.n_heads, self.n_levels * self.n_points)
-        attention_weights = F.softmax(attention_weights, -1).view(N, Len_q, self.n_heads, self.n_levels,
-                                                                  self.n_points)
-        offset_normalizer = torch.stack([input_spatial_shapes[..., 1], input_spatial_shapes[..., 0]], -1)
-        sampling_locations = _sampling_locations(reference_points, sampling_offsets, offset_normalizer, self.n_points)
-        output = ops.ms_deform_attn(value, input_spatial_shapes, input_level_start_index, sampling_locations,
-                                    attention_weights)
-        return cast(torch.Tensor, self.output_proj(output))
+        return _attend(self, query, value, reference_points, input_spatial_shapes, input_level_start_index)[0]
 
 
 def _is_msdeformattn(m: torch.nn.Module) -> bool:
@@ -478,25 +447,13 @@ class MmcvMultiScaleDeformableAttention(torch.nn.Module):
             # (num_query, bs, embed_dims) -> (bs, num_query, embed_dims)
             query = query.permute(1, 0, 2)
             value = value.permute(1, 0, 2)
-        bs, num_query, _ = query.shape
-        bs, num_value, _ = value.shape
         value = self.value_proj(value)
         if key_padding_mask is not None:
             value = value.masked_fill(key_padding_mask[..., None], 0.0)
-        value = value.view(bs, num_value, self.num_heads, -1)
-        sampling_offsets = self.sampling_offsets(query).view(bs, num_query, self.num_heads, self.num_levels,
-                                                             self.num_points, 2)
-        attention_weights = self.attention_weights(query).view(bs, num_query, self.num_heads,
-                                                               self.num_levels * self.num_points)
-        attention_weights = attention_weights.softmax(-1)
-        attention_weights = attention_weights.view(bs, num_query, self.num_heads, self.num_levels, self.num_points)
-        # Required by the original too (None fails there as here).
-        spatial_shapes = cast(torch.Tensor, spatial_shapes)
-        offset_normalizer = torch.stack([spatial_shapes[..., 1], spatial_shapes[..., 0]], -1)
-        sampling_locations = _sampling_locations(cast(torch.Tensor, reference_points), sampling_offsets,
-                                                 offset_normalizer, self.num_points)
-        output = ops.ms_deform_attn(value, spatial_shapes, cast(torch.Tensor, level_start_index), sampling_locations,
-                                    attention_weights)
+        # spatial_shapes and level_start_index are required by the original too (None fails there as here).
+        output, _ = _sample(query, value, cast(torch.Tensor, reference_points), cast(torch.Tensor, spatial_shapes),
+                            cast(torch.Tensor, level_start_index), None, self.sampling_offsets,
+                            self.attention_weights, self.num_heads, -1, self.num_levels, self.num_points)
         output = self.output_proj(output)
         if not self.batch_first:
             output = output.permute(1, 0, 2)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import ops
-from .ms_deform_attn import _level_start_index, _op_tables, _params
+from .ms_deform_attn import _DeformableLayer, _level_start_index, _op_tables, _params
 from .ms_deform_attn import _shared as _share_state
 
 __all__ = ["ms_deform_attn_per_level", "RECOGNISERS", "REPLACED"]
@@ -138,21 +138,13 @@ class _V2Base(torch.nn.Module):
 
 # --- RT-DETRv2 ---------------------------------------------------------------------------------
 
-class RTDetrV2MultiscaleDeformableAttention(_V2Base):
+class RTDetrV2MultiscaleDeformableAttention(_V2Base, _DeformableLayer):
     """Replaces transformers' ``RTDetrV2MultiscaleDeformableAttention`` (5.x): its forward, with the
     module-level ``multi_scale_deformable_attention_v2(..., self.method)`` computed by
     ``ms_deform_attn_per_level`` while ``self.method == "default"`` (otherwise the library function runs,
     unchanged). Returns (output, attention_weights) as the original."""
 
-    # The original's attributes (shared __dict__).
-    value_proj: torch.nn.Module
-    sampling_offsets: torch.nn.Module
-    attention_weights: torch.nn.Module
-    output_proj: torch.nn.Module
-    n_heads: int
-    d_model: int
-    n_levels: int
-    n_points: int
+    # The original's further attributes (shared __dict__).
     n_points_scale: torch.Tensor
     n_points_list: list[int]
     offset_scale: float

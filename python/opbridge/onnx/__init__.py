@@ -16,7 +16,6 @@ models that use them. It needs onnx, not torch.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -30,9 +29,6 @@ from ._export import export
 from ._exporter_rules import register_symbolics, symbolics_registered, translation_table
 from ._registry import standard_lowering
 from ._script import infer_shapes, register_schemas
-
-if TYPE_CHECKING:  # torch only where an export needs it
-    import torch
 
 __all__ = [
     "Builder",

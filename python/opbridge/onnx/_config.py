@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union, cast
 
-from .._library import DOMAIN
 
 DOMAIN_VERSION = 1
 """The lowest version of the ``ai.opbridge`` domain; an exported model imports it unless an op or an

@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Sequence, cast
 
 import onnx
 
+from .._declarations import attr_value
 from .._library import DOMAIN as OPBRIDGE_DOMAIN
 from ._config import ExportConfig
 
@@ -44,6 +45,9 @@ _LISTS = {
     "SymIntType": (onnx.defs.OpSchema.AttrType.INTS, "is", "i"),
     "FloatType": (onnx.defs.OpSchema.AttrType.FLOATS, "fs", "f"),
 }
+
+# TorchScript-exporter descriptor -> declaration attribute type (the Python type of the value)
+_DESC_TYPES = {"b": "bool", "i": "int", "f": "float", "is": "int[]", "fs": "float[]"}
 
 
 class _Arg:
@@ -74,17 +78,9 @@ class _Arg:
             )
 
     def to_attr(self, value: Any) -> Any:
-        if self.desc == "b":
-            return int(bool(value))
-        if self.desc == "i":
-            return int(value)
-        if self.desc == "f":
-            return float(value)
-        if self.desc == "is":
-            return [int(v) for v in value]
-        if self.desc == "fs":
-            return [float(v) for v in value]
-        return value
+        value = attr_value(_DESC_TYPES.get(cast(str, self.desc), ""), value)
+        # ONNX has no bool attribute: a bool travels as an INT.
+        return int(value) if self.desc == "b" else value
 
 
 class CustomOp:

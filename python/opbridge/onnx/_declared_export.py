@@ -17,12 +17,13 @@ from typing import Any, Callable, Iterable, cast
 
 import onnx
 
-from .._declarations import CheckError, OpDecl, eval_dim
+from .._declarations import ONNX_TYPE_STRINGS, CheckError, OpDecl, eval_dim
 
 from .._op_library import find_op, libraries
 from ._nodes import model_nodes
 
-__all__ = ["attribute_problems", "node_version", "schemas", "stamp_versions", "symbolic", "translation"]
+__all__ = ["attribute_problems", "model_problems", "node_version", "schemas", "stamp_versions", "symbolic",
+           "translation"]
 
 _ATTR_TYPES = {
     "int": onnx.defs.OpSchema.AttrType.INT,
@@ -408,14 +409,23 @@ def symbolic(op: OpDecl) -> Callable[..., Any]:
     return sym
 
 
-def static_shape_problems(model: onnx.ModelProto) -> list[str]:
-    """Nodes of declared ops (in the main graph) whose inputs' static shapes and types, as ONNX's
-    shape inference knows them, already fail the op's checks: the op's own message per node, so a
-    model that could only fail at run is refused at load."""
+def model_problems(model: onnx.ModelProto) -> list[str]:
+    """What is wrong with the model's nodes of declared ops, as far as it shows before a run: the
+    nodes ``attribute_problems`` and ``node_problems`` name, or else those whose static shapes
+    already fail their op's checks (``static_shape_problems``). One line per problem, each naming
+    the op, the node, the input or attribute and what was expected. Empty when there are none."""
+    problems = attribute_problems(model)
+    types = _static_types(model)
+    problems += node_problems(model, types)
+    return problems or static_shape_problems(model, types)
+
+
+def _static_types(model: onnx.ModelProto) -> dict[str, tuple[Any, ...]]:
+    """Value name -> (element type, dims with -1 where unknown, or None) for the main graph's
+    values whose type ONNX's shape inference knows; empty where the graph has no declared-op node."""
     known = {lib.domain for lib in libraries()}
-    nodes = [n for n in model.graph.node if n.domain in known]
-    if not nodes:
-        return []
+    if not any(n.domain in known for n in model.graph.node):
+        return {}
     # Inference on the graph without its weights' data (initializers as typed inputs): the memory
     # a multi-GB model's copy would take is not spent.
     light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions)
@@ -434,12 +444,85 @@ def static_shape_problems(model: onnx.ModelProto) -> list[str]:
     types: dict[str, tuple[Any, ...]] = {}
     for v in (*g.input, *g.value_info, *g.output):
         tt = v.type.tensor_type
-        if v.type.HasField("tensor_type"):
+        if v.type.HasField("tensor_type") and tt.elem_type:
             dims = ([d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
                     if tt.HasField("shape") else None)
             types[v.name] = (tt.elem_type, dims)
+    return types
+
+
+def _label(node: onnx.NodeProto) -> str:
+    return f"{node.domain}::{node.op_type} (node {node.name!r})"
+
+
+def node_problems(model: onnx.ModelProto, types: dict[str, tuple[Any, ...]] | None = None) -> list[str]:
+    """Nodes of declared ops (in the main graph) that ONNX Runtime would refuse at load or run in
+    its own words: more inputs than the op has, a required input or attribute missing, an attribute
+    of another type, an input of an element type the op does not take (``types``: as
+    ``_static_types`` gives them)."""
+    types = _static_types(model) if types is None else types
     problems = []
-    for node in nodes:
+    for node in model.graph.node:
+        op = find_op(node.domain, node.op_type)
+        if op is None:
+            continue  # not a declared op, or one attribute_problems names
+        label = _label(node)
+        names = ", ".join(repr(i.onnx_name) for i in op.inputs)
+        required = sum(not i.optional for i in op.inputs)
+        if len(node.input) > len(op.inputs):
+            takes = f"{required} to {len(op.inputs)}" if required < len(op.inputs) else f"{len(op.inputs)}"
+            problems.append(f"{label}: has {len(node.input)} inputs; {op.onnx_type} takes {takes} ({names})")
+            continue
+        for k, decl in enumerate(op.inputs):
+            if not decl.optional and (k >= len(node.input) or not node.input[k]):
+                problems.append(f"{label}: input {k + 1} ({decl.onnx_name!r}) is missing; {op.onnx_type} requires it")
+        given = {a.name: a for a in node.attribute}
+        for a in op.attrs:
+            proto = given.get(a.onnx_name)
+            want = _PROTO_ATTR_TYPES.get(a.type)
+            # In the ORT library's words (cpp/ort/declared_kernel.cpp), which refuses the node alike.
+            if proto is None and a.required:
+                problems.append(f"{label}: required {_ATTR_KINDS.get(a.type, a.type)} attribute {a.onnx_name!r} "
+                                "is missing")
+            elif proto is not None and want is not None and proto.type != want:
+                expected = "an int (0 or 1)" if a.type == "bool" else _ATTR_NAMES.get(want, a.type)
+                problems.append(f"{label}: attribute {a.onnx_name!r} must be {expected}, got "
+                                f"{_ATTR_NAMES.get(proto.type, onnx.AttributeProto.AttributeType.Name(proto.type))}")
+        bound: dict[str, tuple[str, int]] = {}
+        for k, decl in enumerate(op.inputs):
+            t = types.get(node.input[k]) if k < len(node.input) and node.input[k] else None
+            if t is None:
+                continue
+            allowed = op.types.get(decl.type_var, ())
+            if t[0] not in allowed:
+                problems.append(f"{label}: input {decl.onnx_name!r} (value {node.input[k]!r}) is "
+                                f"{_type_string(t[0])}; {op.onnx_type} takes "
+                                f"{', '.join(_type_string(x) for x in allowed)}")
+                continue
+            first = bound.setdefault(decl.type_var, (decl.onnx_name, t[0]))
+            if first[1] != t[0]:
+                problems.append(f"{label}: input {decl.onnx_name!r} is {_type_string(t[0])} but {first[0]!r} is "
+                                f"{_type_string(first[1])}; {op.onnx_type} takes them of one type")
+    return problems
+
+
+_ATTR_KINDS = {"int": "int", "float": "float", "str": "string", "bool": "bool", "int[]": "ints", "float[]": "floats"}
+_ATTR_NAMES = {onnx.AttributeProto.INT: "an int", onnx.AttributeProto.FLOAT: "a float",
+               onnx.AttributeProto.STRING: "a string", onnx.AttributeProto.INTS: "a list of ints",
+               onnx.AttributeProto.FLOATS: "a list of floats"}
+
+
+def _type_string(elem_type: int) -> str:
+    return ONNX_TYPE_STRINGS.get(elem_type, f"element type {elem_type}")
+
+
+def static_shape_problems(model: onnx.ModelProto, types: dict[str, tuple[Any, ...]] | None = None) -> list[str]:
+    """Nodes of declared ops (in the main graph) whose inputs' static shapes and types, as ONNX's
+    shape inference knows them (``types``: as ``_static_types`` gives them), already fail the op's
+    checks: the op's own message per node, so a model that could only fail at run is refused at load."""
+    types = _static_types(model) if types is None else types
+    problems = []
+    for node in model.graph.node:
         op = find_op(node.domain, node.op_type)
         if op is None:
             continue
@@ -449,11 +532,11 @@ def static_shape_problems(model: onnx.ModelProto) -> list[str]:
             continue  # an input of unknown type: nothing to judge
         attrs = _loadable_attributes(op, node)
         if attrs is None or not _loadable_types(op, inputs):
-            continue  # ORT refuses the node at load, in its own words
+            continue  # ORT refuses the node at load (node_problems names why)
         try:
             op.check(inputs, attrs)
         except CheckError as e:
-            problems.append(f"{node.domain}::{node.op_type} (node {node.name!r}): {e.message}")
+            problems.append(f"static shapes already fail the checks of {_label(node)}: {e.message}")
     return problems
 
 

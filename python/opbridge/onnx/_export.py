@@ -66,10 +66,15 @@ def _quiet_exporter() -> Iterator[None]:
     """Silences exporter chatter that says nothing about the user's model: the dynamo exporter
     logs one warning per torchvision op when torchvision is absent, torch's pytree emits a
     FutureWarning, and the TorchScript exporter warns that it is deprecated (it is the exporter
-    the caller chose with dynamo=False)."""
-    log = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = log.level
-    log.setLevel(logging.ERROR)
+    the caller chose with dynamo=False). A fake kernel's refusal of the model's arguments is logged
+    by torch with its whole traceback before the export fails with it: the error says it (see
+    ``_model_error``)."""
+    quiet = {"torch.onnx._internal.exporter._registration": logging.ERROR,
+             "torch._subclasses.fake_tensor": logging.CRITICAL}
+    logs = {logging.getLogger(name): level for name, level in quiet.items()}
+    saved = {log: log.level for log in logs}
+    for log, level in logs.items():
+        log.setLevel(level)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
@@ -77,7 +82,25 @@ def _quiet_exporter() -> Iterator[None]:
             warnings.filterwarnings("ignore", message=r"The feature will be removed.*", category=DeprecationWarning)
             yield
     finally:
-        log.setLevel(level)
+        for log, level in saved.items():
+            log.setLevel(level)
+
+
+def _model_error(e: BaseException) -> BaseException | None:
+    """The error of an op's argument check (``opbridge::group_norm: x must have rank >= 2 ...``)
+    that made ``torch.export`` fail, or None: the model calls the op with arguments it refuses, and
+    the dynamo exporter says so in the same words (and type) as the TorchScript one and eager torch."""
+    from .._declarations import CheckError
+
+    seen = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        # The op's adapter raises the check's verdict `from None`: the CheckError is its context.
+        if isinstance(cur.__cause__ or cur.__context__, CheckError) and isinstance(cur, (ValueError, TypeError)):
+            return cur
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def export(
@@ -162,11 +185,17 @@ def export(
             kwargs.update(_dynamic.group_var_positional(dyn.kwargs, _var_positional_start(model, args)))
             dyn.warn()
             kwargs.setdefault("verbose", False)
-            with _quiet_exporter(), dyn.quiet():
-                program = torch.onnx.export(
-                    model, args, dynamo=True, opset_version=max(opset, _DYNAMO_MIN_OPSET),
-                    custom_translation_table=table, **kwargs,
-                )
+            try:
+                with _quiet_exporter(), dyn.quiet():
+                    program = torch.onnx.export(
+                        model, args, dynamo=True, opset_version=max(opset, _DYNAMO_MIN_OPSET),
+                        custom_translation_table=table, **kwargs,
+                    )
+            except Exception as e:
+                refused = _model_error(e)
+                if refused is None:
+                    raise
+                raise type(refused)(str(refused)) from e
             # The exported model as onnx_ir holds torch's own tensors: nothing is copied until
             # the tensors are written.
             ir_model = cast("torch.onnx.ONNXProgram", program).model

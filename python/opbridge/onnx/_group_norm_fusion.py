@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import numpy as np
 
+from .._library import MS_DOMAIN
 from .._op_library import opbridge_library
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ if SILU not in cast("AttrDecl", _GROUP_NORM.arg("activation")).choices:  # pragm
 # The op version that introduced `activation`: a model with a node that sets it imports the domain
 # at least at this version.
 ACTIVATION_DOMAIN_VERSION = _GROUP_NORM.arg("activation").since
-MS_DOMAIN = "com.microsoft"
 # The largest constant a rule reads (a per-channel vector of 262144 float32 channels): no step of
 # the fusion reads, copies or folds a larger tensor (docs/optimize.md, "Real-size models").
 RULE_CONSTANT_BYTES = 1 << 20

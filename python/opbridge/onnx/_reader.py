@@ -34,6 +34,21 @@ class UnreadableModel(ValueError):
     tensor, which)."""
 
 
+class InvalidModel(ValueError):
+    """The model is read, but its nodes do not fit the ops they call (an input, an attribute or a
+    static shape that is wrong): the model needs fixing. The message names each node, its op and
+    what was expected (``INVALID_MODEL`` heads it)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__(f"{INVALID_MODEL}\n  " + "\n  ".join(problems))
+        self.problems = problems
+
+
+# The verdict on a model whose nodes do not fit their ops (InferenceSession, `opbridge check`, `optimize`).
+INVALID_MODEL = ("the model is invalid: its nodes do not fit the ops they call (fix the model; where a line says "
+                 "so, upgrade the op library):")
+
+
 class MalformedGraph(UnreadableModel):
     """The file is read and its tensors pass the checks, but its graph is not one onnx_ir (under
     `optimize` and export's fusion) can take: a value defined twice, a graph output nothing
@@ -108,6 +123,8 @@ def read_graph(path: str | os.PathLike[str]) -> onnx.ModelProto:
         raise UnreadableModel(f"cannot read {path}: {e.strerror or e}") from e
     if not stat.S_ISREG(st.st_mode):
         raise UnreadableModel(f"cannot read {path}: it is not a regular file")
+    if st.st_size == 0:
+        raise UnreadableModel(f"cannot read {path}: it is not an ONNX model (the file is empty)")
     try:
         proto = onnx.load(path, load_external_data=False)
     except (DecodeError, RuntimeError, ValueError, TypeError, RecursionError, MemoryError) as e:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import onnx
 from onnx import TensorProto
 
 from ._registry import standard_lowering

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
-from .._library import DOMAIN
+from .._library import DOMAIN, MS_DOMAIN
 from .._op_library import opbridge_library
 from ._config import ExportConfig
 from ._registry import once_per_export, standard_lowering
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from ._build import Builder
 
 OP_TYPE = "Inverse"  # the declaration's onnx_type
-MS_DOMAIN = "com.microsoft"
 MS_DOMAIN_VERSION = 1
 _KEYS = ("torch_inverse", "aten::linalg_inv", "aten::inverse")
 

@@ -346,7 +346,7 @@ def ort_cases(draw):
         params[name] = (vals.reshape((1, length)) if mode == "2d" else vals, kind)
 
     # -- model
-    inputs, nodes, feeds, graph_inputs = [], [], {}, []
+    nodes, feeds, graph_inputs = [], {}, []
 
     def add_input(name, values, type_name, shape_):
         """Graph input `name` of ONNX type `type_name`; via Cast from float32 where numpy lacks

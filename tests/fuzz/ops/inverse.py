@@ -20,7 +20,6 @@ import numpy as np
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from helpers import reference
 
 from .. import oracle
 from .. import strategies as S

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from helpers import reference
-from helpers.msda_inputs import (TOL_COORD, TOL_SUM, TINY, backward_allowances, f64, level_tensors)
+from helpers.msda_inputs import (TOL_COORD, TOL_SUM, TINY, backward_allowances, level_tensors)
 
 from .. import oracle
 from .. import strategies as S

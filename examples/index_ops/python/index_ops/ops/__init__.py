@@ -4,6 +4,14 @@ Every module in this package is one op; its public functions are re-exported her
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from opbridge.ops import load_package_ops
 
 __all__ = load_package_ops(globals())
+
+# The same functions as type checkers see them (load_package_ops imports them at run time, after
+# loading the torch extension); `opbridge new-op` adds a line here for each op it adds.
+if TYPE_CHECKING:
+    from .radius_neighbors import radius_neighbors as radius_neighbors
+    from .segment_max import segment_max as segment_max

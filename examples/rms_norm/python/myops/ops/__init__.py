@@ -4,6 +4,13 @@ Every module in this package is one op; its public functions are re-exported her
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from opbridge.ops import load_package_ops
 
 __all__ = load_package_ops(globals())
+
+# The same functions as type checkers see them (load_package_ops imports them at run time, after
+# loading the torch extension); `opbridge new-op` adds a line here for each op it adds.
+if TYPE_CHECKING:
+    from .rms_norm import rms_norm as rms_norm

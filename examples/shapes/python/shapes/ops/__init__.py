@@ -4,6 +4,16 @@ Every module in this package is one op; its public functions are re-exported her
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from opbridge.ops import load_package_ops
 
 __all__ = load_package_ops(globals())
+
+# The same functions as type checkers see them (load_package_ops imports them at run time, after
+# loading the torch extension); `opbridge new-op` adds a line here for each op it adds.
+if TYPE_CHECKING:
+    from .bias_act import bias_act as bias_act
+    from .segment_sum import segment_sum as segment_sum
+    from .select_rows import select_rows as select_rows
+    from .window_stats import window_stats as window_stats
