@@ -72,6 +72,18 @@ class _Fail(Exception):
 # --------------------------------------------------------------------------------------------
 
 
+def _divide_term(k: tuple[Any, ...], v: int, ok: tuple[Any, ...], ov: int) -> tuple[tuple[Any, ...], int] | None:
+    """The term v·k divided by the term ov·ok, when exact: ok's leaves all in k, ov divides v."""
+    rest = list(k)
+    for leaf in ok:
+        if leaf not in rest:
+            return None
+        rest.remove(leaf)
+    if v % ov:
+        return None
+    return tuple(rest), v // ov
+
+
 class Poly:
     """An integer polynomial: {sorted tuple of leaf names: coefficient}. Leaves are sizes the graph
     holds (a dim of a tensor, an element of an integer tensor, a symbolic dim's name)."""
@@ -134,14 +146,10 @@ class Poly:
             return None
         out: dict[Any, Any] = {}
         for k, v in self.terms.items():
-            rest = list(k)
-            for leaf in ok:
-                if leaf not in rest:
-                    return None
-                rest.remove(leaf)
-            if v % ov:
+            q = _divide_term(k, v, ok, ov)
+            if q is None:
                 return None
-            out[tuple(rest)] = out.get(tuple(rest), 0) + v // ov
+            out[q[0]] = out.get(q[0], 0) + q[1]
         return Poly(out)
 
     def _long_div(self, other: "Poly") -> "Poly | None":
@@ -160,15 +168,10 @@ class Poly:
         for _ in range(64):  # the quotient's terms; sizes have a handful
             if not rest.terms:
                 return out
-            k, v = lead(rest)
-            left = list(k)
-            for leaf in ok:
-                if leaf not in left:
-                    return None
-                left.remove(leaf)
-            if v % ov:
+            q = _divide_term(*lead(rest), ok, ov)
+            if q is None:
                 return None
-            t = Poly({tuple(left): v // ov})
+            t = Poly({q[0]: q[1]})
             out, rest = out + t, rest - t * other
         return None
 
