@@ -126,6 +126,47 @@ class PointCloud:
         self.ours()
 
 
+def torch_cluster_pair(op):
+    """(opbridge call, torch_cluster call) on the same clouds flattened with a batch vector, or
+    NotImplementedError where torch_cluster is not installed (it has no wheels on PyPI: its sdist
+    builds against the installed torch, about an hour on 2 cores). torch_cluster's FPS starts at each
+    cloud's first point like ours (the same indices); its radius search returns up to
+    max_num_neighbors pairs without PointNet++'s fill rule; its kNN uses a k-d tree."""
+    torch = torch_or_skip()
+    try:
+        import torch_cluster
+    except ImportError as e:
+        raise NotImplementedError("torch_cluster is not installed") from e
+    ours = opbridge_torch_op(op).default
+    g = torch.Generator().manual_seed(0)
+    xyz = torch.rand(B, N, 3, generator=g)
+    centers = xyz[:, :M].contiguous()
+    flat, batch = xyz.reshape(-1, 3), torch.arange(B).repeat_interleave(N)
+    cflat, cbatch = centers.reshape(-1, 3), torch.arange(B).repeat_interleave(M)
+    if op == "furthest_point_sample":
+        return (lambda: ours(xyz, M)), (lambda: torch_cluster.fps(flat, batch, ratio=M / N, random_start=False))
+    if op == "knn":
+        return (lambda: ours(K, xyz, centers)), (lambda: torch_cluster.knn(flat, cflat, K, batch, cbatch))
+    return ((lambda: ours(0.0, RADIUS, S, xyz, centers)),
+            (lambda: torch_cluster.radius(flat, cflat, RADIUS, batch, cbatch, max_num_neighbors=S)))
+
+
+class PointCloudVsTorchCluster:
+    """time(torch_cluster) / time(opbridge torch op), float32, THREADS threads, the shapes above;
+    skipped where torch_cluster is not installed."""
+
+    params = ["furthest_point_sample", "knn", "ball_query"]
+    param_names = ["op"]
+    unit = "x"
+    timeout = 900
+
+    def setup(self, op):
+        self.ours, self.theirs = torch_cluster_pair(op)
+
+    def track_speedup(self, op):
+        return measure_speedup(self.ours, self.theirs, rounds=5, round_seconds=0.2)
+
+
 if __name__ == "__main__":
     import subprocess
 
