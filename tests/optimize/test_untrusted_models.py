@@ -12,6 +12,7 @@ suite (seed printed; OPBRIDGE_TEST_SEED replays it), a long one with --run-slow.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -453,3 +454,19 @@ def test_what_the_fuzzer_found_is_refused_cleanly(tmp_path, rng, capsys):
     out = capsys.readouterr().out
     assert "the model is invalid" in out and "attribute 'epsilon' must be a float, got a list of floats" in out, out
     assert "Traceback" not in out, out
+
+
+def test_a_lying_channel_count_is_not_allocated(tmp_path):
+    """X's dims are the file's word: a GroupNorm pattern whose X states 3 * 2**30 channels is left
+    as it is, with the reason, instead of building a default scale of that many values (24 GiB:
+    found by the model-file fuzzer, seed 930900551, case 186)."""
+    from helpers.optimize_support import group_norm_decomposition_with_table
+
+    model = group_norm_decomposition_with_table(np.random.default_rng(0), 8, 4, [3, 3], table_rows=4)[0]
+    model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 3 * 2**30
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    from opbridge._optimize import optimize
+
+    report = optimize(str(path), str(tmp_path / "o.onnx"), out=io.StringIO())
+    assert "X states 3221225472 channels, more than the 16777216" in "\n".join(report.result.skipped), report

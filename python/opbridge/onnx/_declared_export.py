@@ -266,7 +266,7 @@ def attribute_problems(model: onnx.ModelProto) -> list[str]:
         if node.domain not in libs:
             continue
         op = find_op(node.domain, node.op_type)
-        label = f"{node.domain}::{node.op_type} (node {node.name!r})"
+        label = _label(node)
         if op is None and libs[node.domain].misdeclared([node.op_type]) is not None:
             continue  # no attributes to compare: misdeclared_ops reports it
         if op is None:
@@ -452,7 +452,8 @@ def _static_types(model: onnx.ModelProto) -> dict[str, tuple[Any, ...]]:
 
 
 def _label(node: onnx.NodeProto) -> str:
-    return f"{node.domain}::{node.op_type} (node {node.name!r})"
+    """The op and the node as ONNX Runtime's messages name them: an unnamed node by its op only."""
+    return f"{node.domain}::{node.op_type}" + (f" (node {node.name!r})" if node.name else "")
 
 
 def node_problems(model: onnx.ModelProto, types: dict[str, tuple[Any, ...]] | None = None) -> list[str]:

@@ -39,6 +39,15 @@ ACTIVATION_DOMAIN_VERSION = _GROUP_NORM.arg("activation").since
 RULE_CONSTANT_BYTES = 1 << 20
 
 _NOT_REWRITTEN = "not rewritten"
+# More channels than any model has: X's dims are the file's word, and a rewrite builds vectors of
+# one value per channel (a default scale, a per-group scale expanded), which a lying dim would make
+# gigabytes.
+MAX_CHANNELS = 1 << 24
+
+
+def _too_many_channels(channels: int) -> str:
+    return (f"{_NOT_REWRITTEN}: X states {channels} channels, more than the {MAX_CHANNELS} a rewrite builds "
+            "per-channel vectors for")
 
 
 # --------------------------------------------------------------------------------------------
@@ -262,6 +271,8 @@ def _make_rule_classes() -> Any:
             rank, channels = len(dims), dims[1]
             if channels is None:
                 raise _Skip(f"{_NOT_REWRITTEN}: the channel count X.shape[1] is not static")
+            if channels > MAX_CHANNELS:
+                raise _Skip(_too_many_channels(channels))
             s, t = _const(in_scale), _const(in_bias)
             if s is None or t is None or s.ndim != 1 or t.shape != s.shape:
                 raise _Skip(f"{_NOT_REWRITTEN}: InstanceNormalization's scale and bias are not constant vectors")
@@ -356,6 +367,8 @@ def _make_rule_classes() -> Any:
                 return self._fail(node, f"{_NOT_REWRITTEN}: not a float input or no valid num_groups")
             dims = _dims(x)
             channels = dims[1] if dims is not None and len(dims) >= 2 else None
+            if channels is not None and channels > MAX_CHANNELS:
+                return self._fail(node, _too_many_channels(channels))
             if self.per_channel:
                 self._plan = _Plan(x=x, num_groups=groups, epsilon=eps, channels=channels, scale=scale, bias=bias)
                 return pattern.MatchResult()
@@ -405,6 +418,8 @@ def _make_rule_classes() -> Any:
                     return self._fail(node, f"{_NOT_REWRITTEN}: channels_last input of unknown rank")
                 rank = len(dims)
             channels = (dims[-1] if channels_last else dims[1]) if dims else None
+            if channels is not None and channels > MAX_CHANNELS:
+                return self._fail(node, _too_many_channels(channels))
             self._plan = _Plan(x=x, num_groups=groups, epsilon=a.get_float("epsilon", 1e-5), channels=channels,
                                scale=gamma, bias=beta, activation=SILU if activation == 1 else "none",
                                channels_last_rank=rank)
