@@ -151,20 +151,14 @@ def torch_cluster_pair(op):
             (lambda: torch_cluster.radius(flat, cflat, RADIUS, batch, cbatch, max_num_neighbors=S)))
 
 
-class PointCloudVsTorchCluster:
+class PointCloudVsTorchCluster(PointCloudSpeedup):
     """time(torch_cluster) / time(opbridge torch op), float32, THREADS threads, the shapes above;
     skipped where torch_cluster is not installed."""
 
     params = ["furthest_point_sample", "knn", "ball_query"]
-    param_names = ["op"]
-    unit = "x"
-    timeout = 900
 
     def setup(self, op):
         self.ours, self.theirs = torch_cluster_pair(op)
-
-    def track_speedup(self, op):
-        return measure_speedup(self.ours, self.theirs, rounds=5, round_seconds=0.2)
 
 
 if __name__ == "__main__":
