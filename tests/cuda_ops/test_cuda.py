@@ -552,7 +552,7 @@ INV_SIZES = [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 48, 64, 65, 100, 200]
 def test_inverse_cuda_matches_reference(rng, dtype, n, batch):
     td = TORCH_DTYPES[dtype]
     # Well conditioned: diagonally dominant plus noise, so float32 keeps ~5 digits.
-    a = rng.standard_normal((*batch, n, n)) + np.eye(n) * (2.0 * np.sqrt(n))
+    a = ref.well_conditioned(rng, (*batch, n, n))
     a = torch.from_numpy(a).to(td)
     _poison_cuda_allocator(a.numel() * a.element_size())
     y = torch.ops.opbridge.inverse(a.cuda())
@@ -597,7 +597,7 @@ def test_inverse_cuda_nan_propagates(rng, n):
 def test_inverse_ort_cuda_matches_reference(rng, dtype, n):
     from helpers import onnx_models
 
-    a = (rng.standard_normal((3, n, n)) + np.eye(n) * (2.0 * np.sqrt(n))).astype(dtype)
+    a = ref.well_conditioned(rng, (3, n, n)).astype(dtype)
     model = onnx_models.single_node_model("Inverse", opbridge.DOMAIN, [("X", dtype, list(a.shape))])
     sess = _ort_cuda_session(onnx_models.serialize(model))
     (y,) = sess.run(None, {"X": a})
@@ -730,7 +730,7 @@ def test_group_norm_ort_cuda_bad_attribute_names_node(attrs, match):
 @pytest.mark.parametrize("n", [2, 3, 8, 32, 40, 100])
 def test_inverse_cuda_on_singular_nan(rng, dtype, n):
     td = TORCH_DTYPES[dtype]
-    a = torch.from_numpy(rng.standard_normal((6, n, n)) + np.eye(n) * 2 * np.sqrt(n)).to(td)
+    a = torch.from_numpy(ref.well_conditioned(rng, (6, n, n))).to(td)
     a[3, n - 1] = a[3, 0]  # two equal rows
     a[4, :, 0] = 0  # a zero column
     _poison_cuda_allocator(a.numel() * a.element_size())
@@ -751,13 +751,13 @@ def test_inverse_cuda_on_singular_nan(rng, dtype, n):
 @pytest.mark.parametrize("n", [3, 40])
 def test_inverse_cuda_on_singular_nan_graph_capture(rng, n):
     """With on_singular="nan" nothing is read back: the op can be captured in a CUDA graph."""
-    a = torch.from_numpy(rng.standard_normal((4, n, n)) + np.eye(n) * 2 * np.sqrt(n)).float().cuda()
+    a = torch.from_numpy(ref.well_conditioned(rng, (4, n, n))).float().cuda()
     torch.ops.opbridge.inverse(a, "nan")  # warm-up outside the capture
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         y = torch.ops.opbridge.inverse(a, "nan")
-    fresh = torch.from_numpy(rng.standard_normal((4, n, n)) + np.eye(n) * 2 * np.sqrt(n)).float()
+    fresh = torch.from_numpy(ref.well_conditioned(rng, (4, n, n))).float()
     a.copy_(fresh.cuda())
     g.replay()
     torch.cuda.synchronize()
@@ -770,7 +770,7 @@ def test_inverse_cuda_on_singular_nan_graph_capture(rng, n):
 def test_inverse_ort_cuda_on_singular_nan(rng, dtype, n):
     from helpers import onnx_models
 
-    a = (rng.standard_normal((3, n, n)) + np.eye(n) * 2 * np.sqrt(n)).astype(dtype)
+    a = ref.well_conditioned(rng, (3, n, n)).astype(dtype)
     a[1, :, 0] = 0
     model = onnx_models.single_node_model("Inverse", opbridge.DOMAIN, [("X", dtype, list(a.shape))],
                                           {"on_singular": "nan"}, domain_version=2)

@@ -391,7 +391,7 @@ def test_inverse_kernels_emulated(simt_ops, tmp_path, rng, dtype, n):
     """Well-conditioned matrices: each path's result against float64 numpy, out of place and in
     place (the adapters' two uses), the report word left at 'no singular matrix'."""
     batch = _inverse_batch(n)
-    a = _round_to(dtype, rng.standard_normal((batch, n, n)) + np.eye(n) * (2.0 * np.sqrt(n)))
+    a = _round_to(dtype, ref.well_conditioned(rng, (batch, n, n)))
     expect = np.linalg.inv(a)
     tol = {"float": 1e-4, "double": 1e-11}[dtype] * max(1.0, float(np.abs(expect).max()))
     for in_place in (False, True):
@@ -401,7 +401,7 @@ def test_inverse_kernels_emulated(simt_ops, tmp_path, rng, dtype, n):
 
 
 def _singular_batch(rng, dtype, n, batch):
-    a = rng.standard_normal((batch, n, n)) + np.eye(n) * (2.0 * np.sqrt(n))
+    a = ref.well_conditioned(rng, (batch, n, n))
     a[1, n - 1] = a[1, 0]  # two equal rows: the last pivot is exactly zero (step n - 1)
     a[2, :, 0] = 0.0  # a zero column: the first pivot is zero (step 0), then NaN everywhere
     return _round_to(dtype, a)
@@ -441,7 +441,7 @@ def test_inverse_kernels_emulated_nonfinite(simt_ops, tmp_path, rng, dtype, n):
     """NaN and inf entries: not singular (no pivot is exactly zero), a NaN entry's matrix gets
     NaN in its result, and every other matrix of the batch is exact (the infinite entries'
     matrix may come out finite: the exact inverse is)."""
-    a = _round_to(dtype, rng.standard_normal((4, n, n)) + np.eye(n) * (2.0 * np.sqrt(n)))
+    a = _round_to(dtype, ref.well_conditioned(rng, (4, n, n)))
     a[1, n // 2, n // 3] = np.nan
     a[2, 0, n - 1] = np.inf
     a[2, n - 1, 0] = -np.inf
@@ -459,7 +459,7 @@ def test_inverse_kernels_emulated_block_path_wraps(simt_ops, tmp_path, rng):
     device), so one block inverts two in turn (its shared memory and singular flag reused), a
     singular one among them."""
     n, batch = 33, 34
-    a = _round_to("float", rng.standard_normal((batch, n, n)) + np.eye(n) * (2.0 * np.sqrt(n)))
+    a = _round_to("float", ref.well_conditioned(rng, (batch, n, n)))
     a[32, :, 5] = 0.0  # inverted second by block 0
     err, info, y = _inverse_call(simt_ops, tmp_path, "float", a, nan_on_singular=True)
     assert err == 0 and info >> 24 == 32, hex(info)
@@ -731,7 +731,7 @@ def test_inverse_compute_function_emulated(simt_ops, tmp_path, rng, dtype, n):
             assert status == STATUS_LINALG
             assert f"matrix 1 of the batch is singular (U[{n - 1},{n - 1}] == 0)" in err
     # Invertible matrices: no error.
-    good = _round_to(dtype, rng.standard_normal((3, n, n)) + np.eye(n) * (2.0 * np.sqrt(n)))
+    good = _round_to(dtype, ref.well_conditioned(rng, (3, n, n)))
     header = np.array([3, n, 0, 0], dtype=np.int64)
     raw, _ = _simt(simt_ops, tmp_path, "inverse_compute", dtype, header.tobytes() + good.tobytes())
     assert int(np.frombuffer(raw[:8], dtype=np.int64)[0]) == 0
