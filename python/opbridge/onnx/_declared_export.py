@@ -266,7 +266,7 @@ def attribute_problems(model: onnx.ModelProto) -> list[str]:
         if node.domain not in libs:
             continue
         op = find_op(node.domain, node.op_type)
-        label = f"{node.domain}::{node.op_type} (node {node.name!r})"
+        label = _label(node)
         if op is None and libs[node.domain].misdeclared([node.op_type]) is not None:
             continue  # no attributes to compare: misdeclared_ops reports it
         if op is None:
