@@ -11,6 +11,7 @@
 #include "common/dtype.cuh"
 #include "common/launch.cuh"
 #include "opbridge/kernel.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge::cuda {
 
@@ -25,6 +26,23 @@ inline LaunchShape element_shape(int64_t total, int threads = kElementThreads) {
 
 // The stream a compute function was handed (ORT's compute stream, torch's current stream).
 inline Stream stream_of(const KernelCall& k) { return Stream(static_cast<cudaStream_t>(k.stream())); }
+
+// fn(D{}) for the device type D (float, double, __half, __nv_bfloat16) of input `name`'s element
+// type: the dispatch of the point-cloud kernels, which read their tensors as D (k.in<D>, k.out<D>).
+template <class F>
+Status dispatch_device(const KernelCall& k, const char* name, F&& fn) {
+  return dispatch<float, double, Half, BFloat16>(k.type(name), [&](auto tag) -> Status {
+    return fn(typename DeviceType<decltype(tag)>::type{});
+  });
+}
+
+// point_cloud::dispatch_gather with the features' device type: fn(D{}, indices).
+template <class F>
+Status dispatch_gather_device(const KernelCall& k, F&& fn) {
+  return point_cloud::dispatch_gather(k, [&](auto tag, const auto* indices) -> Status {
+    return fn(typename DeviceType<decltype(tag)>::type{}, indices);
+  });
+}
 
 // kernel over `total` elements with a grid-stride loop, kThreads per block; nothing for none.
 template <int kThreads = kElementThreads, class... Params, class... Args>

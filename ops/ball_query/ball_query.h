@@ -12,10 +12,8 @@
 
 #include <cstdint>
 
-#include "opbridge/kernel.h"
-#include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
-#include "opbridge/status.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge {
 
@@ -23,8 +21,9 @@ inline constexpr const char* kBallQueryOpType = "BallQuery";
 
 const OpDecl& ball_query_decl();
 
-struct BallQueryParams {
-  int64_t B = 0, N = 0, M = 0, S = 0;
+// B, N, M of the clouds; S = sample_num.
+struct BallQueryParams : point_cloud::CloudDims {
+  int64_t S = 0;
   float min_radius = 0, max_radius = 0;  // as float32, the ONNX attributes' type
 };
 BallQueryParams ball_query_params(const KernelCall& k);

@@ -29,29 +29,22 @@ Status validate(const OpCall& call) {
 }  // namespace
 
 BallQueryParams ball_query_params(const KernelCall& k) {
-  const TensorArg &xyz = k.arg("xyz"), &c = k.arg("center_xyz");
-  BallQueryParams p;
-  p.B = xyz.dim(0);
-  p.N = xyz.dim(1);
-  p.M = c.dim(1);
-  p.S = k.call().attr_int("sample_num");
-  p.min_radius = static_cast<float>(k.call().attr_float("min_radius"));
-  p.max_radius = static_cast<float>(k.call().attr_float("max_radius"));
-  return p;
+  const OpCall& call = k.call();
+  return {point_cloud::cloud_dims(k, "xyz", "center_xyz"), call.attr_int("sample_num"),
+          static_cast<float>(call.attr_float("min_radius")), static_cast<float>(call.attr_float("max_radius"))};
 }
 
 const OpDecl& ball_query_decl() {
   static const OpDecl decl =
-      OpDecl("ball_query", kBallQueryOpType, 3)
-          .doc("Ball query (PointNet++, mmcv's ball_query): for each center the first sample_num points in the shell "
-               "min_radius <= d < max_radius (or at distance 0), unfilled slots repeating the first one found.")
-          .attr_float("min_radius", "inner radius of the shell, >= 0").required()
-          .attr_float("max_radius", "outer radius of the ball, > min_radius").required()
-          .attr_int("sample_num", "points per center, >= 1").required()
-          .input("xyz", "T", "the points").shape("(B, N, 3)").rank(3)
-          .input("center_xyz", "T", "the query centers").shape("(B, M, 3)").rank(3)
-          .types("T", kFloatTypes)
-          .types("I", {ElemType::kInt64})
+      point_cloud::cloud_pair_inputs(
+          point_cloud::op_decl("ball_query", kBallQueryOpType,
+                               "Ball query (PointNet++, mmcv's ball_query): for each center the first sample_num "
+                               "points in the shell min_radius <= d < max_radius (or at distance 0), unfilled slots "
+                               "repeating the first one found.")
+              .attr_float("min_radius", "inner radius of the shell, >= 0").required()
+              .attr_float("max_radius", "outer radius of the ball, > min_radius").required()
+              .attr_int("sample_num", "points per center, >= 1").required(),
+          "xyz", "the points", "center_xyz", "the query centers")
           .output("indices", "I", "center_xyz[0], center_xyz[1], sample_num", "(B, M, sample_num) int64 indices into N")
           .check(validate);
   return decl;

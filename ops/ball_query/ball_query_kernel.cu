@@ -39,14 +39,11 @@ __global__ void ball_query_kernel(const D* __restrict__ xyz, const D* __restrict
 Status compute(const KernelCall& k) {
   const BallQueryParams p = ball_query_params(k);
   const int64_t total = p.B * p.M;
-  return dispatch<float, double, Half, BFloat16>(k.type("xyz"), [&](auto tag) {
-    using T = decltype(tag);
-    using D = typename DeviceType<T>::type;
-    using C = acc<D>;
-    const C lo = static_cast<C>(p.min_radius), hi = static_cast<C>(p.max_radius);
-    return launch_elements(ball_query_kernel<D>, total, stream_of(k), reinterpret_cast<const D*>(k.in<T>("xyz")),
-                           reinterpret_cast<const D*>(k.in<T>("center_xyz")), k.out<int64_t>(0), total, p.N, p.M, p.S,
-                           lo * lo, hi * hi);
+  return dispatch_device(k, "xyz", [&](auto tag) {
+    using D = decltype(tag);
+    const acc<D> lo = p.min_radius, hi = p.max_radius;
+    return launch_elements(ball_query_kernel<D>, total, stream_of(k), k.in<D>("xyz"), k.in<D>("center_xyz"),
+                           k.out<int64_t>(0), total, p.N, p.M, p.S, lo * lo, hi * hi);
   });
 }
 

@@ -14,10 +14,8 @@
 #include <cstdint>
 
 #include "opbridge/cpu_isa.h"
-#include "opbridge/kernel.h"
-#include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
-#include "opbridge/status.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge {
 
@@ -25,9 +23,8 @@ inline constexpr const char* kFurthestPointSampleOpType = "FurthestPointSample";
 
 const OpDecl& furthest_point_sample_decl();
 
-struct FurthestPointSampleParams {
-  int64_t B = 0, N = 0, M = 0;
-};
+// B, N of points_xyz; M = num_points.
+using FurthestPointSampleParams = point_cloud::CloudDims;
 FurthestPointSampleParams furthest_point_sample_params(const KernelCall& k);
 
 // points: [B, N, 3] contiguous; out: [B, M]. T: float, double, Half, BFloat16 (the 16-bit types

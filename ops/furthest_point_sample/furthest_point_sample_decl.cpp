@@ -23,19 +23,18 @@ Status validate(const OpCall& call) {
 }  // namespace
 
 FurthestPointSampleParams furthest_point_sample_params(const KernelCall& k) {
-  const TensorArg& p = k.arg("points_xyz");
-  return {p.dim(0), p.dim(1), k.call().attr_int("num_points")};
+  return {k.arg("points_xyz").dim(0), k.arg("points_xyz").dim(1), k.call().attr_int("num_points")};
 }
 
 const OpDecl& furthest_point_sample_decl() {
   static const OpDecl decl =
-      OpDecl("furthest_point_sample", kFurthestPointSampleOpType, 3)
-          .doc("Farthest point sampling (PointNet++, mmcv's furthest_point_sample): num_points indices per cloud, "
-               "the first 0, each next one the point farthest from those picked; ties to the lowest index.")
-          .input("points_xyz", "T", "the point clouds").shape("(B, N, 3)").rank(3)
+      point_cloud::cloud_input(
+          point_cloud::op_decl("furthest_point_sample", kFurthestPointSampleOpType,
+                               "Farthest point sampling (PointNet++, mmcv's furthest_point_sample): num_points "
+                               "indices per cloud, the first 0, each next one the point farthest from those picked; "
+                               "ties to the lowest index."),
+          "points_xyz", "the point clouds", "(B, N, 3)")
           .attr_int("num_points", "number of points to sample, M <= N").required()
-          .types("T", kFloatTypes)
-          .types("I", {ElemType::kInt64})
           .output("indices", "I", "points_xyz[0], num_points", "(B, M) int64 indices into N")
           .check(validate);
   return decl;

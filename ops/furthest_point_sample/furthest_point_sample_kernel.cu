@@ -63,13 +63,12 @@ __global__ void fps_kernel(const D* __restrict__ points, int64_t* __restrict__ o
 Status compute(const KernelCall& k) {
   const FurthestPointSampleParams p = furthest_point_sample_params(k);
   if (p.B == 0 || p.M == 0) return Status::Ok();
-  return dispatch<float, double, Half, BFloat16>(k.type("points_xyz"), [&](auto tag) {
-    using T = decltype(tag);
-    using D = typename DeviceType<T>::type;
+  return dispatch_device(k, "points_xyz", [&](auto tag) {
+    using D = decltype(tag);
     auto* dist = static_cast<acc<D>*>(k.scratch(sizeof(acc<D>) * static_cast<size_t>(p.B * p.N)));
     LaunchShape shape{dim3(static_cast<unsigned>(p.B)), dim3(kThreads)};
-    return cuda_status(launch(fps_kernel<D>, shape, stream_of(k), reinterpret_cast<const D*>(k.in<T>("points_xyz")),
-                              k.out<int64_t>(0), dist, p.N, p.M));
+    return cuda_status(launch(fps_kernel<D>, shape, stream_of(k), k.in<D>("points_xyz"), k.out<int64_t>(0), dist, p.N,
+                              p.M));
   });
 }
 

@@ -12,10 +12,8 @@
 
 #include <cstdint>
 
-#include "opbridge/kernel.h"
-#include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
-#include "opbridge/status.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge {
 
@@ -33,12 +31,7 @@ struct GatherDims {
 };
 GatherDims gather_dims(const KernelCall& k);
 
-// The first index outside [0, N), as an InvalidArgument naming it by position in `indices`
-// (whose shape is `shape`); Ok when every index is in range.
-template <class I>
-Status check_gather_indices(const I* indices, const std::vector<int64_t>& shape, int64_t n);
-
-// out[b, c, j] = features[b, c, indices[b, j]]. Indices must be in range (check_gather_indices).
+// out[b, c, j] = features[b, c, indices[b, j]]. Indices must be in range (point_cloud::check_indices).
 template <class T, class I>
 void gather_cpu(const T* features, const I* indices, T* out, const GatherDims& d, const ParallelFor& pf);
 // grad_features = 0, then grad_features[b, c, indices[b, j]] += grad_out[b, c, j].

@@ -22,23 +22,17 @@ Status validate(const OpCall& call) {
 // GroupingOperation and GatherPoints are one gather, by indices of shape (B, M, S) or (B, M).
 OpDecl gather_decl(const char* name, const char* op_type, const char* doc, const char* indices_shape,
                    int64_t indices_rank, const char* output_rule, const char* output_doc) {
-  return OpDecl(name, op_type, 3)
-      .doc(doc)
+  return point_cloud::op_decl(name, op_type, doc, {ElemType::kInt64, ElemType::kInt32})
       .input("features", "T", "per-point features").shape("(B, C, N)").rank(3)
       .input("indices", "I", "point indices in [0, N)").shape(indices_shape).rank(indices_rank)
-      .types("T", kFloatTypes)
-      .types("I", {ElemType::kInt64, ElemType::kInt32})
       .output("output", "T", output_rule, output_doc)
       .check(validate);
 }
 
-OpDecl gather_backward_decl(const OpDecl& forward, const char* name, const char* op_type, const char* doc,
-                            const char* grad_shape) {
-  return OpDecl(name, op_type, 3)
-      .doc(doc)
-      .input("grad_output", "T", "gradient of the output").shape(grad_shape)
-      .args_of(forward)
-      .output("grad_features", "T", "features", "shape of features")
+// The gradient with respect to features of `forward`, whose output is `out_shape`.
+OpDecl gather_backward_decl(const OpDecl& forward, const char* out_shape) {
+  return point_cloud::backward_decl(forward, "Gradient of " + forward.onnx_type() + " with respect to features.",
+                                    out_shape)
       .gradient_of(forward, {"features"});
 }
 
@@ -61,9 +55,7 @@ const OpDecl& grouping_operation_decl() {
 }
 
 const OpDecl& grouping_operation_backward_decl() {
-  static const OpDecl decl =
-      gather_backward_decl(grouping_operation_decl(), "grouping_operation_backward", "GroupingOperationBackward",
-                           "Gradient of GroupingOperation with respect to features.", "(B, C, M, S)");
+  static const OpDecl decl = gather_backward_decl(grouping_operation_decl(), "(B, C, M, S)");
   return decl;
 }
 
@@ -76,9 +68,7 @@ const OpDecl& gather_points_decl() {
 }
 
 const OpDecl& gather_points_backward_decl() {
-  static const OpDecl decl =
-      gather_backward_decl(gather_points_decl(), "gather_points_backward", "GatherPointsBackward",
-                           "Gradient of GatherPoints with respect to features.", "(B, C, M)");
+  static const OpDecl decl = gather_backward_decl(gather_points_decl(), "(B, C, M)");
   return decl;
 }
 

@@ -35,33 +35,35 @@ __global__ void scatter_kernel(const D* __restrict__ g, const I* __restrict__ id
   }
 }
 
-template <bool kBackward>
-Status compute(const KernelCall& k) {
+Status forward(const KernelCall& k) {
   const GatherDims d = gather_dims(k);
+  const int64_t total = d.B * d.C * d.J;
+  return dispatch_gather_device(k, [&](auto tag, const auto* idx) {
+    using D = decltype(tag);
+    return launch_elements(gather_kernel<D, std::decay_t<decltype(*idx)>>, total, stream_of(k), k.in<D>("features"),
+                           idx, k.out<D>(0), total, d.C, d.N, d.J);
+  });
+}
+
+Status backward(const KernelCall& k) {
+  const GatherDims d = gather_dims(k);
+  const int64_t total = d.B * d.C * d.J;
   const Stream stream = stream_of(k);
-  return point_cloud::dispatch_gather(k, [&](auto itag, auto tag) -> Status {
-    using I = decltype(itag);
-    using T = decltype(tag);
-    using D = typename DeviceType<T>::type;
+  return dispatch_gather_device(k, [&](auto tag, const auto* idx) {
+    using D = decltype(tag);
     using A = acc<D>;
-    const I* idx = k.in<I>("indices");
-    const int64_t out_total = d.B * d.C * d.J;
-    if constexpr (!kBackward) {
-      return launch_elements(gather_kernel<D, I>, out_total, stream, reinterpret_cast<const D*>(k.in<T>("features")),
-                             idx, reinterpret_cast<D*>(k.out<T>(0)), out_total, d.C, d.N, d.J);
-    } else {
-      const D* g = reinterpret_cast<const D*>(k.in<T>("grad_output"));
-      return scatter_add(k, stream, reinterpret_cast<D*>(k.out<T>(0)), d.B * d.C * d.N, [&](A* gf) {
-        return launch_elements(scatter_kernel<D, A, I>, out_total, stream, g, idx, gf, out_total, d.C, d.N, d.J);
-      });
-    }
+    const D* g = k.in<D>("grad_output");
+    return scatter_add(k, stream, k.out<D>(0), d.B * d.C * d.N, [&](A* gf) {
+      return launch_elements(scatter_kernel<D, A, std::decay_t<decltype(*idx)>>, total, stream, g, idx, gf, total, d.C,
+                             d.N, d.J);
+    });
   });
 }
 
 }  // namespace
 }  // namespace opbridge::cuda
 
-OPBRIDGE_KERNEL(opbridge::grouping_operation_decl, kCuda, opbridge::cuda::compute<false>);
-OPBRIDGE_KERNEL(opbridge::grouping_operation_backward_decl, kCuda, opbridge::cuda::compute<true>);
-OPBRIDGE_KERNEL(opbridge::gather_points_decl, kCuda, opbridge::cuda::compute<false>);
-OPBRIDGE_KERNEL(opbridge::gather_points_backward_decl, kCuda, opbridge::cuda::compute<true>);
+OPBRIDGE_KERNEL(opbridge::grouping_operation_decl, kCuda, opbridge::cuda::forward);
+OPBRIDGE_KERNEL(opbridge::grouping_operation_backward_decl, kCuda, opbridge::cuda::backward);
+OPBRIDGE_KERNEL(opbridge::gather_points_decl, kCuda, opbridge::cuda::forward);
+OPBRIDGE_KERNEL(opbridge::gather_points_backward_decl, kCuda, opbridge::cuda::backward);

@@ -10,10 +10,8 @@
 
 #include <cstdint>
 
-#include "opbridge/kernel.h"
-#include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
-#include "opbridge/status.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge {
 
@@ -21,8 +19,9 @@ inline constexpr const char* kKnnOpType = "KNN";
 
 const OpDecl& knn_decl();
 
-struct KnnParams {
-  int64_t B = 0, N = 0, M = 0, K = 0;
+// B, N, M of the clouds; K = k.
+struct KnnParams : point_cloud::CloudDims {
+  int64_t K = 0;
 };
 KnnParams knn_params(const KernelCall& k);
 

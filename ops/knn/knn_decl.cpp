@@ -23,18 +23,17 @@ Status validate(const OpCall& call) {
 }  // namespace
 
 KnnParams knn_params(const KernelCall& k) {
-  return {k.arg("xyz").dim(0), k.arg("xyz").dim(1), k.arg("center_xyz").dim(1), k.call().attr_int("k")};
+  return {point_cloud::cloud_dims(k, "xyz", "center_xyz"), k.call().attr_int("k")};
 }
 
 const OpDecl& knn_decl() {
   static const OpDecl decl =
-      OpDecl("knn", kKnnOpType, 3)
-          .doc("The k nearest points of each center (mmcv's knn), nearest first; ties to the lowest index.")
-          .attr_int("k", "neighbours per center, 1 <= k <= N").required()
-          .input("xyz", "T", "the points").shape("(B, N, 3)").rank(3)
-          .input("center_xyz", "T", "the query centers").shape("(B, M, 3)").rank(3)
-          .types("T", kFloatTypes)
-          .types("I", {ElemType::kInt64})
+      point_cloud::cloud_pair_inputs(
+          point_cloud::op_decl("knn", kKnnOpType,
+                               "The k nearest points of each center (mmcv's knn), nearest first; ties to the lowest "
+                               "index.")
+              .attr_int("k", "neighbours per center, 1 <= k <= N").required(),
+          "xyz", "the points", "center_xyz", "the query centers")
           .output("indices", "I", "xyz[0], k, center_xyz[1]", "(B, k, M) int64 indices into N, nearest first")
           .check(validate);
   return decl;

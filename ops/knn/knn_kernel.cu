@@ -44,13 +44,11 @@ Status compute(const KernelCall& k) {
   const KnnParams p = knn_params(k);
   const int64_t total = p.B * p.M;
   if (total == 0) return Status::Ok();
-  return dispatch<float, double, Half, BFloat16>(k.type("xyz"), [&](auto tag) {
-    using T = decltype(tag);
-    using D = typename DeviceType<T>::type;
+  return dispatch_device(k, "xyz", [&](auto tag) {
+    using D = decltype(tag);
     auto* dist = static_cast<acc<D>*>(k.scratch(sizeof(acc<D>) * static_cast<size_t>(total * p.K)));
-    return launch_elements<128>(knn_kernel<D>, total, stream_of(k), reinterpret_cast<const D*>(k.in<T>("xyz")),
-                                reinterpret_cast<const D*>(k.in<T>("center_xyz")), k.out<int64_t>(0), dist, total, p.N,
-                                p.M, p.K);
+    return launch_elements<128>(knn_kernel<D>, total, stream_of(k), k.in<D>("xyz"), k.in<D>("center_xyz"),
+                                k.out<int64_t>(0), dist, total, p.N, p.M, p.K);
   });
 }
 

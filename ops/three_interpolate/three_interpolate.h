@@ -10,12 +10,9 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
-#include "opbridge/kernel.h"
-#include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
-#include "opbridge/status.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge {
 
@@ -29,9 +26,7 @@ struct ThreeInterpolateDims {
 };
 ThreeInterpolateDims three_interpolate_dims(const KernelCall& k);
 
-template <class I>
-Status three_interpolate_check_indices(const I* indices, const ThreeInterpolateDims& d);
-
+// Indices must be in range (point_cloud::check_indices).
 template <class T, class I>
 void three_interpolate_cpu(const T* features, const I* indices, const T* weight, T* out, const ThreeInterpolateDims& d,
                            const ParallelFor& pf);

@@ -3,7 +3,6 @@
 // needs no atomics; the weight's gradient runs over points (b, n), reading a column of each.
 #include <algorithm>
 #include <cstdint>
-#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -14,19 +13,6 @@
 
 OPBRIDGE_NO_FP_CONTRACT_BEGIN
 namespace opbridge {
-
-template <class I>
-Status three_interpolate_check_indices(const I* indices, const ThreeInterpolateDims& d) {
-  const int64_t total = d.B * d.N * 3;
-  for (int64_t j = 0; j < total; ++j) {
-    const int64_t v = static_cast<int64_t>(indices[j]);
-    if (v >= 0 && v < d.M) continue;
-    return Status::InvalidArgument("indices[" + std::to_string(j / (d.N * 3)) + ", " + std::to_string(j / 3 % d.N) +
-                                   ", " + std::to_string(j % 3) + "] = " + std::to_string(v) +
-                                   " is outside [0, M = features.shape[2] = " + std::to_string(d.M) + ")");
-  }
-  return Status::Ok();
-}
 
 template <class T, class I>
 void three_interpolate_cpu(const T* features, const I* indices, const T* weight, T* out, const ThreeInterpolateDims& d,
@@ -93,42 +79,32 @@ void three_interpolate_backward_cpu(const T* grad_out, const T* features, const 
                                             const ParallelFor&);                                                  \
   template void three_interpolate_backward_cpu<T, I>(const T*, const T*, const I*, const T*, T*, T*,              \
                                                      const ThreeInterpolateDims&, const ParallelFor&);
-#define OPBRIDGE_TI_INSTANTIATE_I(I) \
-  OPBRIDGE_TI_INSTANTIATE(float, I)  \
-  OPBRIDGE_TI_INSTANTIATE(double, I) \
-  OPBRIDGE_TI_INSTANTIATE(Half, I)   \
-  OPBRIDGE_TI_INSTANTIATE(BFloat16, I)
-OPBRIDGE_TI_INSTANTIATE_I(int64_t)
-OPBRIDGE_TI_INSTANTIATE_I(int32_t)
-template Status three_interpolate_check_indices<int64_t>(const int64_t*, const ThreeInterpolateDims&);
-template Status three_interpolate_check_indices<int32_t>(const int32_t*, const ThreeInterpolateDims&);
-#undef OPBRIDGE_TI_INSTANTIATE_I
+OPBRIDGE_FOR_GATHER_TYPES(OPBRIDGE_TI_INSTANTIATE)
 #undef OPBRIDGE_TI_INSTANTIATE
 
 namespace {
 
-template <bool kBackward>
-Status compute(const KernelCall& k) {
+Status forward(const KernelCall& k) {
   const ThreeInterpolateDims d = three_interpolate_dims(k);
-  return point_cloud::dispatch_gather(k, [&](auto itag, auto tag) {
-    using I = decltype(itag);
+  return point_cloud::dispatch_checked_gather(k, d.M, "M", [&](auto tag, const auto* idx) {
     using T = decltype(tag);
-    const I* idx = k.in<I>("indices");
-    OPBRIDGE_RETURN_IF_ERROR(three_interpolate_check_indices<I>(idx, d));
-    if constexpr (kBackward) {
-      three_interpolate_backward_cpu<T, I>(k.in<T>("grad_output"), k.in<T>("features"), idx, k.in<T>("weight"),
-                                           k.out<T>(0), k.out<T>(1), d, k.parallel());
-    } else {
-      three_interpolate_cpu<T, I>(k.in<T>("features"), idx, k.in<T>("weight"), k.out<T>(0), d, k.parallel());
-    }
-    return Status::Ok();
+    three_interpolate_cpu(k.in<T>("features"), idx, k.in<T>("weight"), k.out<T>(0), d, k.parallel());
+  });
+}
+
+Status backward(const KernelCall& k) {
+  const ThreeInterpolateDims d = three_interpolate_dims(k);
+  return point_cloud::dispatch_checked_gather(k, d.M, "M", [&](auto tag, const auto* idx) {
+    using T = decltype(tag);
+    three_interpolate_backward_cpu(k.in<T>("grad_output"), k.in<T>("features"), idx, k.in<T>("weight"), k.out<T>(0),
+                                   k.out<T>(1), d, k.parallel());
   });
 }
 
 }  // namespace
 
-OPBRIDGE_KERNEL(three_interpolate_decl, kCpu, compute<false>);
-OPBRIDGE_KERNEL(three_interpolate_backward_decl, kCpu, compute<true>);
+OPBRIDGE_KERNEL(three_interpolate_decl, kCpu, forward);
+OPBRIDGE_KERNEL(three_interpolate_backward_decl, kCpu, backward);
 
 }  // namespace opbridge
 OPBRIDGE_NO_FP_CONTRACT_END

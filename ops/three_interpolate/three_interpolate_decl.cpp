@@ -3,6 +3,7 @@
 #include <string>
 
 #include "opbridge/op_decl.h"
+#include "opbridge/point_cloud_op.h"
 #include "three_interpolate.h"
 
 namespace opbridge {
@@ -44,14 +45,13 @@ ThreeInterpolateDims three_interpolate_dims(const KernelCall& k) {
 
 const OpDecl& three_interpolate_decl() {
   static const OpDecl decl =
-      OpDecl("three_interpolate", kThreeInterpolateOpType, 3)
-          .doc("Weighted sum of three features per point (mmcv's three_interpolate): "
-               "out[b, c, n] = sum over j of weight[b, n, j] * features[b, c, indices[b, n, j]].")
+      point_cloud::op_decl("three_interpolate", kThreeInterpolateOpType,
+                           "Weighted sum of three features per point (mmcv's three_interpolate): "
+                           "out[b, c, n] = sum over j of weight[b, n, j] * features[b, c, indices[b, n, j]].",
+                           {ElemType::kInt64, ElemType::kInt32})
           .input("features", "T", "features of the source points").shape("(B, C, M)").rank(3)
           .input("indices", "I", "three source indices per target point, in [0, M)").shape("(B, N, 3)").rank(3)
           .input("weight", "T", "their weights").shape("(B, N, 3)").rank(3)
-          .types("T", kFloatTypes)
-          .types("I", {ElemType::kInt64, ElemType::kInt32})
           .output("output", "T", "features[0], features[1], indices[1]", "(B, C, N)")
           .check(validate);
   return decl;
@@ -59,11 +59,8 @@ const OpDecl& three_interpolate_decl() {
 
 const OpDecl& three_interpolate_backward_decl() {
   static const OpDecl decl =
-      OpDecl("three_interpolate_backward", "ThreeInterpolateBackward", 3)
-          .doc("Gradients of ThreeInterpolate with respect to features and weight.")
-          .input("grad_output", "T", "gradient of the output").shape("(B, C, N)")
-          .args_of(three_interpolate_decl())
-          .output("grad_features", "T", "features", "shape of features")
+      point_cloud::backward_decl(three_interpolate_decl(),
+                                 "Gradients of ThreeInterpolate with respect to features and weight.", "(B, C, N)")
           .output("grad_weight", "T", "weight", "shape of weight")
           .gradient_of(three_interpolate_decl(), {"features", "weight"});
   return decl;

@@ -62,37 +62,34 @@ __global__ void grad_weight_kernel(const D* __restrict__ g, const D* __restrict_
   }
 }
 
-template <bool kBackward>
-Status compute(const KernelCall& k) {
+Status forward(const KernelCall& k) {
   const ThreeInterpolateDims d = three_interpolate_dims(k);
+  const int64_t total = d.B * d.C * d.N;
+  return dispatch_gather_device(k, [&](auto tag, const auto* idx) {
+    using D = decltype(tag);
+    return launch_elements(forward_kernel<D, std::decay_t<decltype(*idx)>>, total, stream_of(k), k.in<D>("features"),
+                           idx, k.in<D>("weight"), k.out<D>(0), total, d.C, d.M, d.N);
+  });
+}
+
+Status backward(const KernelCall& k) {
+  const ThreeInterpolateDims d = three_interpolate_dims(k);
+  const int64_t total = d.B * d.C * d.N, w_total = d.B * d.N * 3;
   const Stream stream = stream_of(k);
-  return point_cloud::dispatch_gather(k, [&](auto itag, auto tag) -> Status {
-    using I = decltype(itag);
-    using T = decltype(tag);
-    using D = typename DeviceType<T>::type;
+  return dispatch_gather_device(k, [&](auto tag, const auto* idx) {
+    using D = decltype(tag);
     using A = acc<D>;
-    const I* idx = k.in<I>("indices");
-    const D* f = reinterpret_cast<const D*>(k.in<T>("features"));
-    const D* w = reinterpret_cast<const D*>(k.in<T>("weight"));
-    const int64_t out_total = d.B * d.C * d.N;
-    if constexpr (!kBackward) {
-      return launch_elements(forward_kernel<D, I>, out_total, stream, f, idx, w, reinterpret_cast<D*>(k.out<T>(0)),
-                             out_total, d.C, d.M, d.N);
-    } else {
-      const D* g = reinterpret_cast<const D*>(k.in<T>("grad_output"));
-      OPBRIDGE_RETURN_IF_ERROR(scatter_add(k, stream, reinterpret_cast<D*>(k.out<T>(0)), d.B * d.C * d.M, [&](A* gf) {
-        return launch_elements(grad_features_kernel<D, A, I>, out_total, stream, g, idx, w, gf, out_total, d.C, d.M,
-                               d.N);
-      }));
-      const int64_t w_total = d.B * d.N * 3;
-      return launch_elements(grad_weight_kernel<D, I>, w_total, stream, g, f, idx, reinterpret_cast<D*>(k.out<T>(1)),
-                             w_total, d.C, d.M, d.N);
-    }
+    using I = std::decay_t<decltype(*idx)>;
+    const D *g = k.in<D>("grad_output"), *f = k.in<D>("features"), *w = k.in<D>("weight");
+    OPBRIDGE_RETURN_IF_ERROR(scatter_add(k, stream, k.out<D>(0), d.B * d.C * d.M, [&](A* gf) {
+      return launch_elements(grad_features_kernel<D, A, I>, total, stream, g, idx, w, gf, total, d.C, d.M, d.N);
+    }));
+    return launch_elements(grad_weight_kernel<D, I>, w_total, stream, g, f, idx, k.out<D>(1), w_total, d.C, d.M, d.N);
   });
 }
 
 }  // namespace
 }  // namespace opbridge::cuda
 
-OPBRIDGE_KERNEL(opbridge::three_interpolate_decl, kCuda, opbridge::cuda::compute<false>);
-OPBRIDGE_KERNEL(opbridge::three_interpolate_backward_decl, kCuda, opbridge::cuda::compute<true>);
+OPBRIDGE_KERNEL(opbridge::three_interpolate_decl, kCuda, opbridge::cuda::forward);
+OPBRIDGE_KERNEL(opbridge::three_interpolate_backward_decl, kCuda, opbridge::cuda::backward);

@@ -10,10 +10,8 @@
 
 #include <cstdint>
 
-#include "opbridge/kernel.h"
-#include "opbridge/op_decl.h"
 #include "opbridge/parallel.h"
-#include "opbridge/status.h"
+#include "opbridge/point_cloud_op.h"
 
 namespace opbridge {
 
@@ -21,9 +19,7 @@ inline constexpr const char* kThreeNNOpType = "ThreeNN";
 
 const OpDecl& three_nn_decl();
 
-struct ThreeNNParams {
-  int64_t B = 0, N = 0, M = 0;
-};
+using ThreeNNParams = point_cloud::CloudDims;
 ThreeNNParams three_nn_params(const KernelCall& k);
 
 // target [B, N, 3], source [B, M, 3] -> dist [B, N, 3], indices [B, N, 3]. T: float, double,

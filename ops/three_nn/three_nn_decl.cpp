@@ -20,19 +20,15 @@ Status validate(const OpCall& call) {
 
 }  // namespace
 
-ThreeNNParams three_nn_params(const KernelCall& k) {
-  return {k.arg("target").dim(0), k.arg("target").dim(1), k.arg("source").dim(1)};
-}
+ThreeNNParams three_nn_params(const KernelCall& k) { return point_cloud::cloud_dims(k, "target", "source"); }
 
 const OpDecl& three_nn_decl() {
   static const OpDecl decl =
-      OpDecl("three_nn", kThreeNNOpType, 3)
-          .doc("The three nearest source points of each target point (mmcv's three_nn): distances ascending and "
-               "their indices; ties to the lowest index.")
-          .input("target", "T", "the points to find neighbours for").shape("(B, N, 3)").rank(3)
-          .input("source", "T", "the candidate neighbours, M >= 3").shape("(B, M, 3)").rank(3)
-          .types("T", kFloatTypes)
-          .types("I", {ElemType::kInt64})
+      point_cloud::cloud_pair_inputs(
+          point_cloud::op_decl("three_nn", kThreeNNOpType,
+                               "The three nearest source points of each target point (mmcv's three_nn): distances "
+                               "ascending and their indices; ties to the lowest index."),
+          "target", "the points to find neighbours for", "source", "the candidate neighbours, M >= 3")
           .output("dist", "T", "target", "(B, N, 3) distances, ascending")
           .output("indices", "I", "target", "(B, N, 3) int64 indices into M")
           .check(validate);

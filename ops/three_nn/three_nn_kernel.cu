@@ -44,12 +44,10 @@ __global__ void three_nn_kernel(const D* __restrict__ target, const D* __restric
 Status compute(const KernelCall& k) {
   const ThreeNNParams p = three_nn_params(k);
   const int64_t total = p.B * p.N;
-  return dispatch<float, double, Half, BFloat16>(k.type("target"), [&](auto tag) {
-    using T = decltype(tag);
-    using D = typename DeviceType<T>::type;
-    return launch_elements(three_nn_kernel<D>, total, stream_of(k), reinterpret_cast<const D*>(k.in<T>("target")),
-                           reinterpret_cast<const D*>(k.in<T>("source")), reinterpret_cast<D*>(k.out<T>(0)),
-                           k.out<int64_t>(1), total, p.N, p.M);
+  return dispatch_device(k, "target", [&](auto tag) {
+    using D = decltype(tag);
+    return launch_elements(three_nn_kernel<D>, total, stream_of(k), k.in<D>("target"), k.in<D>("source"),
+                           k.out<D>(0), k.out<int64_t>(1), total, p.N, p.M);
   });
 }
 
