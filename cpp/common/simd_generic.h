@@ -13,6 +13,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "common/simd_loop_lanes.h"
 #include "opbridge/dtype.h"
 
 namespace opbridge {
@@ -127,30 +128,11 @@ struct SimdGeneric {
 
 #else  // no SSE2: plain loops
 
-struct SimdGeneric {
-  // 8 lanes: two SSE registers, so the per-lane partial sums of the kernels stay short.
-  static constexpr int W = 8;
-  struct V {
-    float v[W];
-  };
-
-  static V zero() { return set1(0.f); }
-  static V set1(float a) {
-    V r;
-    for (int l = 0; l < W; ++l) r.v[l] = a;
-    return r;
-  }
-  static V add(V a, V b) {
-    for (int l = 0; l < W; ++l) a.v[l] += b.v[l];
-    return a;
-  }
+// LoopLanes<float>: 8 lanes, two SSE registers' worth, so the per-lane partial sums of the
+// kernels stay short.
+struct SimdGeneric : LoopLanes<float> {
   static V sub(V a, V b) {
     for (int l = 0; l < W; ++l) a.v[l] -= b.v[l];
-    return a;
-  }
-  // a * b + c
-  static V fmadd(V a, V b, V c) {
-    for (int l = 0; l < W; ++l) a.v[l] = a.v[l] * b.v[l] + c.v[l];
     return a;
   }
   static V mul(V a, V b) {
@@ -188,11 +170,6 @@ struct SimdGeneric {
   static V sub_n(V a, V b, int n) {
     for (int l = 0; l < W; ++l) a.v[l] = l < n ? a.v[l] - b.v[l] : 0.f;
     return a;
-  }
-  static double hsum(V a) {
-    double s = 0.0;
-    for (int l = 0; l < W; ++l) s += static_cast<double>(a.v[l]);
-    return s;
   }
   static void hsum_w(const V* v, double* out) {
     for (int j = 0; j < W; ++j) {

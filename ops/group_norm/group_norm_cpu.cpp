@@ -596,10 +596,7 @@ Status group_norm_backward_cpu(const T* dy, const T* x, const T* weight, const T
   template Status group_norm_backward_cpu<T>(const T*, const T*, const T*, const T*, T*, T*, T*,          \
                                              const GroupNormParams&, const ParallelFor&, CpuIsa);
 
-OPBRIDGE_INSTANTIATE_GROUP_NORM(float)
-OPBRIDGE_INSTANTIATE_GROUP_NORM(double)
-OPBRIDGE_INSTANTIATE_GROUP_NORM(Half)
-OPBRIDGE_INSTANTIATE_GROUP_NORM(BFloat16)
+OPBRIDGE_FOR_EACH_FLOAT_TYPE(OPBRIDGE_INSTANTIATE_GROUP_NORM)
 
 // ---- the compute functions (opbridge/kernel.h) ------------------------------------------------
 

@@ -773,10 +773,7 @@ cudaError_t launch_group_norm(cudaStream_t stream, const T* x, const T* weight, 
   template cudaError_t launch_group_norm<T>(cudaStream_t, const T*, const T*, const T*, T*, const GroupNormParams&, \
                                             void*, size_t);
 
-OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(float)
-OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(double)
-OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(Half)
-OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA(BFloat16)
+OPBRIDGE_FOR_EACH_FLOAT_TYPE(OPBRIDGE_INSTANTIATE_GROUP_NORM_CUDA)
 
 // ---- the compute function (opbridge/kernel.h) --------------------------------------------------
 // GroupNorm on the framework's stream (torch's current one, ORT's compute stream), with scratch

@@ -38,7 +38,7 @@ Status ms_deform_attn_cpu(const T* value, const int64_t* spatial_shapes, const i
                           const MsDeformAttnDims& d, const ParallelFor& pf, CpuIsa isa) {
   OPBRIDGE_RETURN_IF_ERROR(cpu_isa_check(isa));
   OPBRIDGE_RETURN_IF_ERROR(ms_deform_attn_check_levels(spatial_shapes, level_start_index, d.L, d.S));
-  const msda_isa::FwdArgs<T> a{value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+  const msda_isa::FwdArgs<T> a{{value, spatial_shapes, level_start_index, sampling_locations, attention_weights},
                                output, d};
   cpu_isa_run(isa, a, pf);
   return Status::Ok();
@@ -52,9 +52,8 @@ Status ms_deform_attn_backward_cpu(const T* grad_output, const T* value, const i
                                    CpuIsa isa) {
   OPBRIDGE_RETURN_IF_ERROR(cpu_isa_check(isa));
   OPBRIDGE_RETURN_IF_ERROR(ms_deform_attn_check_levels(spatial_shapes, level_start_index, d.L, d.S));
-  const msda_isa::BwdArgs<T> a{grad_output,       value,      spatial_shapes,           level_start_index,
-                               sampling_locations, attention_weights, grad_value, grad_sampling_locations,
-                               grad_attention_weights, d};
+  const msda_isa::BwdArgs<T> a{{value, spatial_shapes, level_start_index, sampling_locations, attention_weights},
+                               grad_output, grad_value, grad_sampling_locations, grad_attention_weights, d};
   cpu_isa_run(isa, a, pf);
   return Status::Ok();
 }
@@ -65,10 +64,7 @@ Status ms_deform_attn_backward_cpu(const T* grad_output, const T* value, const i
   template Status ms_deform_attn_backward_cpu<T>(const T*, const T*, const int64_t*, const int64_t*, const T*,  \
                                                  const T*, T*, T*, T*, const MsDeformAttnDims&,                  \
                                                  const ParallelFor&, CpuIsa);
-OPBRIDGE_MSDA_INSTANTIATE(float)
-OPBRIDGE_MSDA_INSTANTIATE(double)
-OPBRIDGE_MSDA_INSTANTIATE(Half)
-OPBRIDGE_MSDA_INSTANTIATE(BFloat16)
+OPBRIDGE_FOR_EACH_FLOAT_TYPE(OPBRIDGE_MSDA_INSTANTIATE)
 #undef OPBRIDGE_MSDA_INSTANTIATE
 
 // ---- the compute functions (opbridge/kernel.h) ------------------------------------------------

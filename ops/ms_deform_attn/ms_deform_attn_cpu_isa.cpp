@@ -26,10 +26,7 @@ void OPBRIDGE_ISA_FN(run)(const BwdArgs<T>& a, const ParallelFor& pf) {
 #define OPBRIDGE_MSDA_INSTANTIATE(T)                                                 \
   template void OPBRIDGE_ISA_FN(run)<T>(const FwdArgs<T>&, const ParallelFor&); \
   template void OPBRIDGE_ISA_FN(run)<T>(const BwdArgs<T>&, const ParallelFor&);
-OPBRIDGE_MSDA_INSTANTIATE(float)
-OPBRIDGE_MSDA_INSTANTIATE(double)
-OPBRIDGE_MSDA_INSTANTIATE(Half)
-OPBRIDGE_MSDA_INSTANTIATE(BFloat16)
+OPBRIDGE_FOR_EACH_FLOAT_TYPE(OPBRIDGE_MSDA_INSTANTIATE)
 #undef OPBRIDGE_MSDA_INSTANTIATE
 
 }  // namespace opbridge::msda_isa

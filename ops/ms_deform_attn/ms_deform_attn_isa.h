@@ -12,27 +12,28 @@
 
 namespace opbridge::msda_isa {
 
-// The arguments of ms_deform_attn_cpu (see ms_deform_attn.h), already checked.
+// What both directions read: the values and the samples' positions and weights (see
+// ms_deform_attn.h), already checked.
 template <class T>
-struct FwdArgs {
+struct SampledValue {
   const T* value;
   const int64_t* spatial_shapes;
   const int64_t* level_start_index;
   const T* sampling_locations;
   const T* attention_weights;
+};
+
+// The arguments of ms_deform_attn_cpu.
+template <class T>
+struct FwdArgs : SampledValue<T> {
   T* output;
   MsDeformAttnDims d;
 };
 
 // The arguments of ms_deform_attn_backward_cpu; any grad_* may be nullptr.
 template <class T>
-struct BwdArgs {
+struct BwdArgs : SampledValue<T> {
   const T* grad_output;
-  const T* value;
-  const int64_t* spatial_shapes;
-  const int64_t* level_start_index;
-  const T* sampling_locations;
-  const T* attention_weights;
   T* grad_value;
   T* grad_sampling_locations;
   T* grad_attention_weights;

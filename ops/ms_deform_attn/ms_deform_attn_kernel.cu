@@ -351,10 +351,7 @@ cudaError_t launch_ms_deform_attn_backward(cudaStream_t stream_handle, const T* 
                                                          const int64_t*, const T*, const T*, T*, T*, T*,           \
                                                          const MsDeformAttnDims&, void*, size_t);
 
-OPBRIDGE_INSTANTIATE_MS_DEFORM_ATTN_CUDA(float)
-OPBRIDGE_INSTANTIATE_MS_DEFORM_ATTN_CUDA(double)
-OPBRIDGE_INSTANTIATE_MS_DEFORM_ATTN_CUDA(Half)
-OPBRIDGE_INSTANTIATE_MS_DEFORM_ATTN_CUDA(BFloat16)
+OPBRIDGE_FOR_EACH_FLOAT_TYPE(OPBRIDGE_INSTANTIATE_MS_DEFORM_ATTN_CUDA)
 
 // ---- the compute functions (opbridge/kernel.h) -------------------------------------------------
 // spatial_shapes and level_start_index are host_memory() inputs: the frameworks hand them over on

@@ -32,6 +32,7 @@
 #include <immintrin.h>
 #endif
 
+#include "common/simd_loop_lanes.h"
 #include "ms_deform_attn_isa.h"
 #include "opbridge/dtype.h"
 #include "opbridge/parallel.h"
@@ -39,34 +40,9 @@
 namespace opbridge::msda_isa {
 namespace {
 
-// double lanes for the float64 kernels: plain fixed-length loops that the compiler vectorizes
-// for the instruction set of the including TU. W = 8: one AVX-512 register, two AVX2 ones.
-struct F64Lanes {
-  static constexpr int W = 8;
-  struct V {
-    double v[W];
-  };
-  static V zero() { return set1(0.0); }
-  static V set1(double a) {
-    V r;
-    for (int l = 0; l < W; ++l) r.v[l] = a;
-    return r;
-  }
-  static V fmadd(V a, V b, V c) {
-    V r;
-    for (int l = 0; l < W; ++l) r.v[l] = a.v[l] * b.v[l] + c.v[l];
-    return r;
-  }
-  static V add(V a, V b) {
-    V r;
-    for (int l = 0; l < W; ++l) r.v[l] = a.v[l] + b.v[l];
-    return r;
-  }
-  static double hsum(V a) {
-    double s = 0.0;
-    for (int l = 0; l < W; ++l) s += a.v[l];
-    return s;
-  }
+// double lanes for the float64 kernels: LoopLanes' loops, which the compiler vectorizes for the
+// instruction set of the including TU, with loads and stores of double.
+struct F64Lanes : LoopLanes<double> {
   static V load(const double* p) {
     V r;
     std::memcpy(r.v, p, sizeof r.v);
@@ -652,11 +628,27 @@ void sample_units(const FwdArgs<T>& a, const SampleLevels<acc_t<T>>& lv, int32_t
   }
 }
 
+// A forward path's sampling over the thread pool: every unit's taps (sample_units) gathered from
+// head(unit), the first element of the unit's head in value or in its packed copy, into the
+// output. Compact taps leave the off-map ones out; otherwise a unit has all 4 * L * P.
+template <bool kCompact, class S, class T, class Head>
+void sample_and_gather(const FwdArgs<T>& a, const ParallelFor& pf, const SampleLevels<acc_t<T>>& lv, int32_t stride,
+                       int32_t zero_off, const Head& head) {
+  const MsDeformAttnDims& d = a.d;
+  const int64_t taps = 4 * d.L * d.P;
+  pf(d.N * d.M * d.Lq, forward_grain(taps, d.D), [&](int64_t begin, int64_t end) {
+    sample_units<kCompact, S>(a, lv, stride, zero_off, begin, end,
+                              [&](const Unit& u, const int32_t* offs, const acc_t<T>* wts, int64_t ntaps) {
+                                gather_all<S, T>(head(u), d.D, offs, wts, kCompact ? ntaps : taps,
+                                                 a.output + u.nqm(d) * d.D);
+                              });
+  });
+}
+
 template <class S, class T>
 void msda_forward_packed(const FwdArgs<T>& a, const ParallelFor& pf) {
   using A = acc_t<T>;
   const MsDeformAttnDims& d = a.d;
-  const int64_t LP = d.L * d.P;
   const int64_t row = d.M * d.D;
   const int64_t head_rows = d.S + 1;  // the head's rows and its zero row
   const int64_t head_size = head_rows * d.D;
@@ -692,14 +684,8 @@ void msda_forward_packed(const FwdArgs<T>& a, const ParallelFor& pf) {
 
   // 3. Sample (sample_units): unit u = (n, m, q), q fastest, so that a task's queries share
   //    heads; every unit has 4 * L * P taps (off-map ones read the zero row).
-  const int64_t units = d.N * d.M * d.Lq;
-  pf(units, forward_grain(4 * LP, d.D), [&](int64_t begin, int64_t end) {
-    sample_units<false, S>(a, lv, D32, zero_off, begin, end,
-                           [&](const Unit& u, const int32_t* offs, const A* wts, int64_t /*ntaps*/) {
-                             gather_all<S, T>(packed.get() + (u.n * d.M + u.m) * head_size, d.D, offs, wts, 4 * LP,
-                                              a.output + u.nqm(d) * d.D);
-                           });
-  });
+  sample_and_gather<false, S>(a, pf, lv, D32, zero_off,
+                              [&](const Unit& u) { return packed.get() + (u.n * d.M + u.m) * head_size; });
 }
 
 // ---- forward, direct path (few queries per head: value read in place) ---------------------
@@ -711,17 +697,10 @@ template <class S, class T>
 void msda_forward_direct(const FwdArgs<T>& a, const ParallelFor& pf) {
   using A = acc_t<T>;
   const MsDeformAttnDims& d = a.d;
-  const int64_t LP = d.L * d.P;
   const int64_t row = d.M * d.D;
   const SampleLevels<A> lv = sample_levels<A>(a.spatial_shapes, a.level_start_index, d, static_cast<int32_t>(row));
-  const int64_t units = d.N * d.M * d.Lq;
-  pf(units, forward_grain(4 * LP, d.D), [&](int64_t begin, int64_t end) {
-    sample_units<true, S>(a, lv, static_cast<int32_t>(row), 0, begin, end,
-                          [&](const Unit& u, const int32_t* offs, const A* wts, int64_t ntaps) {
-                            gather_all<S, T>(a.value + u.n * d.S * row + u.m * d.D, d.D, offs, wts, ntaps,
-                                             a.output + u.nqm(d) * d.D);
-                          });
-  });
+  sample_and_gather<true, S>(a, pf, lv, static_cast<int32_t>(row), 0,
+                             [&](const Unit& u) { return a.value + u.n * d.S * row + u.m * d.D; });
 }
 
 // The direct path for values too large for int32 offsets (more than 2^30 elements per batch

@@ -29,6 +29,10 @@ struct BFloat16 {
   uint16_t bits;
 };
 
+// Expands M(T) for each floating-point element type, in DType's order: one line for the explicit
+// instantiations of a kernel written for all four.
+#define OPBRIDGE_FOR_EACH_FLOAT_TYPE(M) M(float) M(double) M(::opbridge::Half) M(::opbridge::BFloat16)
+
 inline float bits_to_float(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof f);
