@@ -1,13 +1,17 @@
-// KNN CPU kernel (framework-free) and its compute function. Per center, one pass over the points
-// keeps the k best in a sorted list (insertion: k is small in practice); a point enters only when
-// strictly nearer than the k-th, so equal distances keep the lower index first. Centers run in
-// parallel.
+// KNN CPU kernel (framework-free) and its compute function. Each cloud of enough finite points
+// gets a uniform grid of cells (common/point_grid.h) searched outward from each center, so a
+// center reads the points near it instead of all N; the rest (non-finite coordinates, small
+// clouds, k near N) keep the full scan: per center, one pass over the points keeps the k best in
+// a sorted list (insertion: k is small in practice); a point enters only when strictly nearer
+// than the k-th, so equal distances keep the lower index first. Both rank by (distance, index)
+// with the same distances, so they return the same indices. Centers run in parallel.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "common/point_grid.h"
 #include "knn.h"
 #include "opbridge/dtype.h"
 #include "opbridge/point_cloud.h"
@@ -15,8 +19,8 @@
 OPBRIDGE_NO_FP_CONTRACT_BEGIN
 namespace opbridge {
 
-// Distances a block of points at a time from a structure-of-arrays copy of the clouds, then
-// scanned against the k-th best so far (rarely inserted).
+// The scan: distances a block of points at a time from a structure-of-arrays copy of the clouds,
+// then scanned against the k-th best so far (rarely inserted).
 using point_cloud::kBlock;
 
 template <class T>
@@ -25,32 +29,40 @@ Status knn_cpu(const T* xyz, const T* centers, int64_t* out, const KnnParams& p,
   if (p.B == 0 || p.M == 0) return Status::Ok();
   const C inf = std::numeric_limits<C>::infinity();
   const std::vector<C> soa = point_cloud::structure_of_arrays<C>(xyz, p.B, p.N, pf);
+  std::vector<point_cloud::CellGrid<C>> grids(static_cast<size_t>(p.B));
+  std::vector<char> gridded(static_cast<size_t>(p.B));
+  pf(p.B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) gridded[b] = grids[b].build(soa.data() + 3 * b * p.N, p.N, p.K);
+  });
   pf(p.B * p.M, point_cloud::query_grain(p.N), [&](int64_t begin, int64_t end) {
     std::vector<C> best_d(p.K);
     std::vector<int64_t> best_i(p.K);
+    point_cloud::NearestK<C> nearest{p.K, 0, best_d.data(), best_i.data()};
     C d[kBlock];
     for (int64_t bm = begin; bm < end; ++bm) {
       const int64_t b = bm / p.M, m = bm % p.M;
       const C* x = soa.data() + 3 * b * p.N;
       const C cx = to_float(centers[bm * 3]), cy = to_float(centers[bm * 3 + 1]), cz = to_float(centers[bm * 3 + 2]);
-      int64_t filled = 0;
-      C worst = inf;
-      for (int64_t i0 = 0; i0 < p.N; i0 += kBlock) {
-        const int64_t len = std::min(kBlock, p.N - i0);
-        point_cloud::block_distances(x, p.N, i0, len, cx, cy, cz, d);
-        for (int64_t j = 0; j < len; ++j) {
-          C v = d[j];
-          if (filled == p.K && !(v < worst)) continue;  // NaN counts as +inf: never nearer
-          if (std::isnan(v)) v = inf;
-          int64_t at = filled < p.K ? filled++ : p.K - 1;
-          while (at > 0 && v < best_d[at - 1]) {
-            best_d[at] = best_d[at - 1];
-            best_i[at] = best_i[at - 1];
-            --at;
+      if (!gridded[b] || !grids[b].search(cx, cy, cz, nearest, d)) {
+        int64_t filled = 0;
+        C worst = inf;
+        for (int64_t i0 = 0; i0 < p.N; i0 += kBlock) {
+          const int64_t len = std::min(kBlock, p.N - i0);
+          point_cloud::block_distances(x, p.N, i0, len, cx, cy, cz, d);
+          for (int64_t j = 0; j < len; ++j) {
+            C v = d[j];
+            if (filled == p.K && !(v < worst)) continue;  // NaN counts as +inf: never nearer
+            if (std::isnan(v)) v = inf;
+            int64_t at = filled < p.K ? filled++ : p.K - 1;
+            while (at > 0 && v < best_d[at - 1]) {
+              best_d[at] = best_d[at - 1];
+              best_i[at] = best_i[at - 1];
+              --at;
+            }
+            best_d[at] = v;
+            best_i[at] = i0 + j;
+            worst = best_d[p.K - 1];
           }
-          best_d[at] = v;
-          best_i[at] = i0 + j;
-          worst = best_d[p.K - 1];
         }
       }
       int64_t* o = out + b * p.K * p.M + m;

@@ -1,11 +1,15 @@
-// ThreeNN CPU kernel (framework-free) and its compute function: one pass over the source points
-// per target point, keeping the best three in registers; target points run in parallel.
+// ThreeNN CPU kernel (framework-free) and its compute function. Each source cloud of enough
+// finite points gets a uniform grid of cells (common/point_grid.h) searched outward from each
+// target point; the rest (non-finite coordinates, small clouds) keep one pass over the source
+// points per target point, keeping the best three in registers. Both rank by (distance, index)
+// with the same distances, so they return the same neighbours. Target points run in parallel.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
+#include "common/point_grid.h"
 #include "opbridge/dtype.h"
 #include "opbridge/point_cloud.h"
 #include "three_nn.h"
@@ -13,9 +17,9 @@
 OPBRIDGE_NO_FP_CONTRACT_BEGIN
 namespace opbridge {
 
-// Distances are computed a block of source points at a time from a structure-of-arrays copy of
-// the source clouds, then scanned for the best three (a branch that is rarely taken once three
-// close points are found).
+// The scan: distances are computed a block of source points at a time from a structure-of-arrays
+// copy of the source clouds, then scanned for the best three (a branch that is rarely taken once
+// three close points are found).
 using point_cloud::kBlock;
 
 template <class T>
@@ -25,31 +29,47 @@ Status three_nn_cpu(const T* target, const T* source, T* dist, int64_t* indices,
   if (p.B == 0 || p.N == 0) return Status::Ok();
   const C inf = std::numeric_limits<C>::infinity();
   const std::vector<C> soa = point_cloud::structure_of_arrays<C>(source, p.B, p.M, pf);
+  std::vector<point_cloud::CellGrid<C>> grids(static_cast<size_t>(p.B));
+  std::vector<char> gridded(static_cast<size_t>(p.B));
+  pf(p.B, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) gridded[b] = grids[b].build(soa.data() + 3 * b * p.M, p.M, 3);
+  });
   pf(p.B * p.N, point_cloud::query_grain(p.M), [&](int64_t begin, int64_t end) {
     C d[kBlock];
+    C near_d[3];
+    int64_t near_i[3];
+    point_cloud::NearestK<C> nearest{3, 0, near_d, near_i};
     for (int64_t bn = begin; bn < end; ++bn) {
-      const C* x = soa.data() + 3 * (bn / p.N) * p.M;
+      const int64_t b = bn / p.N;
+      const C* x = soa.data() + 3 * b * p.M;
       const C tx = to_float(target[bn * 3]), ty = to_float(target[bn * 3 + 1]), tz = to_float(target[bn * 3 + 2]);
-      // Slots start empty (index -1): any point fills one, a NaN distance as +inf.
-      C d0 = inf, d1 = inf, d2 = inf;
-      int64_t i0 = -1, i1 = -1, i2 = -1;
-      for (int64_t k0 = 0; k0 < p.M; k0 += kBlock) {
-        const int64_t len = std::min(kBlock, p.M - k0);
-        point_cloud::block_distances(x, p.M, k0, len, tx, ty, tz, d);
-        for (int64_t j = 0; j < len; ++j) {
-          C v = d[j];
-          if (!(v < d2) && i2 >= 0) continue;  // the common case; NaN falls through
-          if (std::isnan(v)) {
-            if (i2 >= 0) continue;
-            v = inf;
-          }
-          const int64_t k = k0 + j;
-          if (i0 < 0 || v < d0) {
-            d2 = d1, i2 = i1, d1 = d0, i1 = i0, d0 = v, i0 = k;
-          } else if (i1 < 0 || v < d1) {
-            d2 = d1, i2 = i1, d1 = v, i1 = k;
-          } else if (i2 < 0 || v < d2) {
-            d2 = v, i2 = k;
+      C d0, d1, d2;
+      int64_t i0, i1, i2;
+      if (gridded[b] && grids[b].search(tx, ty, tz, nearest, d)) {
+        d0 = near_d[0], d1 = near_d[1], d2 = near_d[2];
+        i0 = near_i[0], i1 = near_i[1], i2 = near_i[2];
+      } else {
+        // Slots start empty (index -1): any point fills one, a NaN distance as +inf.
+        d0 = inf, d1 = inf, d2 = inf;
+        i0 = -1, i1 = -1, i2 = -1;
+        for (int64_t k0 = 0; k0 < p.M; k0 += kBlock) {
+          const int64_t len = std::min(kBlock, p.M - k0);
+          point_cloud::block_distances(x, p.M, k0, len, tx, ty, tz, d);
+          for (int64_t j = 0; j < len; ++j) {
+            C v = d[j];
+            if (!(v < d2) && i2 >= 0) continue;  // the common case; NaN falls through
+            if (std::isnan(v)) {
+              if (i2 >= 0) continue;
+              v = inf;
+            }
+            const int64_t k = k0 + j;
+            if (i0 < 0 || v < d0) {
+              d2 = d1, i2 = i1, d1 = d0, i1 = i0, d0 = v, i0 = k;
+            } else if (i1 < 0 || v < d1) {
+              d2 = d1, i2 = i1, d1 = v, i1 = k;
+            } else if (i2 < 0 || v < d2) {
+              d2 = v, i2 = k;
+            }
           }
         }
       }
