@@ -17,8 +17,8 @@ from opbridge import ops
 
 
 def ref_order(xyz, centers):
-    """[B, M, N] indices of each center's points by (squared distance, index); float64 math for
-    float64 input, else float32 rounded step by step (the kernels' compute type)."""
+    """Per cloud: each center's point indices by (squared distance, index), and those distances;
+    float64 math for float64 input, else float32 rounded step by step (the kernels' compute type)."""
     dt = np.float64 if xyz.dtype == torch.float64 else np.float32
     x = xyz.double().numpy().astype(dt)
     c = centers.double().numpy().astype(dt)
@@ -28,8 +28,8 @@ def ref_order(xyz, centers):
             d = c[b][:, None, :] - x[b][None, :, :]
             sq = (d[..., 0] * d[..., 0] + d[..., 1] * d[..., 1]) + d[..., 2] * d[..., 2]
             sq = np.where(np.isnan(sq), np.inf, sq)
-            out.append((np.argsort(sq, axis=1, kind="stable"), np.take_along_axis(sq, np.argsort(
-                sq, axis=1, kind="stable"), axis=1)))
+            order = np.argsort(sq, axis=1, kind="stable")
+            out.append((order, np.take_along_axis(sq, order, axis=1)))
     return out
 
 
