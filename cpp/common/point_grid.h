@@ -93,6 +93,7 @@ class CellGrid {
       const double g = std::ceil(e[d] * inv_h_);
       g_[d] = static_cast<int64_t>(std::clamp(g, 1.0, 65536.0));
       lo_[d] = lo[d];
+      top_[d] = (hi[d] - lo[d]) * inv_h_;
       cells *= g_[d];
     }
     if (cells > 4 * n + 64) return false;
@@ -121,12 +122,14 @@ class CellGrid {
   // non-finite query (the caller scans). scratch: kBlock distances.
   bool search(C cx, C cy, C cz, NearestK<C>& best, C* scratch) const {
     const C q[3] = {cx, cy, cz};
-    double u[3];
+    double u[3], outside[3];
     int64_t cc[3];
     for (int d = 0; d < 3; ++d) {
       if (!std::isfinite(static_cast<double>(q[d]))) return false;
       u[d] = (static_cast<double>(q[d]) - lo_[d]) * inv_h_;
       cc[d] = static_cast<int64_t>(std::clamp(std::floor(u[d]), 0.0, static_cast<double>(g_[d] - 1)));
+      // How far outside the cloud's extent the query lies, in cells (points' u are in [0, top_]).
+      outside[d] = std::max({0.0, -u[d], u[d] - top_[d]});
     }
     best.reset();
     for (int64_t r = 0;; ++r) {
@@ -145,20 +148,26 @@ class CellGrid {
         }
       }
       // The nearest an unvisited point can be: its cell is r + 1 or more cells from the query's in
-      // some dimension, on a side where cells remain.
-      double gap = std::numeric_limits<double>::infinity();
+      // some dimension d, on a side where cells remain, and in every other dimension it is at
+      // least as far as the cloud's extent is from the query (a query outside the cloud).
+      double bound = std::numeric_limits<double>::infinity();
       for (int d = 0; d < 3; ++d) {
+        double gap = std::numeric_limits<double>::infinity();
         if (cc[d] - r - 1 >= 0) gap = std::min(gap, u[d] - static_cast<double>(cc[d] - r));
         if (cc[d] + r + 1 < g_[d]) gap = std::min(gap, static_cast<double>(cc[d] + r + 1) - u[d]);
+        if (gap == std::numeric_limits<double>::infinity()) continue;
+        double sum = 0;
+        for (int e = 0; e < 3; ++e) {
+          const double w = world(e == d ? std::max(gap, outside[e]) : outside[e]);
+          sum += w * w;
+        }
+        bound = std::min(bound, sum);
       }
-      if (gap == std::numeric_limits<double>::infinity()) return true;  // every cell visited
+      if (bound == std::numeric_limits<double>::infinity()) return true;  // every cell visited
       if (!best.full()) continue;
-      // Margins: the cell coordinates' rounding (double), then the float distance's (a few ulps
-      // relative, plus underflow's absolute error), so that a stop is never a tie or a rounding
-      // away from being wrong.
-      const double world = std::max(0.0, gap * (1 - 1e-12) - 1e-9) / inv_h_;
-      const double bound = world * world * (1 - kRelMargin) - kAbsMargin;
-      if (static_cast<double>(best.d[best.k - 1]) < bound) return true;
+      // Margins for the float distance's rounding (a few ulps relative, plus underflow's absolute
+      // error), so that a stop is never a tie or a rounding away from being wrong.
+      if (static_cast<double>(best.d[best.k - 1]) < bound * (1 - kRelMargin) - kAbsMargin) return true;
     }
   }
 
@@ -167,6 +176,9 @@ class CellGrid {
  private:
   static constexpr double kRelMargin = std::is_same_v<C, double> ? 1e-10 : 1e-4;
   static constexpr double kAbsMargin = std::is_same_v<C, double> ? 1e-300 : 1e-36;
+
+  // A separation of c cells in world units, less the cell coordinates' rounding (double).
+  double world(double c) const { return std::max(0.0, c * (1 - 1e-12) - 1e-9) / inv_h_; }
 
   int64_t cell_of(double v, int d) const {
     const double u = (v - lo_[d]) * inv_h_;
@@ -197,6 +209,7 @@ class CellGrid {
   int64_t n_ = 0;
   int64_t g_[3] = {1, 1, 1};
   double lo_[3] = {0, 0, 0};
+  double top_[3] = {0, 0, 0};
   double inv_h_ = 1;
   std::vector<int64_t> start_;
   std::vector<C> soa_;
