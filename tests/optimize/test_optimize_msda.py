@@ -390,9 +390,10 @@ def test_near_misses_are_left_alone_with_the_reason(tmp_path, rng, capsys, case)
 # ---------------------------------------------------------------------------------------------
 
 
-def _locations_module(coords, points=3, heads=2, channels=8):
+def _locations_module(coords, points=3, heads=2, channels=8, return_locations=False):
     """transformers' DeformableDetr-form arithmetic: offsets projected from the queries, added to
-    the reference points (x, y), or scaled by the boxes (cx, cy, w, h), then mmcv's chain."""
+    the reference points (x, y), or scaled by the boxes (cx, cy, w, h), then mmcv's chain (and,
+    with ``return_locations``, the locations as a second output)."""
 
     class Attention(torch.nn.Module):
         def __init__(self):
@@ -410,7 +411,8 @@ def _locations_module(coords, points=3, heads=2, channels=8):
             else:
                 locations = (reference_points[:, :, None, :, None, :2]
                              + offsets / points * reference_points[:, :, None, :, None, 2:] * 0.5)
-            return _chain(value, locations, attention_weights)
+            out = _chain(value, locations, attention_weights)
+            return (out, locations) if return_locations else out
 
     return Attention().eval()
 
@@ -486,3 +488,30 @@ def test_locations_are_recomputed_in_the_flat_layout_bit_identically(tmp_path, m
         np.testing.assert_array_equal(got[-2], want[-2])
         np.testing.assert_array_equal(got[-1], want[-1])
         _close(got[:1], want[:1], TOL[dtype], "the rewritten model against the original", "")
+
+
+def test_locations_read_elsewhere_are_left_as_computed(tmp_path, rng):
+    """Where the model reads the locations elsewhere too (here: an output), their arithmetic stays
+    and the node reads it: recomputing them would run both."""
+    module = _locations_module(2, return_locations=True)
+    names = ["value", "query", "reference_points", "attention_weights"]
+    s = sum(h * w for h, w in LEVELS)
+    inputs = [rng.standard_normal((2, s, 2, 4)), rng.standard_normal((2, 5, 8)),
+              rng.uniform(0.05, 0.95, (2, 5, len(LEVELS), 2)), rng.uniform(0.1, 1.0, (2, 5, 2, len(LEVELS), 3))]
+    feeds = {k: x.astype(np.float32) for k, x in zip(names, inputs)}
+    src, dst = str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, tuple(torch.from_numpy(x) for x in feeds.values()), src, dynamo=False,
+                          opset_version=17, input_names=names)
+    out = io.StringIO()
+    report = optimize(src, dst, out=out)
+    assert report.ok and report.result.counts.get(_msda_rules.LABEL) == 1, out.getvalue()
+    graph = onnx.load(dst).graph
+    node, = [n for n in graph.node if n.op_type == _msda_rules.OP_TYPE]
+    producers = {o: n for n in graph.node for o in n.output}
+    assert producers[node.input[3]].op_type == "Add" and node.input[3] == graph.output[1].name
+    want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = opbridge.InferenceSession(dst).run(None, feeds)
+    np.testing.assert_array_equal(got[1], want[1])
+    _close(got[:1], want[:1], 2e-4, "the rewritten model against the original", out.getvalue())

@@ -1383,8 +1383,9 @@ _FLAT_MAX_OPS = 8
 @dataclasses.dataclass
 class _FlatLoc:
     """The elementwise expression that computes the locations (N, Lq, M, L, P, 2): ``ops`` in
-    evaluation order, each (op_type, operand keys, key), operands being the ids of earlier results
-    or of ``leaves`` (value, right-aligned dims at (M, L, P, 2) as ints or None for "other")."""
+    evaluation order, each (op_type, operand keys, key), operands being keys of earlier results or
+    of ``leaves``: (value, its rank, its sizes at the axes (M, L, P, 2) aligned from the right, each
+    1 or the full size)."""
 
     ops: list[Any]
     leaves: dict[int, Any]
@@ -1413,13 +1414,15 @@ def _flat_locations(plan: _Plan, ends: list[Any], sizes: _Sizes) -> _FlatLoc | N
     dead = {id(node): True for node in ends}
     budget = [4096]
 
-    def dies(node: Any) -> bool:
+    def dies(node: Any, depth: int = 0) -> bool:
         key = id(node)
         if key not in dead:
             budget[0] -= 1
-            dead[key] = False  # cycles, and anything past the budget, stay
-            if budget[0] > 0:
-                dead[key] = all(not out.is_graph_output() and all(dies(use.node) for use in out.uses())
+            # Cycles, and anything past the budget or _MAX_DEPTH ops from the locations, stay: the
+            # chain's ops are a few steps from them, a path past that leads elsewhere.
+            dead[key] = False
+            if budget[0] > 0 and depth < _MAX_DEPTH:
+                dead[key] = all(not out.is_graph_output() and all(dies(use.node, depth + 1) for use in out.uses())
                                 for out in node.outputs)
         return dead[key]
 
@@ -1458,7 +1461,7 @@ def _flat_locations(plan: _Plan, ends: list[Any], sizes: _Sizes) -> _FlatLoc | N
         return id(v) if len(ops) <= _FLAT_MAX_OPS else None
 
     key = walk(root, 0)
-    if key is None or not any(inner[0] == m and n_rank == 6 for _, n_rank, inner in leaves.values()):
+    if key is None or not any(inner[0] == m and rank == 6 for _, rank, inner in leaves.values()):
         return None
     return _FlatLoc(ops=ops, leaves=leaves, root=key)
 
