@@ -383,3 +383,135 @@ def test_near_misses_are_left_alone_with_the_reason(tmp_path, rng, capsys, case)
     want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, fresh)[0]
     got = opbridge.InferenceSession(dst).run(None, fresh)[0]
     np.testing.assert_array_equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sampling locations, recomputed in the flat layout
+# ---------------------------------------------------------------------------------------------
+
+
+def _locations_module(coords, points=3, heads=2, channels=8, return_locations=False):
+    """transformers' DeformableDetr-form arithmetic: offsets projected from the queries, added to
+    the reference points (x, y), or scaled by the boxes (cx, cy, w, h), then mmcv's chain (and,
+    with ``return_locations``, the locations as a second output)."""
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.offsets = torch.nn.Linear(channels, heads * len(LEVELS) * points * 2)
+
+        def forward(self, value, query, reference_points, attention_weights):
+            n, q, _ = query.shape
+            offsets = self.offsets(query).view(n, q, heads, len(LEVELS), points, 2)
+            if coords == 2:
+                shapes = torch.tensor(LEVELS, dtype=torch.long)
+                normalizer = torch.stack([shapes[..., 1], shapes[..., 0]], -1)
+                locations = (reference_points[:, :, None, :, None, :]
+                             + offsets / normalizer[None, None, None, :, None, :])
+            else:
+                locations = (reference_points[:, :, None, :, None, :2]
+                             + offsets / points * reference_points[:, :, None, :, None, 2:] * 0.5)
+            out = _chain(value, locations, attention_weights)
+            return (out, locations) if return_locations else out
+
+    return Attention().eval()
+
+
+def _with_outputs(path, names, dst):
+    model = onnx.load(path)
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
+    onnx.save(model, dst)
+    return dst
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("coords", [2, 4])
+def test_locations_are_recomputed_in_the_flat_layout_bit_identically(tmp_path, monkeypatch, dtype, coords):
+    """The node's locations come from the same ops on the same values as the original's (each
+    level's pair repeated over the points, the heads broadcast last): equal to the last bit, at
+    two sizes of a dynamic batch and query count."""
+    torch.manual_seed(0)
+    cast = getattr(torch, dtype)
+    module = _locations_module(coords).to(cast)
+    names = ["value", "query", "reference_points", "attention_weights"]
+
+    def inputs(rng, n, q):
+        s = sum(h * w for h, w in LEVELS)
+        ref = rng.uniform(0.05, 0.95, (n, q, len(LEVELS), coords))
+        return [rng.standard_normal((n, s, 2, 4)), rng.standard_normal((n, q, 8)), ref,
+                rng.uniform(0.1, 1.0, (n, q, 2, len(LEVELS), 3))]
+
+    src = str(tmp_path / "a.onnx")
+    example = [torch.from_numpy(x).to(cast) for x in inputs(np.random.default_rng(0), 2, 5)]
+    axes = {n: {0: "batch", 1: "queries"} for n in names[1:]} | {"value": {0: "batch"}}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, tuple(example), src, dynamo=False, opset_version=17, input_names=names,
+                          dynamic_axes=axes)
+
+    def rewrite(dst, flat):
+        if not flat:
+            monkeypatch.setattr(_msda_rules, "_flat_locations", lambda *a: None)
+        out = io.StringIO()
+        report = optimize(src, dst, out=out, dims={"batch": 2, "queries": 5},
+                          tolerance=TOL[dtype] if dtype == "float16" else None)
+        monkeypatch.undo()
+        assert report.ok and report.result.counts.get(_msda_rules.LABEL) == 1, out.getvalue()
+        graph = onnx.load(dst).graph
+        node, = [n for n in graph.node if n.op_type == _msda_rules.OP_TYPE]
+        return graph, node.input[3]
+
+    _, original_name = rewrite(str(tmp_path / "plain.onnx"), flat=False)
+    graph, flat_name = rewrite(str(tmp_path / "flat.onnx"), flat=True)
+    # The locations are a Reshape of the flat (N, Lq, M, L·P·2) arithmetic: no op of the
+    # original's broadcast form is left.
+    producers = {o: n for n in graph.node for o in n.output}
+    assert producers[flat_name].op_type == "Reshape" and flat_name != original_name
+    assert producers[producers[flat_name].input[0]].op_type == "Add"
+    assert not any(original_name in n.input for n in graph.node)
+
+    # ONNX Runtime's CPU provider computes float16 Add, Div and MatMul in float32 and drops the
+    # rounding between neighbouring such ops, so where a float16 tensor is rounded depends on the
+    # ops around it: the offsets are outputs of both files, both start from the same float16 values.
+    offsets = next(n.input[0] for n in onnx.load(src).graph.node if n.op_type == "Div")
+    original = _msda_rules.runnable_original(
+        _with_outputs(src, [offsets, original_name], str(tmp_path / "o.onnx")), str(tmp_path)) or str(tmp_path / "o.onnx")
+    flat = _with_outputs(str(tmp_path / "flat.onnx"), [offsets, flat_name], str(tmp_path / "f.onnx"))
+    want_session = ort.InferenceSession(original, providers=["CPUExecutionProvider"])
+    got_session = opbridge.InferenceSession(flat)
+    np_dtype = np.dtype(dtype)
+    for n, q in ((2, 5), (3, 7)):
+        feeds = {k: x.astype(np_dtype) for k, x in zip(names, inputs(np.random.default_rng(n * q), n, q))}
+        want = want_session.run(None, feeds)
+        got = got_session.run(None, feeds)
+        assert got[-1].shape == want[-1].shape == (n, q, 2, len(LEVELS), 3, 2)
+        np.testing.assert_array_equal(got[-2], want[-2])
+        np.testing.assert_array_equal(got[-1], want[-1])
+        _close(got[:1], want[:1], TOL[dtype], "the rewritten model against the original", "")
+
+
+def test_locations_read_elsewhere_are_left_as_computed(tmp_path, rng):
+    """Where the model reads the locations elsewhere too (here: an output), their arithmetic stays
+    and the node reads it: recomputing them would run both."""
+    module = _locations_module(2, return_locations=True)
+    names = ["value", "query", "reference_points", "attention_weights"]
+    s = sum(h * w for h, w in LEVELS)
+    inputs = [rng.standard_normal((2, s, 2, 4)), rng.standard_normal((2, 5, 8)),
+              rng.uniform(0.05, 0.95, (2, 5, len(LEVELS), 2)), rng.uniform(0.1, 1.0, (2, 5, 2, len(LEVELS), 3))]
+    feeds = {k: x.astype(np.float32) for k, x in zip(names, inputs)}
+    src, dst = str(tmp_path / "a.onnx"), str(tmp_path / "b.onnx")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, tuple(torch.from_numpy(x) for x in feeds.values()), src, dynamo=False,
+                          opset_version=17, input_names=names)
+    out = io.StringIO()
+    report = optimize(src, dst, out=out)
+    assert report.ok and report.result.counts.get(_msda_rules.LABEL) == 1, out.getvalue()
+    graph = onnx.load(dst).graph
+    node, = [n for n in graph.node if n.op_type == _msda_rules.OP_TYPE]
+    producers = {o: n for n in graph.node for o in n.output}
+    assert producers[node.input[3]].op_type == "Add" and node.input[3] == graph.output[1].name
+    want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = opbridge.InferenceSession(dst).run(None, feeds)
+    np.testing.assert_array_equal(got[1], want[1])
+    _close(got[:1], want[:1], 2e-4, "the rewritten model against the original", out.getvalue())

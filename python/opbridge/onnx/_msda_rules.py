@@ -959,6 +959,7 @@ class _Plan:
     out_axes: tuple[Any, ...]  # layout of the replaced value, in roles
     sizes: dict[Any, Any]  # role -> Poly (M, D, L, P, 2)
     dtype: Any
+    flat_loc: "_FlatLoc | None" = None  # the locations' arithmetic, to recompute in the flat layout
 
 
 # --------------------------------------------------------------------------------------------
@@ -1073,8 +1074,10 @@ class _Analysis:
         flat = [r for ax in out_roles for r in ax]
         if len(flat) != len(set(flat)) or not set(flat) <= {"n", "q", "m", "d"}:
             raise _Fail("the sum leaves other axes than batch, queries, heads and channels")
-        return _Plan(value=vsrc, loc=lsrc, weights=wsrc, levels=levels, covers_all=covers, end=end,
+        plan = _Plan(value=vsrc, loc=lsrc, weights=wsrc, levels=levels, covers_all=covers, end=end,
                      out_axes=out_roles, sizes=role_sizes, dtype=vsrc.value.dtype)
+        plan.flat_loc = _flat_locations(plan, [mul, reduce_node, *tail], sizes)
+        return plan
 
     def _source_info(self, tr: "_Tracker", src: _Source) -> _Info:
         dims = self.sizes.dims(src.value)
@@ -1368,6 +1371,122 @@ def _candidates(values: list[Any], forms: dict[Any, Any], sizes: "_Sizes") -> It
 
 
 # --------------------------------------------------------------------------------------------
+# The locations' arithmetic in the flat layout
+# --------------------------------------------------------------------------------------------
+
+# Elementwise ops of the locations' arithmetic (reference points plus scaled offsets) that are
+# recomputed in the flat layout; at most this many of them.
+_FLAT_OPS = {"Add", "Sub", "Mul", "Div"}
+_FLAT_MAX_OPS = 8
+
+
+@dataclasses.dataclass
+class _FlatLoc:
+    """The elementwise expression that computes the locations (N, Lq, M, L, P, 2): ``ops`` in
+    evaluation order, each (op_type, operand keys, key), operands being keys of earlier results or
+    of ``leaves``: (value, its rank, its sizes at the axes (M, L, P, 2) aligned from the right, each
+    1 or the full size)."""
+
+    ops: list[Any]
+    leaves: dict[int, Any]
+    root: int
+
+
+def _flat_locations(plan: _Plan, ends: list[Any], sizes: _Sizes) -> _FlatLoc | None:
+    """The plain exports compute the locations as written, e.g. ``reference_points[:, :, None, :,
+    None, :] + offsets / normalizer[None, None, None, :, None, :]``: elementwise ops broadcasting
+    (N, Lq, 1, L, 1, 2) against (N, Lq, M, L, P, 2), whose inner runs of 2 and 1 elements make
+    ONNX Runtime's loops slower than the sampling itself. The same ops on the same values with
+    each small operand's level pairs repeated over the points first and every operand viewed as
+    (.., .., M or 1, L·P·2) broadcast only over the heads, with L·P·2 contiguous elements inside
+    (what ``opbridge.nn`` computes): bit-identical results. Returns that expression when the
+    locations come from such ops alone and nothing else reads them or any step between them and
+    the sum (else the original ops would stay and run as well); None otherwise."""
+    if plan.loc.form != ("n", "q", "m", "l", "p", "c"):
+        return None
+    s = plan.sizes
+    m, levels, points = (s.get(k) for k in ("m", "L", "p"))
+    if not all(isinstance(v, int) for v in (m, levels, points)):
+        return None
+    root = plan.loc.value
+    # Every op after the locations must go away with the chain (nothing else reads them, not even
+    # a Shape whose result feeds anything but the chain), or they would run as well.
+    dead = {id(node): True for node in ends}
+    budget = [4096]
+
+    def dies(node: Any, depth: int = 0) -> bool:
+        key = id(node)
+        if key not in dead:
+            budget[0] -= 1
+            # Cycles, and anything past the budget or _MAX_DEPTH ops from the locations, stay: the
+            # chain's ops are a few steps from them, a path past that leads elsewhere.
+            dead[key] = False
+            if budget[0] > 0 and depth < _MAX_DEPTH:
+                dead[key] = all(not out.is_graph_output() and all(dies(use.node, depth + 1) for use in out.uses())
+                                for out in node.outputs)
+        return dead[key]
+
+    if root.producer() is None or not dies(root.producer()):
+        return None
+    want = (m, levels, points, 2)
+    ops: list[Any] = []
+    leaves: dict[int, Any] = {}
+
+    def leaf(v: Any) -> int | None:
+        dims = sizes.dims(v)
+        if dims is None or len(dims) > 6:
+            return None
+        tail = [None] * (6 - len(dims)) + [d.value for d in dims]
+        inner = [1 if t is None and i < 6 - len(dims) else t for i, t in enumerate(tail)][2:]
+        for got, full in zip(inner, want):
+            if got not in (1, full):
+                return None
+        leaves[id(v)] = (v, len(dims), tuple(inner))
+        return id(v)
+
+    def walk(v: Any, depth: int) -> int | None:
+        node = v.producer()
+        if (node is None or node.op_type not in _FLAT_OPS or node.domain not in ("", "ai.onnx")
+                or len(node.inputs) != 2 or depth > _FLAT_MAX_OPS):
+            return leaf(v) if depth else None
+        if depth and (len(list(v.uses())) != 1 or v.is_graph_output()):  # read elsewhere: the op stays
+            return None
+        keys = []
+        for u in node.inputs:
+            k = walk(u, depth + 1)
+            if k is None:
+                return None
+            keys.append(k)
+        ops.append((node.op_type, keys, id(v)))
+        return id(v) if len(ops) <= _FLAT_MAX_OPS else None
+
+    key = walk(root, 0)
+    if key is None or not any(inner[0] == m and rank == 6 for _, rank, inner in leaves.values()):
+        return None
+    return _FlatLoc(ops=ops, leaves=leaves, root=key)
+
+
+def _emit_flat_locations(op: Any, em: "_Emitter", flat: _FlatLoc, sizes: dict[Any, Any]) -> Any:
+    """The locations (N, Lq, M, L, P, 2) computed as ``flat`` says, in the flat layout."""
+    m, levels, points = sizes["m"], sizes["L"], sizes["p"]
+    lp2 = levels * points * 2
+    made: dict[int, Any] = {}
+    for k, (v, rank, inner) in flat.leaves.items():
+        if all(d == 1 for d in inner) and rank <= 4:
+            made[k] = v  # a scalar or (.., .., 1, 1): broadcasts the same in both layouts
+            continue
+        x = v
+        if rank < 6:
+            x = op.Unsqueeze(x, em.ints(list(range(6 - rank))))
+        if inner[1:] != (levels, points, 2):
+            x = op.Expand(x, em.ints([1, 1, 1, levels, points, 2]))
+        made[k] = op.Reshape(x, em.ints([0, 0, inner[0], lp2]))
+    for op_type, keys, key in flat.ops:
+        made[key] = getattr(op, op_type)(made[keys[0]], made[keys[1]])
+    return op.Reshape(made[flat.root], em.ints([0, 0, m, levels, points, 2]))
+
+
+# --------------------------------------------------------------------------------------------
 # Emitting the node
 # --------------------------------------------------------------------------------------------
 
@@ -1514,7 +1633,10 @@ def _make_rule_class() -> Any:
             value = em.canonical(plan.value, ("n", "S", "m", "d"), s)
             if not plan.covers_all:
                 value = op.Slice(value, em.ints([0]), em.poly(cast(Poly, plan.end)), em.ints([1]))
-            loc = em.canonical(plan.loc, ("n", "q", "m", "l", "p", "c"), s)
+            if plan.flat_loc is not None:
+                loc = _emit_flat_locations(op, em, plan.flat_loc, s)
+            else:
+                loc = em.canonical(plan.loc, ("n", "q", "m", "l", "p", "c"), s)
             weights = em.canonical(plan.weights, ("n", "q", "m", "l", "p"), s)
             if plan.loc.value.dtype != dtype:
                 loc = op.Cast(loc, to=dtype)
