@@ -216,5 +216,32 @@ class CellGrid {
   std::vector<int64_t> index_;
 };
 
+// The B clouds of a call: their structure-of-arrays copy (what the scan reads) and a grid over
+// each, built in parallel.
+template <class C>
+class CloudGrids {
+ public:
+  template <class T>
+  CloudGrids(const T* clouds, int64_t B, int64_t n, int64_t k, const ParallelFor& pf)
+      : n_(n), soa_(structure_of_arrays<C>(clouds, B, n, pf)), grids_(static_cast<size_t>(B)),
+        gridded_(static_cast<size_t>(B)) {
+    pf(B, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) gridded_[b] = grids_[b].build(cloud(b), n, k);
+    });
+  }
+  // Cloud b's rows (x, y, z at strides of n).
+  const C* cloud(int64_t b) const { return soa_.data() + 3 * b * n_; }
+  // CellGrid::search on cloud b; false where its grid does not apply (the caller scans).
+  bool search(int64_t b, C cx, C cy, C cz, NearestK<C>& best, C* scratch) const {
+    return gridded_[b] && grids_[b].search(cx, cy, cz, best, scratch);
+  }
+
+ private:
+  int64_t n_;
+  std::vector<C> soa_;
+  std::vector<CellGrid<C>> grids_;
+  std::vector<char> gridded_;
+};
+
 }  // namespace opbridge::point_cloud
 OPBRIDGE_NO_FP_CONTRACT_END

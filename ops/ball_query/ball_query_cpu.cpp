@@ -38,11 +38,10 @@ Status ball_query_cpu(const T* xyz, const T* centers, int64_t* out, const BallQu
   return Status::Ok();
 }
 
-template Status ball_query_cpu<float>(const float*, const float*, int64_t*, const BallQueryParams&, const ParallelFor&);
-template Status ball_query_cpu<double>(const double*, const double*, int64_t*, const BallQueryParams&, const ParallelFor&);
-template Status ball_query_cpu<Half>(const Half*, const Half*, int64_t*, const BallQueryParams&, const ParallelFor&);
-template Status ball_query_cpu<BFloat16>(const BFloat16*, const BFloat16*, int64_t*, const BallQueryParams&,
-                                         const ParallelFor&);
+#define OPBRIDGE_INSTANTIATE_BALL_QUERY(T) \
+  template Status ball_query_cpu<T>(const T*, const T*, int64_t*, const BallQueryParams&, const ParallelFor&);
+OPBRIDGE_FOR_EACH_FLOAT_TYPE(OPBRIDGE_INSTANTIATE_BALL_QUERY)
+#undef OPBRIDGE_INSTANTIATE_BALL_QUERY
 
 namespace {
 

@@ -108,14 +108,11 @@ Status furthest_point_sample_cpu(const T* points, int64_t* out, const FurthestPo
   return Status::Ok();
 }
 
-template Status furthest_point_sample_cpu<float>(const float*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&,
-                                                   CpuIsa);
-template Status furthest_point_sample_cpu<double>(const double*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&,
-                                                   CpuIsa);
-template Status furthest_point_sample_cpu<Half>(const Half*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&,
-                                                   CpuIsa);
-template Status furthest_point_sample_cpu<BFloat16>(const BFloat16*, int64_t*, const FurthestPointSampleParams&, const ParallelFor&,
-                                                   CpuIsa);
+#define OPBRIDGE_INSTANTIATE_FPS(T)                                \
+  template Status furthest_point_sample_cpu<T>(const T*, int64_t*, \
+                                               const FurthestPointSampleParams&, const ParallelFor&, CpuIsa);
+OPBRIDGE_FOR_EACH_FLOAT_TYPE(OPBRIDGE_INSTANTIATE_FPS)
+#undef OPBRIDGE_INSTANTIATE_FPS
 
 namespace {
 

@@ -28,12 +28,7 @@ Status knn_cpu(const T* xyz, const T* centers, int64_t* out, const KnnParams& p,
   using C = point_cloud::dist_t<T>;
   if (p.B == 0 || p.M == 0) return Status::Ok();
   const C inf = std::numeric_limits<C>::infinity();
-  const std::vector<C> soa = point_cloud::structure_of_arrays<C>(xyz, p.B, p.N, pf);
-  std::vector<point_cloud::CellGrid<C>> grids(static_cast<size_t>(p.B));
-  std::vector<char> gridded(static_cast<size_t>(p.B));
-  pf(p.B, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) gridded[b] = grids[b].build(soa.data() + 3 * b * p.N, p.N, p.K);
-  });
+  const point_cloud::CloudGrids<C> clouds(xyz, p.B, p.N, p.K, pf);
   pf(p.B * p.M, point_cloud::query_grain(p.N), [&](int64_t begin, int64_t end) {
     std::vector<C> best_d(p.K);
     std::vector<int64_t> best_i(p.K);
@@ -41,9 +36,9 @@ Status knn_cpu(const T* xyz, const T* centers, int64_t* out, const KnnParams& p,
     C d[kBlock];
     for (int64_t bm = begin; bm < end; ++bm) {
       const int64_t b = bm / p.M, m = bm % p.M;
-      const C* x = soa.data() + 3 * b * p.N;
+      const C* x = clouds.cloud(b);
       const C cx = to_float(centers[bm * 3]), cy = to_float(centers[bm * 3 + 1]), cz = to_float(centers[bm * 3 + 2]);
-      if (!gridded[b] || !grids[b].search(cx, cy, cz, nearest, d)) {
+      if (!clouds.search(b, cx, cy, cz, nearest, d)) {
         int64_t filled = 0;
         C worst = inf;
         for (int64_t i0 = 0; i0 < p.N; i0 += kBlock) {
@@ -72,10 +67,10 @@ Status knn_cpu(const T* xyz, const T* centers, int64_t* out, const KnnParams& p,
   return Status::Ok();
 }
 
-template Status knn_cpu<float>(const float*, const float*, int64_t*, const KnnParams&, const ParallelFor&);
-template Status knn_cpu<double>(const double*, const double*, int64_t*, const KnnParams&, const ParallelFor&);
-template Status knn_cpu<Half>(const Half*, const Half*, int64_t*, const KnnParams&, const ParallelFor&);
-template Status knn_cpu<BFloat16>(const BFloat16*, const BFloat16*, int64_t*, const KnnParams&, const ParallelFor&);
+#define OPBRIDGE_INSTANTIATE_KNN(T) \
+  template Status knn_cpu<T>(const T*, const T*, int64_t*, const KnnParams&, const ParallelFor&);
+OPBRIDGE_FOR_EACH_FLOAT_TYPE(OPBRIDGE_INSTANTIATE_KNN)
+#undef OPBRIDGE_INSTANTIATE_KNN
 
 namespace {
 

@@ -28,12 +28,7 @@ Status three_nn_cpu(const T* target, const T* source, T* dist, int64_t* indices,
   using C = point_cloud::dist_t<T>;
   if (p.B == 0 || p.N == 0) return Status::Ok();
   const C inf = std::numeric_limits<C>::infinity();
-  const std::vector<C> soa = point_cloud::structure_of_arrays<C>(source, p.B, p.M, pf);
-  std::vector<point_cloud::CellGrid<C>> grids(static_cast<size_t>(p.B));
-  std::vector<char> gridded(static_cast<size_t>(p.B));
-  pf(p.B, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) gridded[b] = grids[b].build(soa.data() + 3 * b * p.M, p.M, 3);
-  });
+  const point_cloud::CloudGrids<C> clouds(source, p.B, p.M, 3, pf);
   pf(p.B * p.N, point_cloud::query_grain(p.M), [&](int64_t begin, int64_t end) {
     C d[kBlock];
     C near_d[3];
@@ -41,11 +36,11 @@ Status three_nn_cpu(const T* target, const T* source, T* dist, int64_t* indices,
     point_cloud::NearestK<C> nearest{3, 0, near_d, near_i};
     for (int64_t bn = begin; bn < end; ++bn) {
       const int64_t b = bn / p.N;
-      const C* x = soa.data() + 3 * b * p.M;
+      const C* x = clouds.cloud(b);
       const C tx = to_float(target[bn * 3]), ty = to_float(target[bn * 3 + 1]), tz = to_float(target[bn * 3 + 2]);
       C d0, d1, d2;
       int64_t i0, i1, i2;
-      if (gridded[b] && grids[b].search(tx, ty, tz, nearest, d)) {
+      if (clouds.search(b, tx, ty, tz, nearest, d)) {
         d0 = near_d[0], d1 = near_d[1], d2 = near_d[2];
         i0 = near_i[0], i1 = near_i[1], i2 = near_i[2];
       } else {
@@ -84,12 +79,10 @@ Status three_nn_cpu(const T* target, const T* source, T* dist, int64_t* indices,
   return Status::Ok();
 }
 
-template Status three_nn_cpu<float>(const float*, const float*, float*, int64_t*, const ThreeNNParams&, const ParallelFor&);
-template Status three_nn_cpu<double>(const double*, const double*, double*, int64_t*, const ThreeNNParams&,
-                                     const ParallelFor&);
-template Status three_nn_cpu<Half>(const Half*, const Half*, Half*, int64_t*, const ThreeNNParams&, const ParallelFor&);
-template Status three_nn_cpu<BFloat16>(const BFloat16*, const BFloat16*, BFloat16*, int64_t*, const ThreeNNParams&,
-                                       const ParallelFor&);
+#define OPBRIDGE_INSTANTIATE_THREE_NN(T) \
+  template Status three_nn_cpu<T>(const T*, const T*, T*, int64_t*, const ThreeNNParams&, const ParallelFor&);
+OPBRIDGE_FOR_EACH_FLOAT_TYPE(OPBRIDGE_INSTANTIATE_THREE_NN)
+#undef OPBRIDGE_INSTANTIATE_THREE_NN
 
 namespace {
 
