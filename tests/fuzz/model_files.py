@@ -607,7 +607,7 @@ def run_case(case: Path, argv: list[str], timeout_s: float = TIMEOUT_S, target=N
         failed = [line.strip() for line in out.splitlines() if line.lstrip().startswith("FAILED")]
         message = failed[0] if failed else next((line for line in reversed(out.splitlines()) if line.strip()),
                                                 message)
-    return {"argv": argv[0], "exit": code, "message": message.replace(str(case), "<case>")[:300],
+    return {"argv": argv[0], "exit": code, "message": message.replace(str(case), "<case>")[:MESSAGE_CHARS],
             "findings": findings, "wall_s": round(wall, 3), "canary_watched": touched is not None,
             "log": (out + err)[-4000:] if findings else ""}
 
@@ -638,6 +638,8 @@ def argv_of(command: str) -> list[str]:
 
 # Refusals only optimize makes: a model it cannot hold in memory, an output it cannot write.
 OPTIMIZE_ONLY = (" of memory to optimize", "cannot write ")
+# A run's message is recorded to this many characters, the command's name included.
+MESSAGE_CHARS = 300
 
 
 def verdict_disagreement(check: dict, optimize: dict) -> str:
@@ -649,7 +651,11 @@ def verdict_disagreement(check: dict, optimize: dict) -> str:
         return ""  # a hang is a finding of its own
     why_c = check["message"].removeprefix("opbridge check: ")
     why_o = optimize["message"].removeprefix("opbridge optimize: ")
-    if check["exit"] == 2 and (optimize["exit"] != 2 or why_c != why_o):
+    # A message cut at MESSAGE_CHARS keeps fewer characters of the reason after optimize's longer
+    # name: cut ones are compared as far as both go.
+    cut = max(len(check["message"]), len(optimize["message"])) >= MESSAGE_CHARS
+    n = min(len(why_c), len(why_o)) if cut else None
+    if check["exit"] == 2 and (optimize["exit"] != 2 or why_c[:n] != why_o[:n]):
         return f"check refused ({why_c!r}), optimize exited {optimize['exit']} ({why_o!r})"
     if optimize["exit"] == 2 and check["exit"] != 2 and not any(k in why_o for k in OPTIMIZE_ONLY):
         return f"optimize refused ({why_o!r}), check exited {check['exit']} ({why_c!r})"

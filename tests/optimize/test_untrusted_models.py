@@ -308,8 +308,14 @@ def _verdict(code, message):
     (_verdict(1, "FAILED: x"), _verdict(1, "FAILED: cannot rewrite m.onnx: its graph is malformed (x)"), False),
     (_verdict(0, ""), _verdict(1, "FAILED: cannot rewrite m.onnx: its graph is malformed (x)"), True),
     (_verdict(1, "FAILED: x"), _verdict(0, "wrote out/model.onnx"), False),
+    # A long reason (a graph nested 20 deep) recorded to MESSAGE_CHARS: optimize's longer name cuts it sooner.
+    (_verdict(2, ("opbridge check: m.onnx: " + "g.node[0]." * 40)[:fuzz.MESSAGE_CHARS]),
+     _verdict(2, ("opbridge optimize: m.onnx: " + "g.node[0]." * 40)[:fuzz.MESSAGE_CHARS]), False),
+    (_verdict(2, ("opbridge check: m.onnx: " + "g.node[0]." * 40)[:fuzz.MESSAGE_CHARS]),
+     _verdict(2, ("opbridge optimize: m.onnx: " + "g.node[1]." * 40)[:fuzz.MESSAGE_CHARS]), True),
 ], ids=["same_refusal", "refused_by_check_only", "other_message", "refused_by_optimize_only", "memory",
-        "both_fail", "malformed_for_optimize_only", "unchanged_model_written"])
+        "both_fail", "malformed_for_optimize_only", "unchanged_model_written", "same_long_refusal_cut",
+        "other_long_refusal_cut"])
 def test_the_fuzzers_judge_compares_the_two_verdicts(check, optimize, differ):
     assert bool(fuzz.verdict_disagreement(check, optimize)) == differ
 
