@@ -252,12 +252,12 @@ stage_fuzz() {
 
 # One case per kernel family (every dtype the kernels are instantiated for), sized to finish
 # within 90 s under the slower tools.
-SUBSET="(group_norm and matches_reference and both and (G32 or 70000 or 131072 or 150001) and not float64) or (group_norm and channels_last and silu and not float64) or (inverse and matches_reference and batch0) or (ms_deform_attn and matches_reference and cpu and not float64)"
+SUBSET="(group_norm and matches_reference and both and (G32 or 70000 or 131072 or 150001) and not float64) or (group_norm and channels_last and silu and not float64) or (inverse and matches_reference and batch0) or (ms_deform_attn and matches_reference and cpu and not float64) or (point_cloud_ops_cuda_match_cpu and not float64)"
 
 stage_racecheck() { use_wheels && sanitize racecheck racecheck "${CUDA_CHECK_K:-$SUBSET}" 90; }
 stage_synccheck() { use_wheels && sanitize synccheck synccheck "${CUDA_CHECK_K:-$SUBSET}" 90; }
 # initcheck instruments torch's kernels too (see sanitize): float32 only, ~1 min.
-INIT_SUBSET="(group_norm and matches_reference and both and (G32 or 70000) and float32) or (group_norm and channels_last and silu and float32) or (inverse and matches_reference and batch0 and float32) or (ms_deform_attn and matches_reference and cpu and float32)"
+INIT_SUBSET="(group_norm and matches_reference and both and (G32 or 70000) and float32) or (group_norm and channels_last and silu and float32) or (inverse and matches_reference and batch0 and float32) or (ms_deform_attn and matches_reference and cpu and float32) or (point_cloud_ops_cuda_match_cpu and float32)"
 stage_initcheck() { use_wheels && sanitize initcheck initcheck "${CUDA_CHECK_K:-$INIT_SUBSET}" 150; }
 
 stage_symbols() {

@@ -10,7 +10,8 @@ Goals they measure (not asserted anywhere):
              fp32 and fp16, contiguous and channels_last;
   Inverse:   >= 3x torch.linalg.inv for n <= 32 (track_speedup_vs_torch);
   MSDA:      >= 5x the pure-PyTorch CUDA path (Deformable-DETR's ms_deform_attn_core_pytorch)
-             at DETR encoder shapes (track_speedup_forward / track_speedup_backward).
+             at DETR encoder shapes (track_speedup_forward / track_speedup_backward);
+  point-cloud ops: figures only (PointCloudCuda: microseconds and the speed-up over plain PyTorch).
 Times come from CUDA events around many back-to-back calls, so launch overhead is included the
 way a model sees it, and host timer noise is not.
 
@@ -342,6 +343,51 @@ class MsDeformAttnCuda:
     track_forward_us.unit = "us"
 
 
+# ---- point-cloud ops ---------------------------------------------------------------------------
+
+PC_SHAPES = {  # name: (clouds, points, centers)
+    "4x4096->1024": (4, 4096, 1024),  # bench_point_cloud.py's PointNet++ set-abstraction level
+    "16x16384->4096": (16, 16384, 4096),  # an outdoor-scene-sized level
+}
+PC_OPS = ["furthest_point_sample", "ball_query", "grouping_operation", "gather_points", "knn", "three_nn",
+          "three_interpolate"]
+
+
+class PointCloudCuda:
+    """Each point-cloud op (float32) against the plain-PyTorch CUDA implementation of its semantics
+    (bench_point_cloud.py's: FPS as a loop of M vectorized steps, searches from the full distance
+    matrix, gathers with torch.gather)."""
+
+    params = _params(PC_OPS, list(PC_SHAPES))
+    param_names = ["op", "shape"]
+    unit = "x"
+    timeout = 600
+
+    def setup(self, op, shape):
+        torch = _cuda_torch()
+        try:
+            from .bench_point_cloud import make_pair
+        except ImportError:  # run as a script
+            from bench_point_cloud import make_pair
+        self.torch = torch
+        self.ours, self.theirs = make_pair(op, "cuda", *PC_SHAPES[shape])
+        # The plain FPS runs M steps of a few kernels each: fewer repeats keep it to seconds.
+        self.iters = 5 if op == "furthest_point_sample" or shape != "4x4096->1024" else 20
+
+    def time_opbridge(self, op, shape):
+        self.ours()
+        self.torch.cuda.synchronize()
+
+    def track_us(self, op, shape):
+        return _cuda_seconds(self.torch, self.ours, iters=self.iters, warmup=2) * 1e6
+
+    track_us.unit = "us"
+
+    def track_speedup_vs_pytorch(self, op, shape):
+        theirs = _cuda_seconds(self.torch, self.theirs, iters=self.iters, warmup=2)
+        return theirs / _cuda_seconds(self.torch, self.ours, iters=self.iters, warmup=2)
+
+
 # ---- plain runner (no asv) -----------------------------------------------------------------
 
 
@@ -350,10 +396,10 @@ def _run_all(quick: bool):
     import time
 
     results = []
-    for cls in (GroupNormCuda, GroupNormSiluCuda, InverseCuda, MsDeformAttnCuda):
+    for cls in (GroupNormCuda, GroupNormSiluCuda, InverseCuda, MsDeformAttnCuda, PointCloudCuda):
         names = [k for k in dir(cls) if k.startswith("track_")]
         for combo in itertools.product(*cls.params):
-            if quick and combo != tuple(p[0] for p in cls.params) and cls is not MsDeformAttnCuda:
+            if quick and combo != tuple(p[0] for p in cls.params) and cls not in (MsDeformAttnCuda, PointCloudCuda):
                 continue
             bench = cls()
             row = {"benchmark": cls.__name__, **dict(zip(cls.param_names, combo))}

@@ -26,10 +26,10 @@ OPS = ["furthest_point_sample", "ball_query", "grouping_operation", "gather_poin
 def fps_torch(xyz, m):
     b, n, _ = xyz.shape
     torch = torch_or_skip()
-    out = torch.zeros(b, m, dtype=torch.int64)
-    dist = torch.full((b, n), float("inf"))
-    last = torch.zeros(b, dtype=torch.int64)
-    rows = torch.arange(b)
+    out = torch.zeros(b, m, dtype=torch.int64, device=xyz.device)
+    dist = torch.full((b, n), float("inf"), device=xyz.device)
+    last = torch.zeros(b, dtype=torch.int64, device=xyz.device)
+    rows = torch.arange(b, device=xyz.device)
     for j in range(1, m):
         d = ((xyz - xyz[rows, last][:, None]) ** 2).sum(-1)
         dist = torch.minimum(dist, d)
@@ -42,7 +42,7 @@ def ball_query_torch(radius, s, xyz, centers):
     torch = torch_or_skip()
     n = xyz.shape[1]
     d2 = torch.cdist(centers, xyz) ** 2
-    idx = torch.arange(n).expand_as(d2).clone()
+    idx = torch.arange(n, device=xyz.device).expand_as(d2).clone()
     idx[d2 >= radius * radius] = n
     idx = idx.sort(-1).values[..., :s]
     first = idx[..., :1].expand_as(idx)
@@ -69,14 +69,20 @@ def three_interpolate_torch(features, indices, weight):
     return (gather_torch(features, indices) * weight[:, None]).sum(-1)
 
 
-def make_pair(op):
-    """(opbridge call, plain-torch call) for one op, on fresh random inputs."""
+def make_pair(op, device="cpu", b=B, n=N, m=M):
+    """(opbridge call, plain-torch call) for one op, on fresh random inputs on `device`, b clouds of
+    n points, m centers."""
     torch = torch_or_skip()
     ours = opbridge_torch_op(op).default
     g = torch.Generator().manual_seed(0)
-    xyz = torch.rand(B, N, 3, generator=g)
+    B, N, M = b, n, m  # the module's shape names, for this call
+
+    def dev(t):
+        return t.to(device)
+
+    xyz = dev(torch.rand(B, N, 3, generator=g))
     centers = xyz[:, :M].contiguous()
-    feats = torch.randn(B, C, N, generator=g)
+    feats = dev(torch.randn(B, C, N, generator=g))
     if op == "furthest_point_sample":
         return (lambda: ours(xyz, M)), (lambda: fps_torch(xyz, M))
     if op == "ball_query":
@@ -86,14 +92,14 @@ def make_pair(op):
     if op == "three_nn":
         return (lambda: ours(xyz, centers)), (lambda: three_nn_torch(xyz, centers))
     if op == "grouping_operation":
-        idx = torch.randint(0, N, (B, M, S), generator=g)
+        idx = dev(torch.randint(0, N, (B, M, S), generator=g))
         return (lambda: ours(feats, idx)), (lambda: gather_torch(feats, idx))
     if op == "gather_points":
-        idx = torch.randint(0, N, (B, M), generator=g)
+        idx = dev(torch.randint(0, N, (B, M), generator=g))
         return (lambda: ours(feats, idx)), (lambda: gather_torch(feats, idx))
-    f = torch.randn(B, 2 * C, M, generator=g)
-    idx = torch.randint(0, M, (B, N, 3), generator=g)
-    w = torch.rand(B, N, 3, generator=g)
+    f = dev(torch.randn(B, 2 * C, M, generator=g))
+    idx = dev(torch.randint(0, M, (B, N, 3), generator=g))
+    w = dev(torch.rand(B, N, 3, generator=g))
     return (lambda: ours(f, idx, w)), (lambda: three_interpolate_torch(f, idx, w))
 
 

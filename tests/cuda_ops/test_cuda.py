@@ -1032,3 +1032,101 @@ def test_point_cloud_ops_cuda_match_cpu(dtype):
                                               out_dtype=np.int64, domain_version=3)
         (got,) = _ort_cuda_session(onnx_models.serialize(model)).run(None, {"x": x})
         np.testing.assert_array_equal(got, ops.furthest_point_sample(xyz, 64).numpy())
+
+
+def _point_cloud_calls(rng, np_float):
+    """(op, ONNX type, args in torch's order, attribute names) of every point-cloud op on one draw:
+    2 clouds of 3000 points uniform in a cube (CPU kNN and three_nn take their grid search here, the
+    CUDA kernels scan: the indices must still be equal), 500 centers, one point NaN."""
+    n, m, c = 3000, 500, 6
+    xyz = rng.uniform(-1, 1, (2, n, 3)).astype(np_float)
+    xyz[1, 7, 0] = np.nan
+    centers = np.ascontiguousarray(xyz[:, 100:100 + m])
+    f = rng.standard_normal((2, c, n)).astype(np_float)
+    fm = rng.standard_normal((2, c, m)).astype(np_float)
+    idx2 = rng.integers(0, n, (2, m))
+    idx3 = rng.integers(0, n, (2, m, 5))
+    idx_t = rng.integers(0, m, (2, n, 3))
+    w = rng.uniform(0, 1, (2, n, 3)).astype(np_float)
+    return [
+        ("furthest_point_sample", "FurthestPointSample", [xyz, 200], ["num_points"]),
+        ("ball_query", "BallQuery", [0.05, 0.2, 16, xyz, centers], ["min_radius", "max_radius", "sample_num"]),
+        ("knn", "KNN", [12, xyz, centers], ["k"]),
+        ("three_nn", "ThreeNN", [centers, xyz], []),
+        ("gather_points", "GatherPoints", [f, idx2], []),
+        ("grouping_operation", "GroupingOperation", [f, idx3], []),
+        ("three_interpolate", "ThreeInterpolate", [fm, idx_t, w], []),
+    ]
+
+
+def _assert_same(got, want, tol, what):
+    if want.dtype == np.int64:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+    else:
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol, err_msg=what)
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_point_cloud_ops_ort_cuda_match_torch(dtype):
+    """Every point-cloud op on ONNX Runtime's CUDA provider (CPU fallback disabled) and on torch's
+    CUDA kernels, fresh random clouds: indices equal torch's CPU kernels' exactly, features within
+    rounding."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from onnx import TensorProto
+
+    from helpers.point_cloud_cases import single_node_model
+
+    np_float = {"float32": np.float32, "float16": np.float16}[dtype]
+    tol = {"float32": 1e-5, "float16": 2e-2}[dtype]
+    float_type = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[dtype]
+    calls = _point_cloud_calls(np.random.default_rng(), np_float)
+    expected = []
+    for op, _, args, _ in calls:
+        fn = getattr(torch.ops.opbridge, op)
+        cpu = fn(*[torch.from_numpy(a) if isinstance(a, np.ndarray) else a for a in args])
+        cuda = fn(*[torch.from_numpy(a).cuda() if isinstance(a, np.ndarray) else a for a in args])
+        cpu = [t.numpy() for t in (cpu if isinstance(cpu, (tuple, list)) else (cpu,))]
+        cuda = [t.cpu().numpy() for t in (cuda if isinstance(cuda, (tuple, list)) else (cuda,))]
+        for i, want in enumerate(cpu):
+            _assert_same(cuda[i], want, tol, f"{op} output {i}: torch CUDA vs CPU")
+        expected.append(cpu)
+    # ONNX Runtime's CUDA provider (skipped where this onnxruntime has none, after the torch part).
+    for (op, onnx_type, args, attr_names), cpu in zip(calls, expected):
+        model, feeds = single_node_model(op, onnx_type, args, attr_names, float_type=float_type)
+        got = _ort_cuda_session(model).run(None, feeds)
+        for i, want in enumerate(cpu):
+            _assert_same(got[i], want, tol, f"{op} output {i}: ORT CUDA vs torch CPU")
+
+
+@pytest.mark.cuda
+@pytest.mark.torch
+def test_point_cloud_bad_input_cuda_torch_and_ort():
+    """The bad calls whose shapes and attributes decide the verdict: torch's CUDA kernels raise and
+    ORT's CUDA provider refuses with the CPU's message (index values are not checked on the device:
+    that would need a sync, docs/point_cloud.md)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from helpers.point_cloud_cases import BAD, single_node_model
+
+    cases = [c for c in BAD if c[6]]
+    assert len(cases) >= 10
+    for _, op, _, args, _, message, _ in cases:
+        fn = getattr(torch.ops.opbridge, op)
+        with pytest.raises(RuntimeError, match=f"ValueError: opbridge::{op}: {message}"):
+            fn(*[torch.from_numpy(a).cuda() if isinstance(a, np.ndarray) else a for a in args])
+    # ONNX Runtime itself (opbridge.InferenceSession would refuse these models before ORT sees them).
+    ort = pytest.importorskip("onnxruntime")
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("this onnxruntime has no CUDAExecutionProvider (CPU-only wheel)")
+    so = opbridge.session_options()
+    so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    for name, op, onnx_type, args, attr_names, message, _ in cases:
+        model, feeds = single_node_model(op, onnx_type, args, attr_names)
+        with pytest.raises(Exception, match=rf"ai\.opbridge::{onnx_type} \(node 'n'\): {message}") as info:
+            ort.InferenceSession(model, so, providers=["CUDAExecutionProvider"]).run(None, feeds)
+        assert type(info.value).__module__.startswith("onnxruntime"), name

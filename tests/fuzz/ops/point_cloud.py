@@ -17,6 +17,8 @@ fake kernel (which cannot see index values: there those cases are valid).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
@@ -417,9 +419,30 @@ def _draw(draw, kind):
     expected = grads = None
     if not rules and not value_rules:
         expected = _expect(op, data, attrs, dtype)
-        if kind == "torch" and op in GRADS and not value_rules and draw(S.chance(1, 3)):
+        if kind == "torch" and op in GRADS and draw(S.chance(1, 3)):
             grads = True
+    elif not rules and _on_cuda():
+        # The CUDA kernels do not synchronize to check index values: a bad index reads as 0
+        # (docs/point_cloud.md). Expected: the reference over the features with a zero point
+        # appended and every bad index pointing at it.
+        expected = _expect(op, _bad_indices_read_zero(data), attrs, dtype)
+        value_rules = []
     return op, inputs, attrs, rules, value_rules, expected, grads, desc, rng, dtype
+
+
+def _on_cuda():
+    """Whether this run's cases go to the CUDA kernels (tests/fuzz/run.py --device cuda)."""
+    return os.environ.get("OPBRIDGE_FUZZ_DEVICE", "cpu") == "cuda"
+
+
+def _bad_indices_read_zero(data):
+    f = data["features"]
+    n = f.shape[-1]
+    out = dict(data)
+    out["features"] = np.concatenate([f, np.zeros(f.shape[:-1] + (1,))], axis=-1)
+    idx = data["indices"]
+    out["indices"] = np.where((idx < 0) | (idx >= n), n, idx)
+    return out
 
 
 def _expect(op, d, a, dtype):
