@@ -85,14 +85,18 @@ GroupNormCpuChoices detect_choices() {
   // instead of waves of tiles: 1.44-1.87x -> 0.88-1.15x a copy (forward, 2 threads, paired
   // single calls under load). With a 2 MB L2 (the Xeon) no asv shape changes path.
   c.cache_budget_streamed = 2 * c.cache_budget;
-  // Outputs larger than the L2s of two cores are written with streaming (non-temporal) stores:
-  // most of y would be evicted before the next op reads it anyway, and skipping the
-  // read-for-ownership of every output line saves a third of the memory traffic. At least 4 MiB,
-  // the threshold measured on a Zen 5 (1 MB L2, 32 MB L3: 1.3-1.8x faster on 8-16 MB tensors)
-  // and on a Xeon (2 MB L2, 260 MB L3: still 1.1-1.2x at 8 MB, where plain stores would leave y
-  // in its L3). No choice depends on the L3: on an EPYC Zen 4 (32 MB L3, which holds x and y of
-  // 8 MB) ordinary stores were not faster at 8 MB either.
-  c.stream_bytes = std::max<int64_t>(int64_t{4} << 20, 2 * c.l2_bytes);
+  // Outputs too large to stay in the caches until the next op reads them are written with
+  // streaming (non-temporal) stores: skipping the read-for-ownership of every output line saves a
+  // third of the memory traffic. "Too large": at least the L2s of two cores and a quarter of the
+  // L3 (x and y then fill half of it), the L3 counted at most 32 MiB (a large L3 is shared by many
+  // cores: a guest gets a part of it); 4 MiB where the OS reports no L3. Measured (forward, fp32,
+  // 2 threads, x 128 channels of 64x64, N = 1..12): on an EPYC Zen 4 (1 MB L2, 32 MB L3) ordinary
+  // stores were faster up to 6 MB (1.7-1.9x a copy against 3.2-3.3x streamed), streaming from
+  // 12 MB (1.05x against 1.9-2.0x), 8 MB either way; on a Zen 5 (the same caches) streaming was
+  // 1.3-1.8x faster at 8-16 MB; on a Xeon (2 MB L2, 260 MB L3) still 1.1-1.2x at 8 MB. All three
+  // give 8 MiB.
+  const int64_t l3_counted = std::min<int64_t>(c.l3_bytes, int64_t{32} << 20);
+  c.stream_bytes = std::max<int64_t>(2 * c.l2_bytes, c.l3_bytes > 0 ? l3_counted / 4 : int64_t{4} << 20);
   // Channels-last samples too large for the budget are cut into tiles and taken in waves: the
   // statistics of every tile of a wave, then their normalization. Half the L3 keeps a wave's x
   // there between the two passes (the other half for y and everything else), so fewer, larger
