@@ -13,6 +13,7 @@
 #include "opbridge/dtype.h"
 #include "opbridge/point_cloud.h"
 #include "three_nn.h"
+#include "three_nn_top3.h"
 
 OPBRIDGE_NO_FP_CONTRACT_BEGIN
 namespace opbridge {
@@ -38,38 +39,19 @@ Status three_nn_cpu(const T* target, const T* source, T* dist, int64_t* indices,
       const int64_t b = bn / p.N;
       const C* x = clouds.cloud(b);
       const C tx = to_float(target[bn * 3]), ty = to_float(target[bn * 3 + 1]), tz = to_float(target[bn * 3 + 2]);
-      C d0, d1, d2;
-      int64_t i0, i1, i2;
+      point_cloud::Top3<C> top(inf);
       if (clouds.search(b, tx, ty, tz, nearest, d)) {
-        d0 = near_d[0], d1 = near_d[1], d2 = near_d[2];
-        i0 = near_i[0], i1 = near_i[1], i2 = near_i[2];
+        top.d0 = near_d[0], top.d1 = near_d[1], top.d2 = near_d[2];
+        top.i0 = near_i[0], top.i1 = near_i[1], top.i2 = near_i[2];
       } else {
-        // Slots start empty (index -1): any point fills one, a NaN distance as +inf.
-        d0 = inf, d1 = inf, d2 = inf;
-        i0 = -1, i1 = -1, i2 = -1;
         for (int64_t k0 = 0; k0 < p.M; k0 += kBlock) {
           const int64_t len = std::min(kBlock, p.M - k0);
           point_cloud::block_distances(x, p.M, k0, len, tx, ty, tz, d);
-          for (int64_t j = 0; j < len; ++j) {
-            C v = d[j];
-            if (!(v < d2) && i2 >= 0) continue;  // the common case; NaN falls through
-            if (std::isnan(v)) {
-              if (i2 >= 0) continue;
-              v = inf;
-            }
-            const int64_t k = k0 + j;
-            if (i0 < 0 || v < d0) {
-              d2 = d1, i2 = i1, d1 = d0, i1 = i0, d0 = v, i0 = k;
-            } else if (i1 < 0 || v < d1) {
-              d2 = d1, i2 = i1, d1 = v, i1 = k;
-            } else if (i2 < 0 || v < d2) {
-              d2 = v, i2 = k;
-            }
-          }
+          for (int64_t j = 0; j < len; ++j) top.offer(d[j], k0 + j);
         }
       }
-      const C ds[3] = {d0, d1, d2};
-      const int64_t is[3] = {i0, i1, i2};
+      const C ds[3] = {top.d0, top.d1, top.d2};
+      const int64_t is[3] = {top.i0, top.i1, top.i2};
       for (int j = 0; j < 3; ++j) {
         dist[bn * 3 + j] = from_acc<T>(static_cast<acc_t<T>>(std::sqrt(ds[j])));
         indices[bn * 3 + j] = is[j];

@@ -1,5 +1,5 @@
 // ThreeNN CUDA kernel and its compute function: one thread per target point, the CPU kernel's
-// loop (explicitly rounded multiplies and adds: the CPU kernel's indices).
+// scan (explicitly rounded multiplies and adds, the same Top3: the CPU kernel's indices).
 #include <cstdint>
 
 #include "common/dtype.cuh"
@@ -7,6 +7,7 @@
 #include "common/point_cloud.cuh"
 #include "common/rounding.cuh"
 #include "three_nn.h"
+#include "three_nn_top3.h"
 
 namespace opbridge::cuda {
 namespace {
@@ -18,26 +19,17 @@ __global__ void three_nn_kernel(const D* __restrict__ target, const D* __restric
   for (int64_t bn = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; bn < total; bn += int64_t{gridDim.x} * blockDim.x) {
     const D* src = source + (bn / n) * m * 3;
     const C tx = to_acc(target[bn * 3]), ty = to_acc(target[bn * 3 + 1]), tz = to_acc(target[bn * 3 + 2]);
-    C d0 = C(INFINITY), d1 = C(INFINITY), d2 = C(INFINITY);
-    int64_t i0 = -1, i1 = -1, i2 = -1;
+    point_cloud::Top3<C> top{C(INFINITY)};
     for (int64_t k = 0; k < m; ++k) {
       const C dx = to_acc(src[3 * k]) - tx, dy = to_acc(src[3 * k + 1]) - ty, dz = to_acc(src[3 * k + 2]) - tz;
-      C d = squared_distance_rn(dx, dy, dz);
-      if (d != d) d = C(INFINITY);
-      if (i0 < 0 || d < d0) {
-        d2 = d1, i2 = i1, d1 = d0, i1 = i0, d0 = d, i0 = k;
-      } else if (i1 < 0 || d < d1) {
-        d2 = d1, i2 = i1, d1 = d, i1 = k;
-      } else if (i2 < 0 || d < d2) {
-        d2 = d, i2 = k;
-      }
+      top.offer(squared_distance_rn(dx, dy, dz), k);
     }
-    dist[bn * 3] = from_acc<D>(sqrt(d0));
-    dist[bn * 3 + 1] = from_acc<D>(sqrt(d1));
-    dist[bn * 3 + 2] = from_acc<D>(sqrt(d2));
-    indices[bn * 3] = i0;
-    indices[bn * 3 + 1] = i1;
-    indices[bn * 3 + 2] = i2;
+    dist[bn * 3] = from_acc<D>(sqrt(top.d0));
+    dist[bn * 3 + 1] = from_acc<D>(sqrt(top.d1));
+    dist[bn * 3 + 2] = from_acc<D>(sqrt(top.d2));
+    indices[bn * 3] = top.i0;
+    indices[bn * 3 + 1] = top.i1;
+    indices[bn * 3 + 2] = top.i2;
   }
 }
 

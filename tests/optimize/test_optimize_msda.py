@@ -78,7 +78,9 @@ def _inputs_for(built, rng, resize):
         xs = xs.double()
         if resize and xs.dim() == 4 and name in built.dynamic and 2 in built.dynamic[name]:
             h, w = xs.shape[2:]
-            xs = torch.nn.functional.interpolate(xs, size=(h + h // 3, w - w // 4), mode="bilinear")
+            # Another area too: (h + h / 3, w - w / 4) keeps it for a 3:4 example, and a size
+            # baked into the export as a position count would go unnoticed.
+            xs = torch.nn.functional.interpolate(xs, size=(h + h // 3, w + w // 4), mode="bilinear")
         scale = float(xs.std()) or 1.0
         out.append((xs + 0.1 * scale * torch.from_numpy(rng.standard_normal(tuple(xs.shape)))).contiguous())
     return out
@@ -164,6 +166,10 @@ def _case(tmp_path, family, *, dynamo, opset, dynamic, dtype="float32"):
         inputs = _inputs_for(built, rng, resize=True)
         feeds = _feeds(names, inputs, np_dtype)
         original = _msda_rules.runnable_original(src, str(tmp_path)) or src
+        if (family, dynamo, opset) in _NOT_DYNAMIC:
+            with pytest.raises(Exception, match="broadcast|Reshape|shape"):
+                ort.InferenceSession(original, providers=["CPUExecutionProvider"]).run(None, feeds)
+            return built, text
         want = ort.InferenceSession(original, providers=["CPUExecutionProvider"]).run(None, feeds)
         _close(rewritten.run(None, feeds), want, TOL[dtype], f"{family} at other sizes against the original", text)
     return built, text
@@ -218,16 +224,34 @@ _FLOAT16_BROKEN = {
 
 
 # The dynamo exporter writes the example's number of positions (256) as a constant into one of
-# Deformable DETR's Reshapes at opset 21 with a dynamic image: that chain is left alone ("cannot
-# tell what a Reshape's -1 stands for"), 2 of 3 are rewritten.
-_LEFT_ALONE = {("deformable_detr", True, 21, True): "one chain's Reshape holds the example's position count"}
+# Deformable DETR's Reshapes at opsets 18 and 21 with a dynamic image: the export is not dynamic in
+# the image size (ONNX Runtime fails on it at any other size), and optimize leaves that chain alone
+# ("cannot tell what a Reshape's -1 stands for"), rewriting the other 2 of 3.
+_LEFT_ALONE = {("deformable_detr", True, 18, True), ("deformable_detr", True, 21, True)}
+_REASON = "cannot tell what a Reshape's -1 stands for"
+
+
+# Dynamic-image exports whose chains optimize does not follow yet (found by the slow matrix after
+# the other-size check changed the image's area; not yet in the default suite). Strict: a fix
+# shows up here.
+_GAPS = {
+    ("rt_detr", False, 17, True): "the locations' Reshape does not give them the expected rank: 0 of 2 rewritten",
+    ("grounding_dino", False, 17, True): "one chain's Reshape -1 is not followed: 2 of 3 rewritten",
+    ("grounding_dino", True, 18, True): "one chain's Reshape -1 is not followed: 2 of 3 rewritten",
+    ("mask2former", True, 18, True): "the chains' Reshape -1 is not followed: 0 of 2 rewritten",
+    ("oneformer_pixel_decoder", True, 18, True): "the chains' Reshape -1 is not followed: 0 of 2 rewritten",
+}
+# Dynamic-image exports that hold sizes of the example: ONNX Runtime cannot run the original at an
+# image of another area, so there is nothing to compare the rewrite with there (the test checks
+# that the original fails, and the rewrite against torch at the example's sizes).
+_NOT_DYNAMIC = {("rt_detr", True, 18), ("rt_detr_v2", True, 18), ("d_fine", True, 18)}
 
 
 def _matrix_param(m):
     if m[4] == "float16" and m[0] in _FLOAT16_BROKEN:
         return pytest.param(*m, marks=pytest.mark.xfail(strict=True, reason=_FLOAT16_BROKEN[m[0]]))
-    if m[:4] in _LEFT_ALONE:
-        return pytest.param(*m, marks=pytest.mark.xfail(strict=True, reason=_LEFT_ALONE[m[:4]]))
+    if m[:4] in _GAPS:
+        return pytest.param(*m, marks=pytest.mark.xfail(strict=True, reason=_GAPS[m[:4]]))
     return m
 
 
@@ -236,7 +260,38 @@ def _matrix_param(m):
     _matrix_param(m) for m in MATRIX
     if dict(dynamo=m[1], opset=m[2], dynamic=m[3]) != DEFAULT[m[0]] or m[4] != "float32"])
 def test_matrix(tmp_path, family, dynamo, opset, dynamic, dtype):
+    if (family, dynamo, opset, dynamic) in _LEFT_ALONE:
+        _left_alone_case(tmp_path, family, dynamo=dynamo, opset=opset, dtype=dtype)
+        return
     _case(tmp_path, family, dynamo=dynamo, opset=opset, dynamic=dynamic, dtype=dtype)
+
+
+def _left_alone_case(tmp_path, family, *, dynamo, opset, dtype):
+    """A "dynamic" export that only runs at the example's sizes: the chain whose Reshape holds a
+    size of the example is left alone with the reason, the others are rewritten and checked."""
+    torch.manual_seed(0)
+    built = M.FAMILIES[family](batch=2)
+    src, dst = str(tmp_path / f"{family}.onnx"), str(tmp_path / f"{family}.opbridge.onnx")
+    M.export(built, src, dynamo=dynamo, opset=opset, dynamic=True, dtype=dtype)
+    out = io.StringIO()
+    report = optimize(src, dst, out=out, dims=_example_dims(src, built))
+    text = out.getvalue()
+    assert report.ok, text
+    assert report.result.counts.get(_msda_rules.LABEL) == built.modules - 1, text
+    assert _REASON in text
+    # The export's own fault: the original fails in ONNX Runtime at another image size.
+    names = [i.name for i in ort.InferenceSession(src, providers=["CPUExecutionProvider"]).get_inputs()]
+    other = [torch.nn.functional.interpolate(x, scale_factor=(4 / 3, 5 / 4), mode="bilinear")
+             if x.is_floating_point() and x.dim() == 4 else x
+             for x in _inputs_for(built, np.random.default_rng(7), resize=False)]
+    assert other[0].shape[2:] != built.inputs[0].shape[2:]
+    feeds = _feeds(names, other, np.float32)
+    with pytest.raises(Exception, match="broadcast|Reshape|shape"):
+        ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, feeds)
+    # What was rewritten is right at the example's sizes.
+    inputs = _inputs_for(built, np.random.default_rng(1234), resize=False)
+    _close(opbridge.InferenceSession(dst).run(None, _feeds(names, inputs, np.float32)),
+           _torch_float64(built, inputs), TOL[dtype], f"{family} against torch in float64", text)
 
 
 # ---------------------------------------------------------------------------------------------
