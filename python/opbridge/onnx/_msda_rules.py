@@ -342,6 +342,11 @@ def _label(node: Any) -> str:
     return f"{node.op_type}{' ' + repr(node.name) if node.name else ''}"
 
 
+# How far back a rank is looked for where shape inference left a value without one (through a
+# decoder layer's ops to the previous layer's boxes, say); each value is looked at once.
+_MAX_RANK_DEPTH = 200
+
+
 class _Sizes:
     """Symbolic dims of values and contents of small integer tensors (shape computations), as
     Polys; leaves remember the value they read so that a size can be rebuilt in the graph."""
@@ -350,6 +355,7 @@ class _Sizes:
         self.sources: dict[str, tuple[str, Any, int]] = {}  # leaf -> ("dim" | "elem", value, index)
         self._dims: dict[int, list[Poly] | None] = {}
         self._ints: dict[int, list[Poly] | None] = {}
+        self._ranks: dict[int, int | None] = {}  # ranks from producers and readers
         self.layouts: dict[int, "_Info"] = {}  # values whose layout a rule has derived
         self.s_size: Poly | None = None  # the size of the values' S axis
         self.alias: dict[str, Poly] = {}  # leaf -> the size it is taken to equal
@@ -377,6 +383,7 @@ class _Sizes:
         self.layouts.clear()
         self._dims.clear()
         self._ints.clear()
+        self._ranks.clear()
         self.s_size = None
         self.alias.clear()
 
@@ -459,6 +466,85 @@ class _Sizes:
             ranks = {len(v.shape) if v.shape is not None else None for v in node.inputs
                      if v is not None and _const(v) is None}
             return ranks.pop() if len(ranks) == 1 else None
+        return None
+
+    def source_dims(self, value: Any) -> list[Poly] | None:
+        """The dims of a candidate source that dims() has none for (shape inference gave none and
+        rank() cannot tell): its rank from source_rank(), each dim derived from the producer where
+        it is simple, else a size of its own; remembered as the value's dims from then on."""
+        r = self.source_rank(value)
+        if r is None:
+            return None
+        derived = self._derived_dims(value, r, 0) or [None] * r
+        out = [d if d is not None else self._leaf("dim", value, i) for i, d in enumerate(derived)]
+        self._dims[id(value)] = out
+        return [self.canon(p) for p in out]
+
+    def source_rank(self, value: Any, depth: int = 0) -> int | None:
+        """The rank of a candidate source of the chain, also where shape inference left it without a
+        shape: followed back through the producers (and readers) as far as _MAX_RANK_DEPTH. (The
+        size tracking itself keeps rank(): what it derives there is what it can follow.)"""
+        if value.shape is not None:
+            return len(value.shape)
+        key = id(value)
+        if key in self._ranks:
+            return self._ranks[key]
+        if depth > _MAX_RANK_DEPTH:
+            return None
+        self._ranks[key] = None  # cycles
+        r = self._source_rank_from_producer(value, depth)
+        if r is None:
+            # From a reader: a Transpose's perm, or an elementwise op with a scalar.
+            for use in value.uses():
+                n = use.node
+                if n.op_type == "Transpose" and _attr_ints(n, "perm") is not None:
+                    r = len(cast("list[int]", _attr_ints(n, "perm")))
+                    break
+                if n.op_type in ("Identity", "Cast") or (n.op_type in _AFFINE and len(n.inputs) == 2 and any(
+                        (c := _const(v)) is not None and c.size == 1 for v in n.inputs)):
+                    r = self.source_rank(n.outputs[0], depth + 1)
+                    if r is not None:
+                        break
+        self._ranks[key] = r
+        return r
+
+    def _source_rank_from_producer(self, value: Any, depth: int = 0) -> int | None:
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return None
+        op = node.op_type
+        if op == "Reshape":
+            target = self.ints(node.inputs[1])
+            return None if target is None else len(target)
+        if op == "Transpose" and _attr_ints(node, "perm") is not None:
+            return len(cast("list[int]", _attr_ints(node, "perm")))
+        if not node.inputs or node.inputs[0] is None:
+            return None
+        if op in ("Identity", "Cast", "Softmax", "Sigmoid", "Relu", "Tanh", "Neg", "Exp", "Log", "Sqrt", "Erf", "Clip",
+                  "LayerNormalization", "Dropout", "Slice", "Tile"):
+            # The rank of the first input (Slice's starts/ends, Tile's repeats and Clip's bounds keep it).
+            return self.source_rank(node.inputs[0], depth + 1)
+        if op == "GatherElements" and len(node.inputs) == 2:
+            return self.source_rank(node.inputs[1], depth + 1)  # the indices' shape
+        if op == "Unsqueeze":
+            axes = _attr_ints(node, "axes")
+            if axes is None and len(node.inputs) == 2:
+                c = _const(node.inputs[1])
+                axes = None if c is None else [int(a) for a in c.reshape(-1)]
+            r = self.source_rank(node.inputs[0], depth + 1)
+            return None if r is None or axes is None else r + len(axes)
+        if op == "MatMul" and len(node.inputs) == 2:
+            ra, rb = (self.source_rank(v, depth + 1) for v in node.inputs)
+            return None if ra is None or rb is None or min(ra, rb) < 2 else max(ra, rb)
+        if op == "Expand" and len(node.inputs) == 2:
+            r = self.source_rank(node.inputs[0], depth + 1)
+            target, shape = self.ints(node.inputs[1]), node.inputs[1].shape
+            n = len(target) if target is not None else shape.dims[0] if shape is not None and len(shape) == 1 else None
+            return None if r is None or not isinstance(n, int) else max(r, n)
+        if op in ("Sub", "Mul", "Add", "Div", "Where"):
+            # Broadcasting: the largest rank of the inputs, where every input's rank is known.
+            ranks = [self.source_rank(v, depth + 1) for v in node.inputs if v is not None]
+            return None if any(r is None for r in ranks) else max(cast("list[int]", ranks))
         return None
 
     def _derived_dims(self, value: Any, rank: int, depth: int) -> Sequence[Poly | None] | None:
@@ -1015,6 +1101,8 @@ class _Analysis:
         dims = []
         for src in (vsrc, lsrc, wsrc):
             d = sizes.dims(src.value)
+            if d is None:
+                d = sizes.source_dims(src.value)
             if d is None or len(d) != len(src.form):
                 raise _Fail("a source's rank is unknown")
             dims.append(dict(zip(src.form, d)))
@@ -1366,7 +1454,7 @@ def _expand_lp(roles: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def _candidates(values: list[Any], forms: dict[Any, Any], sizes: "_Sizes") -> Iterator[_Source]:
     for v in values:
-        for form in forms.get(sizes.rank(v), ()):
+        for form in forms.get(sizes.source_rank(v), ()):
             yield _Source(v, form)
 
 
