@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Iterable, Iterator, Sequence, cast, overload
+from typing import Any, Callable, Iterable, Iterator, Sequence, cast, overload
 
 import numpy as np
 
@@ -440,18 +440,21 @@ class _Sizes:
         if depth > 8:
             return None
         r = self._rank_from_producer(value)
-        if r is None:
-            # From a reader: a Transpose's perm, or an elementwise op with a scalar.
-            for use in value.uses():
-                n = use.node
-                if n.op_type == "Transpose" and _attr_ints(n, "perm") is not None:
-                    return len(cast("list[int]", _attr_ints(n, "perm")))
-                if n.op_type in ("Identity", "Cast") or (n.op_type in _AFFINE and len(n.inputs) == 2 and any(
-                        (c := _const(v)) is not None and c.size == 1 for v in n.inputs)):
-                    r = self.rank(n.outputs[0], depth + 1)
-                    if r is not None:
-                        return r
-        return r
+        return r if r is not None else self._rank_from_readers(value, depth, self.rank)
+
+    def _rank_from_readers(self, value: Any, depth: int, rank_of: Callable[[Any, int], int | None]) -> int | None:
+        """The rank of ``value`` as a reader tells it: a Transpose's perm, or the rank (by
+        ``rank_of``) of an Identity's, a Cast's or an elementwise op's with a scalar."""
+        for use in value.uses():
+            n = use.node
+            if n.op_type == "Transpose" and _attr_ints(n, "perm") is not None:
+                return len(cast("list[int]", _attr_ints(n, "perm")))
+            if n.op_type in ("Identity", "Cast") or (n.op_type in _AFFINE and len(n.inputs) == 2 and any(
+                    (c := _const(v)) is not None and c.size == 1 for v in n.inputs)):
+                r = rank_of(n.outputs[0], depth + 1)
+                if r is not None:
+                    return r
+        return None
 
     def _rank_from_producer(self, value: Any) -> int | None:
         node = value.producer()
@@ -494,17 +497,7 @@ class _Sizes:
         self._ranks[key] = None  # cycles
         r = self._source_rank_from_producer(value, depth)
         if r is None:
-            # From a reader: a Transpose's perm, or an elementwise op with a scalar.
-            for use in value.uses():
-                n = use.node
-                if n.op_type == "Transpose" and _attr_ints(n, "perm") is not None:
-                    r = len(cast("list[int]", _attr_ints(n, "perm")))
-                    break
-                if n.op_type in ("Identity", "Cast") or (n.op_type in _AFFINE and len(n.inputs) == 2 and any(
-                        (c := _const(v)) is not None and c.size == 1 for v in n.inputs)):
-                    r = self.source_rank(n.outputs[0], depth + 1)
-                    if r is not None:
-                        break
+            r = self._rank_from_readers(value, depth, self.source_rank)
         self._ranks[key] = r
         return r
 
@@ -513,11 +506,8 @@ class _Sizes:
         if node is None or node.domain not in ("", "ai.onnx"):
             return None
         op = node.op_type
-        if op == "Reshape":
-            target = self.ints(node.inputs[1])
-            return None if target is None else len(target)
-        if op == "Transpose" and _attr_ints(node, "perm") is not None:
-            return len(cast("list[int]", _attr_ints(node, "perm")))
+        if op in ("Reshape", "Transpose"):
+            return self._rank_from_producer(value)
         if not node.inputs or node.inputs[0] is None:
             return None
         if op in ("Identity", "Cast", "Softmax", "Sigmoid", "Relu", "Tanh", "Neg", "Exp", "Log", "Sqrt", "Erf", "Clip",
