@@ -506,6 +506,9 @@ class _Sizes:
         if node is None or node.domain not in ("", "ai.onnx"):
             return None
         op = node.op_type
+        if op == "Constant":
+            c = _const(value)
+            return None if c is None else c.ndim
         if op in ("Reshape", "Transpose"):
             return self._rank_from_producer(value)
         if not node.inputs or node.inputs[0] is None:
@@ -531,7 +534,17 @@ class _Sizes:
             target, shape = self.ints(node.inputs[1]), node.inputs[1].shape
             n = len(target) if target is not None else shape.dims[0] if shape is not None and len(shape) == 1 else None
             return None if r is None or not isinstance(n, int) else max(r, n)
-        if op in ("Sub", "Mul", "Add", "Div", "Where"):
+        if op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare"):
+            # A LayerNorm decomposed (below opset 17): the rank kept, or less the reduced axes.
+            r = self.source_rank(node.inputs[0], depth + 1)
+            if r is None or _attr_int(node, "keepdims", 1):
+                return r
+            axes = _attr_ints(node, "axes")
+            if axes is None and len(node.inputs) == 2:
+                c = _const(node.inputs[1])
+                axes = None if c is None else [int(a) for a in c.reshape(-1)]
+            return None if not axes or r == 0 else r - len({a % r for a in axes})
+        if op in ("Sub", "Mul", "Add", "Div", "Pow", "Where"):
             # Broadcasting: the largest rank of the inputs, where every input's rank is known.
             ranks = [self.source_rank(v, depth + 1) for v in node.inputs if v is not None]
             return None if any(r is None for r in ranks) else max(cast("list[int]", ranks))
@@ -696,7 +709,11 @@ def _resolve_target(target: list[Poly], dims: list[Poly], allowzero: int) -> lis
         known = _prod(t for i, t in enumerate(out) if i != minus[0])
         rest = _prod(dims).div(known)
         if rest is None:
-            raise _Fail("cannot tell what a Reshape's -1 stands for")
+            shown = ", ".join(str(t.value) if t.is_const() else "?" for t in target)
+            why = "" if _prod(dims).is_const() else \
+                ", which depends on the inputs' sizes (an export that holds sizes of its example?)"
+            raise _Fail(f"cannot tell what a Reshape's -1 stands for: its target ({shown}) does not divide "
+                        f"its input's size{why}")
         out[minus[0]] = rest
     return out
 
