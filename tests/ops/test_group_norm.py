@@ -54,9 +54,12 @@ def test_forward_matches_float64_reference(rng, shape, groups, dtype, affine):
     assert y.dtype == dtype and y.shape == x.shape
     rtol, atol = TOL[dtype]
     np.testing.assert_allclose(y.double().numpy(), ref, rtol=rtol, atol=atol)
-    # And torch's own implementation, up to its float32 rounding (it can be off by ~1e-5 where
-    # the float64 reference and ours agree exactly, e.g. single-element groups).
-    torch.testing.assert_close(y, torch.nn.functional.group_norm(x, groups, w, b, eps), rtol=1e-5, atol=5e-5)
+    # And torch's own implementation, up to its float32 rounding (it can be off where the float64
+    # reference and ours agree exactly, e.g. single-element groups: a rounding of x - mean times
+    # rstd <= 1/sqrt(eps): 5.8e-5 with OPBRIDGE_TEST_SEED=29962845).
+    slack = 4 * 1.2e-7 * float(x.abs().max()) * (1.0 if w is None else float(w.abs().max())) / eps ** 0.5
+    torch.testing.assert_close(y, torch.nn.functional.group_norm(x, groups, w, b, eps), rtol=1e-5,
+                               atol=max(5e-5, slack))
 
 
 def test_non_contiguous_and_channels_last_inputs(rng):
