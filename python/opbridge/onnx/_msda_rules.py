@@ -333,6 +333,15 @@ def _attr_ints(node: Any, name: str) -> list[int] | None:
     return None if a is None else list(a.as_ints())
 
 
+def _axes(node: Any) -> list[int] | None:
+    """An Unsqueeze's or a Reduce op's axes: the attribute (older opsets) or the constant second input."""
+    axes = _attr_ints(node, "axes")
+    if axes is None and len(node.inputs) == 2:
+        c = _const(node.inputs[1])
+        axes = None if c is None else [int(a) for a in c.reshape(-1)]
+    return axes
+
+
 def _attr_str(node: Any, name: str, default: str) -> str:
     a = node.attributes.get(name)
     return default if a is None else a.as_string()
@@ -520,10 +529,7 @@ class _Sizes:
         if op == "GatherElements" and len(node.inputs) == 2:
             return self.source_rank(node.inputs[1], depth + 1)  # the indices' shape
         if op == "Unsqueeze":
-            axes = _attr_ints(node, "axes")
-            if axes is None and len(node.inputs) == 2:
-                c = _const(node.inputs[1])
-                axes = None if c is None else [int(a) for a in c.reshape(-1)]
+            axes = _axes(node)
             r = self.source_rank(node.inputs[0], depth + 1)
             return None if r is None or axes is None else r + len(axes)
         if op == "MatMul" and len(node.inputs) == 2:
@@ -539,10 +545,7 @@ class _Sizes:
             r = self.source_rank(node.inputs[0], depth + 1)
             if r is None or _attr_int(node, "keepdims", 1):
                 return r
-            axes = _attr_ints(node, "axes")
-            if axes is None and len(node.inputs) == 2:
-                c = _const(node.inputs[1])
-                axes = None if c is None else [int(a) for a in c.reshape(-1)]
+            axes = _axes(node)
             return None if not axes or r == 0 else r - len({a % r for a in axes})
         if op in ("Sub", "Mul", "Add", "Div", "Pow", "Where"):
             # Broadcasting: the largest rank of the inputs, where every input's rank is known.
