@@ -830,8 +830,7 @@ class _Tracker:
             new.axes = tuple(axes[p] for p in perm)
             return new
         if op == "Unsqueeze":
-            raw = _const(node.inputs[1]) if len(node.inputs) > 1 else None
-            ax = raw.reshape(-1).tolist() if raw is not None else _attr_ints(node, "axes")
+            ax = _axes(node)
             if ax is None:
                 raise _Fail("an Unsqueeze's axes are not constant")
             r = rank + len(ax)
@@ -842,8 +841,7 @@ class _Tracker:
             new.axes = tuple(out)
             return new
         if op == "Squeeze":
-            raw = _const(node.inputs[1]) if len(node.inputs) > 1 else None
-            ax = raw.reshape(-1).tolist() if raw is not None else _attr_ints(node, "axes")
+            ax = _axes(node)
             drop = {a % rank for a in ax} if ax is not None else {i for i, a in enumerate(axes) if not a}
             if any(axes[a] for a in drop):
                 raise _Fail("a Squeeze removes an axis that may not have size 1")
@@ -1331,8 +1329,7 @@ class _Analysis:
 
     def _reduce(self, node: Any, info: _Info, sizes: dict[Any, Any]) -> _Info:
         r = len(info.axes)
-        raw = _const(node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] is not None else None
-        ax = raw.reshape(-1).tolist() if raw is not None else _attr_ints(node, "axes")
+        ax = _axes(node)
         if ax is None:
             raise _Fail("the ReduceSum's axes are not constant")
         ax = sorted({a % r for a in ax})
