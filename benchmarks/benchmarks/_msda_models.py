@@ -424,6 +424,17 @@ FAMILIES: dict[str, Callable[..., Built]] = {
 }
 
 
+@contextlib.contextmanager
+def exporting(built: Built, *, dynamo: bool):
+    """What exporting ``built`` needs around torch.onnx.export (or opbridge.onnx.export): no grad,
+    warnings off, the model's export patches, and for the dynamo exporter transformers' torch._check
+    calls turned off (they become aten._is_all_true, which it cannot export; transformers' own switch)."""
+    env = mock.patch.dict(os.environ, {"TRANSFORMERS_DISABLE_TORCH_CHECK": "1"}) if dynamo else contextlib.nullcontext()
+    with warnings.catch_warnings(), _torch().no_grad(), env, built.export_patch():
+        warnings.simplefilter("ignore")
+        yield
+
+
 def export(built: Built, path: str, *, dynamo: bool, opset: int, dynamic: bool = False, dtype: str = "float32"):
     """The plain export of ``built`` (torch.onnx.export, no opbridge) to ``path``."""
     torch = _torch()
@@ -432,11 +443,7 @@ def export(built: Built, path: str, *, dynamo: bool, opset: int, dynamic: bool =
         cast = getattr(torch, dtype)
         model = copy.deepcopy(model).to(cast)  # the caller's model stays float32
         inputs = tuple(x.to(cast) if x.is_floating_point() else x for x in inputs)
-    # transformers' torch._check calls become aten._is_all_true, which the dynamo exporter cannot
-    # export; transformers' own switch turns them off.
-    env = mock.patch.dict(os.environ, {"TRANSFORMERS_DISABLE_TORCH_CHECK": "1"}) if dynamo else contextlib.nullcontext()
-    with warnings.catch_warnings(), torch.no_grad(), env, built.export_patch():
-        warnings.simplefilter("ignore")
+    with exporting(built, dynamo=dynamo):
         if dynamo:
             kw = {}
             if dynamic:

@@ -106,17 +106,15 @@ def _converted(built):
     dynamo, opset 18, the plain export's input names and patches): what a user who still holds the
     torch model gets."""
     import copy
-    import warnings
-    from unittest import mock
 
-    torch = torch_or_skip()
     import opbridge.nn
     import opbridge.onnx
 
+    from . import _msda_models as models
+
+    torch_or_skip()
     model = opbridge.nn.convert(copy.deepcopy(built.model))
-    env = mock.patch.dict(os.environ, {"TRANSFORMERS_DISABLE_TORCH_CHECK": "1"})
-    with warnings.catch_warnings(), torch.no_grad(), env, built.export_patch():
-        warnings.simplefilter("ignore")
+    with models.exporting(built, dynamo=True):
         proto = opbridge.onnx.export(model, built.inputs, dynamo=True, opset_version=18, dynamic_batch=False,
                                      input_names=built.names)
     return ort_session(proto, custom_ops=True)
@@ -153,6 +151,11 @@ class MsdaOptimizeSpeedup:
     track_speedup.unit = "x"
 
 
+def _vs_convert(runners):
+    """time(converted export) / time(optimized file), the two alternating."""
+    return measure_speedup(runners["optimized"], runners["converted"], rounds=5, round_seconds=0.2)
+
+
 class MsdaOptimizeVsConvert:
     """converted export / optimized plain export, side by side in one process (the issue's goal:
     optimize's speed-up over the plain export >= 0.95x convert + re-export's, i.e. this ratio
@@ -166,8 +169,7 @@ class MsdaOptimizeVsConvert:
         self.runners = _setup(family)
 
     def track_ratio(self, family):
-        return measure_speedup(self.runners["optimized"], self.runners["converted"], rounds=5,
-                               round_seconds=0.2)
+        return _vs_convert(self.runners)
 
     track_ratio.unit = "x"
 
@@ -187,9 +189,7 @@ if __name__ == "__main__":
             bench.setup(fam)
             line = f"{fam}: optimized / plain {bench.track_speedup(fam)}x"
             if fam in CONVERTIBLE:
-                ratio = measure_speedup(bench.runners["optimized"], bench.runners["converted"], rounds=5,
-                                        round_seconds=0.2)
-                line += f", converted / optimized {ratio}x"
+                line += f", converted / optimized {_vs_convert(bench.runners)}x"
             print(line, flush=True)
         except NotImplementedError as e:
             print(f"{fam}: skipped ({e})", flush=True)
