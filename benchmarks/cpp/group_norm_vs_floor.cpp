@@ -150,11 +150,11 @@ int main(int argc, char** argv) {
   // The kernel's cache-dependent choices on this machine, beside the figures they produce.
   std::printf("kernel choices: L2 %lld KiB, L3 %lld KiB (as the OS reports them); cache budget %lld KiB "
               "(%lld KiB with streaming stores); streaming stores from %lld KiB; channels-last waves of "
-              "%lld KiB or more%s\n",
+              "%lld KiB or more; [N, C, S] groups fused: %s%s\n",
               static_cast<long long>(ch.l2_bytes / 1024), static_cast<long long>(ch.l3_bytes / 1024),
               static_cast<long long>(ch.cache_budget / 1024), static_cast<long long>(ch.cache_budget_streamed / 1024),
               static_cast<long long>(ch.stream_bytes / 1024), static_cast<long long>(ch.wave_bytes / 1024),
-              ch.overridden ? " (set by OPBRIDGE_GROUP_NORM_CACHE_BUDGET / _STREAM_BYTES / _WAVE_BYTES)" : "");
+              ch.fuse_groups ? "yes" : "no", ch.overridden ? " (set by OPBRIDGE_GROUP_NORM_CACHE_BUDGET / _STREAM_BYTES / _WAVE_BYTES / _FUSE)" : "");
   std::printf("time / time of a copy (medians of per-round ratios); unit: a group (NCHW) or a sample (NHWC)\n");
   std::printf("%-14s %-13s %9s  %-11s %-11s %-11s %s\n", "N,C,H,W", "layout", "unit KiB", "floor", "kernel",
               "+ SiLU", "max |error|");

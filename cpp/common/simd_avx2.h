@@ -29,15 +29,11 @@ struct SimdAvx2 {
   static V min(V a, V b) { return _mm256_min_ps(a, b); }
   static V max(V a, V b) { return _mm256_max_ps(a, b); }
   static V round(V a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  static V clamp_sym(V v, float m) { return max(min(v, set1(m)), set1(-m)); }
   static V pow2(V n) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
   }
-  // p * 2^n as p * 2^(n - n / 2) * 2^(n / 2): each factor within pow2's range.
-  static V scalef(V p, V n) {
-    const V h = round(mul(n, set1(0.5f)));
-    return mul(mul(p, pow2(h)), pow2(sub(n, h)));
-  }
+  // n within pow2's range (the interface's): one product.
+  static V scalef(V p, V n) { return mul(p, pow2(n)); }
   static V sub_n(V a, V b, int n) {
     const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
     const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lanes));

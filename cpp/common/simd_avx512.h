@@ -6,10 +6,10 @@
 //   zero, set1, add, sub, fmadd(a, b, c) = a * b + c, sub_n (a - b in the first n lanes, 0 after)
 //   mul, div, min, max       min/max(a, b) return b where either is NaN (as minps/maxps do)
 //   round(v)                 to the nearest integer (ties to even), as float
-//   clamp_sym(v, m)          v limited to [-m, m] (m > 0); a NaN lane gives NaN or +-m
-//   pow2(n)                  2^n for integral n in [-126, 127] (built from the exponent bits)
-//   scalef(p, n)             p * 2^n for integral n in [-250, 250], overflowing to inf and
-//                            underflowing to 0 (or a subnormal) as the exact product would
+//   pow2(n)                  2^n for integral n in [-126, 128] (built from the exponent bits;
+//                            2^128 is inf)
+//   scalef(p, n)             p * 2^n for integral n in [-126, 128] and finite p in [0.5, 2):
+//                            2^128 overflows to inf, as the exact product would
 //   hsum(v)                  the lanes' sum, added in double
 //   hsum_w(v, out)           out[j] = the lanes' sum of v[j] for the W vectors v[0..W), added in
 //                            float (a tree of W - 1 additions per vector) and widened to double: a
@@ -58,8 +58,6 @@ struct SimdAvx512 {
   static V max(V a, V b) { return _mm512_max_ps(a, b); }
   static V round(V a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
   static V scalef(V p, V n) { return _mm512_scalef_ps(p, n); }
-  // vrangeps, absolute minimum with the sign of v: one instruction instead of min + max.
-  static V clamp_sym(V v, float m) { return _mm512_range_ps(v, _mm512_set1_ps(m), 0x2); }
   static V pow2(V n) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
   }

@@ -40,7 +40,6 @@ struct SimdGeneric {
   static V min(V a, V b) { return {_mm_min_ps(a.lo, b.lo), _mm_min_ps(a.hi, b.hi)}; }
   static V max(V a, V b) { return {_mm_max_ps(a.lo, b.lo), _mm_max_ps(a.hi, b.hi)}; }
   // cvtps2dq rounds by MXCSR: to nearest even unless the program changed the rounding mode.
-  static V clamp_sym(V v, float m) { return max(min(v, set1(m)), set1(-m)); }
   static V round(V a) {
     return {_mm_cvtepi32_ps(_mm_cvtps_epi32(a.lo)), _mm_cvtepi32_ps(_mm_cvtps_epi32(a.hi))};
   }
@@ -49,11 +48,8 @@ struct SimdGeneric {
     return {_mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n.lo), bias), 23)),
             _mm_castsi128_ps(_mm_slli_epi32(_mm_add_epi32(_mm_cvtps_epi32(n.hi), bias), 23))};
   }
-  // p * 2^n as p * 2^(n - n / 2) * 2^(n / 2): each factor within pow2's range.
-  static V scalef(V p, V n) {
-    const V h = round(mul(n, set1(0.5f)));
-    return mul(mul(p, pow2(h)), pow2(sub(n, h)));
-  }
+  // n within pow2's range (the interface's): one product.
+  static V scalef(V p, V n) { return mul(p, pow2(n)); }
   static V sub_n(V a, V b, int n) {
     const __m128i nn = _mm_set1_epi32(n);
     const __m128 klo = _mm_castsi128_ps(_mm_cmpgt_epi32(nn, _mm_setr_epi32(0, 1, 2, 3)));
@@ -152,7 +148,6 @@ struct SimdGeneric : LoopLanes<float> {
     for (int l = 0; l < W; ++l) a.v[l] = a.v[l] > b.v[l] ? a.v[l] : b.v[l];
     return a;
   }
-  static V clamp_sym(V v, float m) { return max(min(v, set1(m)), set1(-m)); }
   static V round(V a) {
     for (int l = 0; l < W; ++l) a.v[l] = std::nearbyint(a.v[l]);
     return a;
@@ -161,11 +156,8 @@ struct SimdGeneric : LoopLanes<float> {
     for (int l = 0; l < W; ++l) n.v[l] = std::ldexp(1.0f, static_cast<int>(n.v[l]));
     return n;
   }
-  // p * 2^n as p * 2^(n - n / 2) * 2^(n / 2): each factor within pow2's range.
-  static V scalef(V p, V n) {
-    const V h = round(mul(n, set1(0.5f)));
-    return mul(mul(p, pow2(h)), pow2(sub(n, h)));
-  }
+  // n within pow2's range (the interface's): one product.
+  static V scalef(V p, V n) { return mul(p, pow2(n)); }
   // a - b in the first n lanes, 0 in the others.
   static V sub_n(V a, V b, int n) {
     for (int l = 0; l < W; ++l) a.v[l] = l < n ? a.v[l] - b.v[l] : 0.f;

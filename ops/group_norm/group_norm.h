@@ -120,7 +120,7 @@ GroupNormParams group_norm_params(const KernelCall& k);
 // sysfs has none). For experiments, OPBRIDGE_GROUP_NORM_CACHE_BUDGET,
 // OPBRIDGE_GROUP_NORM_STREAM_BYTES and OPBRIDGE_GROUP_NORM_WAVE_BYTES (bytes, optional K / M / G
 // suffix; read on first use; other values are ignored) replace the derived values (the first
-// sets both budgets).
+// sets both budgets), and OPBRIDGE_GROUP_NORM_FUSE=0 turns off the fused [N, C, S] schedule.
 struct GroupNormCpuChoices {
   int64_t l2_bytes = 0;      // per-core L2 (0: not reported)
   int64_t l3_bytes = 0;      // L3 that CPU 0 shares (0: not reported)
@@ -128,6 +128,7 @@ struct GroupNormCpuChoices {
   int64_t cache_budget_streamed = 0;  // the same where the output is written with streaming stores
   int64_t stream_bytes = 0;  // outputs of at least this many bytes are written with streaming stores
   int64_t wave_bytes = 0;    // channels-last input a wave of tiles may hold, at least (half the L3)
+  bool fuse_groups = true;   // [N, C, S]: sum each group while normalizing the one before it
   bool overridden = false;   // whether the environment replaced a derived value
 };
 const GroupNormCpuChoices& group_norm_cpu_choices();

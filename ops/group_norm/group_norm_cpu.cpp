@@ -107,10 +107,13 @@ GroupNormCpuChoices detect_choices() {
   const int64_t budget = env_bytes("OPBRIDGE_GROUP_NORM_CACHE_BUDGET");
   const int64_t stream = env_bytes("OPBRIDGE_GROUP_NORM_STREAM_BYTES");
   const int64_t wave = env_bytes("OPBRIDGE_GROUP_NORM_WAVE_BYTES");
+  const char* fuse = std::getenv("OPBRIDGE_GROUP_NORM_FUSE");
+  const bool fuse_set = fuse != nullptr && (std::string(fuse) == "0" || std::string(fuse) == "1");
+  if (fuse_set) c.fuse_groups = fuse[0] == '1';
   if (budget > 0) c.cache_budget = c.cache_budget_streamed = budget;
   if (stream >= 0) c.stream_bytes = stream;
   if (wave >= 0) c.wave_bytes = wave;
-  c.overridden = budget > 0 || stream >= 0 || wave >= 0;
+  c.overridden = budget > 0 || stream >= 0 || wave >= 0 || fuse_set;
   return c;
 }
 
@@ -540,7 +543,7 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
   } else {
     const GroupNormCpuChoices& ch = group_norm_cpu_choices();
     const group_norm_isa::Args<T> a{x,    weight, bias, y, d, eps, act, mean, rstd, ch.cache_budget,
-                                    ch.cache_budget_streamed, ch.stream_bytes, ch.wave_bytes};
+                                    ch.cache_budget_streamed, ch.stream_bytes, ch.wave_bytes, ch.fuse_groups};
     cpu_isa_run(isa, a, pf);
     return Status::Ok();
   }

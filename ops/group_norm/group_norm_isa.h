@@ -33,6 +33,9 @@ struct Args {
   int64_t stream_bytes;
   // Channels-last input a wave of tiles may hold, at least (a share of the L3; 0: none known).
   int64_t wave_bytes;
+  // [N, C, S]: sum each group's statistics while normalizing the group before it, where the
+  // shapes allow (gn_forward_nchw).
+  bool fuse_groups;
 };
 
 template <class T> void run_baseline(const Args<T>& a, const ParallelFor& pf);

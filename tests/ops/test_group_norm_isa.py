@@ -202,6 +202,96 @@ def test_backward_runs_the_variant_a_call_asks_for(rng):
     finally:
         _core.set_cpu_isa(before)
 
+# The fused [N, C, S] schedule (each group's statistics summed while the group before it is
+# normalized) takes channels of whole steps of four vectors (S a multiple of 64 serves AVX-512
+# too), groups that fit the cache budget, and x aligned to a vector; it must give exactly what
+# the split schedule gives (the backward recomputes the statistics the split way), whichever way
+# the groups fall into tasks. Run in subprocesses: OPBRIDGE_GROUP_NORM_FUSE is read once.
+_FUSED_SCRIPT = """
+import sys
+import numpy as np
+from opbridge import _core
+cases = dict(np.load(sys.argv[1]))
+out = {}
+def aligned(a):
+    buf = np.empty(a.nbytes + 64, np.uint8)
+    off = (-buf.ctypes.data) % 64
+    v = buf[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+    v[...] = a
+    return v
+for isa in ("baseline", "avx2", "avx512"):
+    if _core.set_cpu_isa(isa) != isa:
+        continue
+    for name in sorted({k.rsplit("/", 1)[0] for k in cases}):
+        x, w, b = (aligned(cases[name + "/" + k]) for k in ("x", "w", "b"))
+        g, eps = int(cases[name + "/g"]), float(cases[name + "/eps"])
+        for act in ("none", "silu"):
+            out[f"{isa}/{name}/{act}"] = _core.group_norm(x, g, w, b, eps, act)
+np.savez(sys.argv[2], **out)
+"""
+
+
+def test_fused_schedule_gives_the_split_schedules_bits(rng, tmp_path):
+    cases = {}
+
+    def add(name, x, g, eps=1e-5, w=None, b=None):
+        c = x.shape[1]
+        cases.update({f"{name}/x": x.astype(np.float32), f"{name}/g": np.int64(g), f"{name}/eps": np.float64(eps),
+                      f"{name}/w": (rng.uniform(0.5, 2.0, c) if w is None else w).astype(np.float32),
+                      f"{name}/b": (rng.standard_normal(c) if b is None else b).astype(np.float32)})
+
+    add("conv", rng.standard_normal((3, 64, 16, 16)) * 3 + 1.5, 32)
+    # Groups of two channels of 4160: three statistics blocks each, a channel boundary inside one.
+    add("blocks", rng.standard_normal((2, 6, 4160)) * 2 - 0.5, 3)
+    add("offset", rng.standard_normal((2, 8, 1024)) + 1e5, 4)
+    outlier = rng.standard_normal((2, 8, 1024))
+    outlier[1, 2, 0] = 1e4  # the group's first shift, far from its mean: summed again around it
+    add("outlier", outlier, 4)
+    const = rng.standard_normal((2, 8, 256))
+    const[0, 2:4] = 0.75  # a constant group with eps = 0: its channels take the exact path
+    add("constant", const, 4, eps=0.0)
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, **cases)
+    outs = {}
+    for fuse in ("0", "1"):
+        script = tmp_path / "run.py"
+        script.write_text(_FUSED_SCRIPT)
+        env = dict(os.environ, OPBRIDGE_GROUP_NORM_FUSE=fuse)
+        r = subprocess.run([sys.executable, str(script), str(inputs), str(tmp_path / f"out{fuse}.npz")], env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        outs[fuse] = dict(np.load(tmp_path / f"out{fuse}.npz"))
+    assert outs["0"].keys() == outs["1"].keys() and outs["0"]
+    for key, split in outs["0"].items():
+        np.testing.assert_array_equal(outs["1"][key], split, err_msg=key)
+        isa, name, act = key.split("/")
+        x, g = cases[f"{name}/x"], int(cases[f"{name}/g"])
+        ref = ref_group_norm(x, g, cases[f"{name}/w"], cases[f"{name}/b"], float(cases[f"{name}/eps"]), act)
+        ok = np.isfinite(ref)
+        assert (np.isnan(split) == np.isnan(ref)).all(), key
+        np.testing.assert_allclose(split[ok], ref[ok], rtol=2e-5, atol=1e-4, err_msg=key)
+
+
+@pytest.mark.torch
+def test_torch_op_gives_the_same_bits_on_any_number_of_threads(rng):
+    # Each task sums its first group on its own and the rest during the normalization before
+    # them (fused schedule): the split into tasks must not show in the result.
+    torch = pytest.importorskip("torch")
+    import opbridge
+
+    x, w, b = (torch.from_numpy(a) for a in _inputs(rng, (3, 64, 16, 16), np.float32))
+    before = torch.get_num_threads()
+    try:
+        ys = []
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            ys.append(opbridge.ops.group_norm(x, 32, w, b, 1e-5, "silu"))
+    finally:
+        torch.set_num_threads(before)
+    for y in ys[1:]:
+        assert torch.equal(y, ys[0])
+
+
 def test_set_cpu_isa_rejects_unknown_names():
     with pytest.raises(ValueError, match="set_cpu_isa: name must be 'auto', 'baseline', 'avx2' or 'avx512', got 'sse9'"):
         _core.set_cpu_isa("sse9")
