@@ -313,6 +313,27 @@ inline void gn_prefetch(const void* p, int64_t bytes) {
 #endif
 }
 
+// y[i..i + 4 W) = act((x - vm) * va + vo) for four vectors at i (Stream: non-temporal stores).
+template <class I, Activation A, bool Stream, class T>
+void gn_apply4(const T* x, T* y, int64_t i, typename I::V vm, typename I::V va, typename I::V vo) {
+  using V = typename I::V;
+  constexpr int W = I::W;
+  const auto f = [&](V v) { return gn_act<I, A>(I::fmadd(I::sub(v, vm), va, vo)); };
+  const V y0 = f(I::load(x + i)), y1 = f(I::load(x + i + W));
+  const V y2 = f(I::load(x + i + 2 * W)), y3 = f(I::load(x + i + 3 * W));
+  if (Stream) {
+    I::stream(y + i, y0);
+    I::stream(y + i + W, y1);
+    I::stream(y + i + 2 * W, y2);
+    I::stream(y + i + 3 * W, y3);
+  } else {
+    I::store(y + i, y0);
+    I::store(y + i + W, y1);
+    I::store(y + i + 2 * W, y2);
+    I::store(y + i + 3 * W, y3);
+  }
+}
+
 // y[0..n) = act((x - m_hi) * a + off). When `next` is not null, the same number of elements
 // from `next` are prefetched meanwhile (the next group: its memory reads overlap this pass's
 // work). Stream: write y with non-temporal stores (see Args::stream_bytes).
@@ -334,19 +355,7 @@ void gn_apply(const T* x, T* y, int64_t n, float m_hi, float a, float off, const
   }
   for (; i + 4 * W <= n; i += 4 * W) {
     if (next != nullptr) gn_prefetch(next + i, 4 * W * static_cast<int64_t>(sizeof(T)));
-    const V y0 = f(I::load(x + i)), y1 = f(I::load(x + i + W));
-    const V y2 = f(I::load(x + i + 2 * W)), y3 = f(I::load(x + i + 3 * W));
-    if (Stream) {
-      I::stream(y + i, y0);
-      I::stream(y + i + W, y1);
-      I::stream(y + i + 2 * W, y2);
-      I::stream(y + i + 3 * W, y3);
-    } else {
-      I::store(y + i, y0);
-      I::store(y + i + W, y1);
-      I::store(y + i + 2 * W, y2);
-      I::store(y + i + 3 * W, y3);
-    }
+    gn_apply4<I, A, Stream>(x, y, i, vm, va, vo);
   }
   if (next != nullptr && i < n) gn_prefetch(next + i, (n - i) * static_cast<int64_t>(sizeof(T)));
   for (; i + W <= n; i += W) {
@@ -421,22 +430,6 @@ void gn_apply_and_sum(const T* x, T* y, int64_t n, int64_t S, const float* mh, c
                       const unsigned char* skip, const T* nx, GnMoments* m, float* shift) {
   using V = typename I::V;
   constexpr int W = I::W;
-  const auto apply4 = [&](int64_t i, V vm, V va, V vo) {
-    const auto f = [&](V v) { return gn_act<I, A>(I::fmadd(I::sub(v, vm), va, vo)); };
-    const V y0 = f(I::load(x + i)), y1 = f(I::load(x + i + W));
-    const V y2 = f(I::load(x + i + 2 * W)), y3 = f(I::load(x + i + 3 * W));
-    if (Stream) {
-      I::stream(y + i, y0);
-      I::stream(y + i + W, y1);
-      I::stream(y + i + 2 * W, y2);
-      I::stream(y + i + 3 * W, y3);
-    } else {
-      I::store(y + i, y0);
-      I::store(y + i + W, y1);
-      I::store(y + i + 2 * W, y2);
-      I::store(y + i + 3 * W, y3);
-    }
-  };
   for (int64_t b0 = 0; b0 < n; b0 += kGnBlock) {
     const int64_t b1 = gn_min(n, b0 + kGnBlock);
     const V s = I::set1(*shift);
@@ -454,7 +447,7 @@ void gn_apply_and_sum(const T* x, T* y, int64_t n, int64_t S, const float* mh, c
           for (int64_t i = i0; i < i1; i += 4 * W) gn_sums_step4<I>(nx + i, s, &a0, &a1, &a2, &a3, &q0, &q1, &q2, &q3);
         }
         if (on) {
-          for (int64_t i = i0; i < i1; i += 4 * W) apply4(i, vm, va, vo);
+          for (int64_t i = i0; i < i1; i += 4 * W) gn_apply4<I, A, Stream>(x, y, i, vm, va, vo);
         }
       }
       c0 = c1;
