@@ -69,4 +69,20 @@ inline void scale_shift(const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = x[i] * 1.1f + 0.2f;
 }
 
+// y = x over n elements with ordinary vector stores: how torch's x.clone() copies (glibc's
+// memcpy switches to streaming stores above a size threshold: on an AMD EPYC Zen 3, 4 MiB on one
+// thread from the L3 took 150-185 us with memcpy, 80 us with x.clone() and 130-145 us with this
+// loop). The programs' copy is the faster of the two in each round.
+inline void copy_stores(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 4 * kW <= n; i += 4 * kW) {
+    const V a = vload(x + i), b = vload(x + i + kW), c = vload(x + i + 2 * kW), d = vload(x + i + 3 * kW);
+    vstore(y + i, a);
+    vstore(y + i + kW, b);
+    vstore(y + i + 2 * kW, c);
+    vstore(y + i + 3 * kW, d);
+  }
+  for (; i < n; ++i) y[i] = x[i];
+}
+
 }  // namespace floor_schedules
