@@ -49,14 +49,15 @@ def run(program: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_group_norm_vs_floor_checks_and_reports(program):
-    # Odd sizes (tails of every vector loop, units that are no multiple of a vector) and a
-    # channels-last shape whose rows are whole vectors.
-    result = run(program, "--rounds", "1", "--groups", "4", "3,12,5,7", "2,64,9,9")
+    # Odd sizes (tails of every vector loop, units that are no multiple of a vector), a
+    # channels-last shape whose rows are whole vectors, and channels of 64 (the fused contiguous pass).
+    result = run(program, "--rounds", "1", "--groups", "4", "3,12,5,7", "2,64,9,9", "3,16,8,8")
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [m.groupdict() for m in map(ROW.match, result.stdout.splitlines()) if m]
     assert [(r["shape"], r["layout"]) for r in rows] == [
         ("3,12,5,7", "contiguous"), ("3,12,5,7", "channels_last"),
         ("2,64,9,9", "contiguous"), ("2,64,9,9", "channels_last"),
+        ("3,16,8,8", "contiguous"), ("3,16,8,8", "channels_last"),
     ], result.stdout
     for r in rows:
         assert float(r["err"]) <= 1e-4, r
@@ -67,7 +68,8 @@ def test_group_norm_vs_floor_checks_and_reports(program):
 
 CHOICES = re.compile(r"^kernel choices: L2 (?P<l2>\d+) KiB, L3 (?P<l3>\d+) KiB .*; cache budget (?P<budget>\d+) KiB "
                      r"\((?P<budget_streamed>\d+) KiB with streaming stores\); streaming stores from (?P<stream>\d+) KiB; "
-                     r"channels-last waves of (?P<wave>\d+) KiB or more(?P<set>.*)$", re.M)
+                     r"channels-last waves of (?P<wave>\d+) KiB or more; \[N, C, S\] groups fused: (?P<fused>yes|no)"
+                     r"(?P<set>.*)$", re.M)
 
 
 def sysfs_cache_kib(level: int) -> int | None:
@@ -98,20 +100,21 @@ def test_group_norm_vs_floor_prints_the_kernel_choices(program):
     l3 = int(m["l3"])
     assert int(m["stream"]) == max(2 * l2, min(l3, 32768) // 4 if l3 > 0 else 4096), result.stdout
     assert int(m["wave"]) == int(m["l3"]) // 2, result.stdout
-    assert m["set"] == "", result.stdout
+    assert m["fused"] == "yes" and m["set"] == "", result.stdout
 
 
 def test_group_norm_vs_floor_overrides_stay_exact(program):
     # Streaming stores for every output and a budget below one sample: the streamed and tiled
     # paths at sizes that otherwise take neither, still checked against float64.
     env = {"OPBRIDGE_GROUP_NORM_STREAM_BYTES": "0", "OPBRIDGE_GROUP_NORM_CACHE_BUDGET": "4K",
-           "OPBRIDGE_GROUP_NORM_WAVE_BYTES": "0"}
+           "OPBRIDGE_GROUP_NORM_WAVE_BYTES": "0", "OPBRIDGE_GROUP_NORM_FUSE": "0"}
     result = subprocess.run([str(program), "--rounds", "1", "--groups", "4", "3,12,5,7", "2,64,9,9"],
                             capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="2", **env),
                             timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     m = CHOICES.search(result.stdout)
-    assert m is not None and (m["budget"], m["budget_streamed"], m["stream"], m["wave"]) == ("4", "4", "0", "0"), result.stdout
+    assert m is not None and (m["budget"], m["budget_streamed"], m["stream"], m["wave"], m["fused"]) == (
+        "4", "4", "0", "0", "no"), result.stdout
     assert "OPBRIDGE_GROUP_NORM" in m["set"], result.stdout
     rows = [r for r in map(ROW.match, result.stdout.splitlines()) if r]
     assert len(rows) == 4 and all(float(r["err"]) <= 1e-4 for r in rows), result.stdout
