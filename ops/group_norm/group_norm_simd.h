@@ -518,9 +518,9 @@ void gn_forward_nchw_fused(const group_norm_isa::Args<T>& a, const ParallelFor& 
 }
 
 // [N, C, S], one group at a time: its moments, then its normalization from cache (the next
-// group prefetched meanwhile).
+// group prefetched meanwhile where groups fit the cache budget: `fits`).
 template <class I, Activation A, class T>
-void gn_forward_nchw_split(const group_norm_isa::Args<T>& a, const ParallelFor& pf, bool stream) {
+void gn_forward_nchw_split(const group_norm_isa::Args<T>& a, const ParallelFor& pf, bool stream, bool fits) {
   const int64_t G = a.d.G, Cg = a.d.C / a.d.G, S = a.d.S;
   const int64_t group_elems = Cg * S;
   const int64_t grain = group_elems >= kGnMinTaskElems ? 1 : kGnMinTaskElems / group_elems;
@@ -537,8 +537,7 @@ void gn_forward_nchw_split(const group_norm_isa::Args<T>& a, const ParallelFor& 
       // The next group, also past this task's range: a pool that hands out tasks in order
       // (ORT's does) gives it to this thread or to one that reads it from L3 soon after. A
       // group larger than the cache budget is read from memory twice anyway: no prefetch.
-      const int64_t budget = stream ? a.cache_budget_streamed : a.cache_budget;
-      const bool prefetch = ng + 1 < a.d.N * G && group_elems * static_cast<int64_t>(sizeof(T)) <= budget;
+      const bool prefetch = fits && ng + 1 < a.d.N * G;
       const T* next = prefetch ? xg + group_elems : nullptr;
       for (int64_t ci = 0; ci < Cg; ++ci) {
         const int64_t c = g * Cg + ci;
@@ -570,7 +569,7 @@ void gn_forward_nchw(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
   if (a.fuse_groups && fits && S % (4 * I::W) == 0 && gn_unaligned_head<I>(a.x) == 0) {
     gn_forward_nchw_fused<I, A>(a, pf, stream);
   } else {
-    gn_forward_nchw_split<I, A>(a, pf, stream);
+    gn_forward_nchw_split<I, A>(a, pf, stream, fits);
   }
 }
 
