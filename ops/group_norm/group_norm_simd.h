@@ -666,8 +666,8 @@ void gn_rows_sums(const T* x, int64_t rows, int64_t C, int64_t ld, const float* 
   // of them. Two steps (eight rows) where there are enough rows: loading and storing both sums
   // every four rows had the statistics at 2x the time of a plain read of x. Measured on an AMD
   // EPYC Zen 3 (AVX2, 2 threads, one 2 MiB sample each, the passes alone side by side in one
-  // process): C = 128 1.01-1.17x -> 0.86-0.95x a copy, C = 64 1.32-1.41x -> 1.06x, C = 512
-  // (8 MiB samples) 0.62-0.99x -> 0.47-0.82x. Sixteen rows were no faster than eight. The same
+  // process): C = 128 1.07-1.24x -> 0.86-1.00x a copy, C = 64 1.34-1.41x -> 1.06x, C = 512
+  // (8 MiB samples) 0.62-1.13x -> 0.47-0.82x. Sixteen rows were no faster than eight. The same
   // additions in the same order either way.
   const auto four_row_steps = [&](const T* x0, auto steps) {
     for (int64_t c = 0; c < cv; c += W) {
@@ -903,7 +903,7 @@ void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficien
     int64_t c = head;
     for (; c + 4 * W <= C; c += 4 * W) {
       // x's four loads issued before the arithmetic, as in a copy loop. One vector at a time, the
-      // normalization alone took 1.6-2.1x a copy from the L3 and 1.3-1.4x with four (AVX2, AMD
+      // normalization alone took 1.6-2.1x a copy from the L3 and 1.2-1.5x with four (AVX2, AMD
       // EPYC Zen 3, 2 threads, C = 128 in 2 MiB samples, ordinary stores, side by side in one
       // process); streamed from memory (C = 256, 512 in 8 MiB samples) 0.74-0.82x -> 0.54-0.80x.
       const V x0 = I::load(xr + c), x1 = I::load(xr + c + W);
