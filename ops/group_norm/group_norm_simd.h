@@ -651,9 +651,10 @@ bool gn_rows_sums_in_registers_upto(int64_t nv, const T* x, int64_t rows, int64_
 // channels at x, rows `ld` elements apart. Row-major, four rows at a time: four sequential
 // streams that the hardware prefetchers follow (walking down the columns instead stalls on every
 // row), with the per-channel sums in registers where a row is at most 8 vectors of 16 floats
-// (4 of 8: the AVX2 register file is half as large), else in L1. Not in column blocks of
-// registers for longer rows: at 5 KB a row (C = 1280) that pattern was slower (2,1280,8,8:
-// 2.8-3.0x -> 2.8-3.3x a copy), and at C = 256 no faster.
+// (4 of 8: the AVX2 register file is half as large), else in L1, loaded and stored once per
+// eight rows (below). Not in column blocks of registers for longer rows: at 5 KB a row
+// (C = 1280) that pattern was slower (2,1280,8,8: 2.8-3.0x -> 2.8-3.3x a copy), and at C = 256
+// no faster.
 template <class I, class T>
 void gn_rows_sums(const T* x, int64_t rows, int64_t C, int64_t ld, const float* sh, float* s1, float* s2) {
   using V = typename I::V;
