@@ -923,14 +923,14 @@ void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficien
     }
   };
   int64_t r = 0;
-  if (A == Activation::kNone && !Stream) {
+  if constexpr (A == Activation::kNone && !Stream) {
     // Four rows per load of the coefficients: six coefficient loads (two channel vectors' mean,
     // scale and offset) serve eight vectors of x, where one row at a time each vector of x took
-    // three loads of its own (the same arithmetic on each element, so the same bits). Channels-last 2,128,64,64 without SiLU: 2.06-2.56x -> 1.96-2.42x
-    // a copy, eight of nine runs faster by 3-13% (whole forward, AVX2, AMD EPYC Zen 3, 2 threads,
-    // the two versions side by side in one process). Not with SiLU, whose temporaries then no
-    // longer fit the registers (3-4% slower), nor with streaming stores (1,512,64,64 took twice
-    // the time; cause not found).
+    // three loads of its own (the same arithmetic on each element, so the same bits).
+    // Channels-last 2,128,64,64: 2.06-2.56x -> 1.96-2.42x a copy, eight of nine runs faster by
+    // 3-13% (whole forward, AVX2, AMD EPYC Zen 3, 2 threads, the two versions side by side in one
+    // process). Not with SiLU, whose temporaries then no longer fit the registers (3-4% slower),
+    // nor with streaming stores (1,512,64,64 took twice the time; cause not found).
     const int64_t cb = C - C % (2 * W);
     for (; r + 4 <= rows; r += 4) {
       const T* xr = x + r * C;
