@@ -879,9 +879,10 @@ void gn_sample_coefficients(const group_norm_isa::Args<T>& a, const GnMoments* m
 // stores, for rows that all start at the same offset from a vector boundary (C * sizeof(T) a
 // multiple of the vector's bytes); the first `head` channels of each row are stored normally.
 // next: rows to prefetch meanwhile (the next sample, whose statistics come next), or nullptr.
+// cached: x was just read into this thread's L2 (a whole sample's statistics, just before).
 template <class I, Activation A, bool Stream, class T>
 void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficients& k, Activation act,
-                   const T* next) {
+                   const T* next, bool cached) {
   constexpr int W = I::W;
   const float* mh = k.mh.data();
   const float* ka = k.a.data();
@@ -923,37 +924,49 @@ void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficien
     }
   };
   int64_t r = 0;
-  if constexpr (A == Activation::kNone && !Stream) {
-    // Four rows per load of the coefficients: six coefficient loads (two channel vectors' mean,
-    // scale and offset) serve eight vectors of x, where one row at a time each vector of x took
-    // three loads of its own (the same arithmetic on each element, so the same bits).
-    // Channels-last 2,128,64,64: 2.06-2.56x -> 1.96-2.42x a copy, eight of nine runs faster by
-    // 3-13% (whole forward, AVX2, AMD EPYC Zen 3, 2 threads, the two versions side by side in one
-    // process). Not with SiLU, whose temporaries then no longer fit the registers (3-4% slower),
-    // nor with streaming stores (1,512,64,64 took twice the time; cause not found).
-    const int64_t cb = C - C % (2 * W);
-    for (; r + 4 <= rows; r += 4) {
-      const T* xr = x + r * C;
-      T* yr = y + r * C;
-      if (next != nullptr) gn_prefetch(next + r * C, 4 * C * static_cast<int64_t>(sizeof(T)));
-      for (int64_t c = 0; c < cb; c += 2 * W) {
-        V v[8];
-        for (int j = 0; j < 4; ++j) {
-          v[2 * j] = I::load(xr + j * C + c);
-          v[2 * j + 1] = I::load(xr + j * C + c + W);
+  // Four rows per load of the coefficients: six coefficient loads (two channel vectors' mean,
+  // scale and offset) serve eight vectors of x, where one row at a time each vector of x took
+  // three loads of its own (the same arithmetic on each element, so the same bits).
+  // Channels-last 2,128,64,64: 2.06-2.56x -> 1.96-2.42x a copy, eight of nine runs faster by
+  // 3-13% (whole forward, AVX2, AMD EPYC Zen 3, 2 threads, the two versions side by side in one
+  // process). Not with SiLU, whose temporaries then no longer fit the registers (3-4% slower).
+  // With streaming stores only where x is in this thread's L2 (`cached`: one sample's statistics
+  // just read it) and four rows span at most 1 KiB: there 64,32,32,32 took 1.17-1.87x ->
+  // 1.11-1.86x a copy (four of five runs faster, by 5-13%), 32,64,32,32 1.35-1.94x -> 1.31-1.99x
+  // (four of five, 2-5%), 96,32,32,32 0.91-1.03x -> 0.89-0.92x (three of three). Where x comes
+  // from the L3 (the normalization of tiles), streamed, it was slower: 4,64,128,128 1.62-1.72x ->
+  // 2.02-2.07x, 1,512,64,64 twice the time (cause not found).
+  if constexpr (A == Activation::kNone) {
+    if (!Stream || (cached && head == 0 && 4 * C * static_cast<int64_t>(sizeof(T)) <= 1024)) {
+      const int64_t cb = C - C % (2 * W);
+      for (; r + 4 <= rows; r += 4) {
+        const T* xr = x + r * C;
+        T* yr = y + r * C;
+        if (next != nullptr) gn_prefetch(next + r * C, 4 * C * static_cast<int64_t>(sizeof(T)));
+        for (int64_t c = 0; c < cb; c += 2 * W) {
+          V v[8];
+          for (int j = 0; j < 4; ++j) {
+            v[2 * j] = I::load(xr + j * C + c);
+            v[2 * j + 1] = I::load(xr + j * C + c + W);
+          }
+          const V m0 = I::load(mh + c), m1 = I::load(mh + c + W);
+          const V a0 = I::load(ka + c), a1 = I::load(ka + c + W);
+          const V o0 = I::load(ko + c), o1 = I::load(ko + c + W);
+          for (int j = 0; j < 4; ++j) {
+            const V y0 = gn_act<I, A>(I::fmadd(I::sub(v[2 * j], m0), a0, o0));
+            const V y1 = gn_act<I, A>(I::fmadd(I::sub(v[2 * j + 1], m1), a1, o1));
+            if constexpr (Stream) {
+              I::stream(yr + j * C + c, y0);
+              I::stream(yr + j * C + c + W, y1);
+            } else {
+              I::store(yr + j * C + c, y0);
+              I::store(yr + j * C + c + W, y1);
+            }
+          }
         }
-        const V m0 = I::load(mh + c), m1 = I::load(mh + c + W);
-        const V a0 = I::load(ka + c), a1 = I::load(ka + c + W);
-        const V o0 = I::load(ko + c), o1 = I::load(ko + c + W);
-        for (int j = 0; j < 4; ++j) {
-          const V y0 = gn_act<I, A>(I::fmadd(I::sub(v[2 * j], m0), a0, o0));
-          const V y1 = gn_act<I, A>(I::fmadd(I::sub(v[2 * j + 1], m1), a1, o1));
-          I::store(yr + j * C + c, y0);
-          I::store(yr + j * C + c + W, y1);
+        if (cb < C) {
+          for (int j = 0; j < 4; ++j) row(r + j, cb);
         }
-      }
-      if (cb < C) {
-        for (int j = 0; j < 4; ++j) row(r + j, cb);
       }
     }
   }
@@ -975,11 +988,11 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
   const int64_t sample_bytes = S * row_bytes;
   // Streaming stores need every row at the same offset from a vector boundary (gn_nhwc_apply).
   const bool stream = N * sample_bytes >= a.stream_bytes && C % I::W == 0;
-  const auto apply = [&](const T* x, T* y, int64_t rows, const GnCoefficients& k, const T* next) {
+  const auto apply = [&](const T* x, T* y, int64_t rows, const GnCoefficients& k, const T* next, bool cached) {
     if (stream) {
-      gn_nhwc_apply<I, A, true>(x, y, rows, C, k, a.act, next);
+      gn_nhwc_apply<I, A, true>(x, y, rows, C, k, a.act, next, cached);
     } else {
-      gn_nhwc_apply<I, A, false>(x, y, rows, C, k, a.act, next);
+      gn_nhwc_apply<I, A, false>(x, y, rows, C, k, a.act, next, cached);
     }
   };
   const auto stats_out = [&](float* p, int64_t n) { return p == nullptr ? nullptr : p + n * G; };
@@ -997,7 +1010,7 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
         gn_nhwc_moments<I>(xs, S, C, G, m.data(), &sc);
         gn_sample_coefficients<I>(a, m.data(), stats_out(a.mean, n), stats_out(a.rstd, n), &k);
         // The next sample is read into cache while this one is written (as for [N, C, S] groups).
-        apply(xs, a.y + n * S * C, S, k, n + 1 < N ? xs + S * C : nullptr);
+        apply(xs, a.y + n * S * C, S, k, n + 1 < N ? xs + S * C : nullptr, true);
       }
       if (stream) I::fence();
     });
@@ -1055,7 +1068,7 @@ void gn_forward_nhwc(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
                                     first_tile_here ? stats_out(a.rstd, n) : nullptr, &k);
           have = n;
         }
-        apply(a.x + (n * S + r0) * C, a.y + (n * S + r0) * C, nr, k, nullptr);
+        apply(a.x + (n * S + r0) * C, a.y + (n * S + r0) * C, nr, k, nullptr, false);
       }
       if (stream) I::fence();
     });

@@ -272,6 +272,78 @@ def test_fused_schedule_gives_the_split_schedules_bits(rng, tmp_path):
         np.testing.assert_allclose(split[ok], ref[ok], rtol=2e-5, atol=1e-4, err_msg=key)
 
 
+# Streaming stores (OPBRIDGE_GROUP_NORM_STREAM_BYTES=0 streams every output) store what ordinary
+# stores do: channels-last samples within the cache budget (one task per sample, normalized four
+# rows per load of the coefficients where four rows span at most 1 KiB), with leftover rows and
+# channels, 16-bit types, a constant group taken in double, and the per-row and tiled paths.
+_STREAM_SCRIPT = """
+import sys
+import numpy as np
+import torch
+import opbridge
+cases = dict(np.load(sys.argv[1]))
+out = {}
+for name in sorted({k.rsplit("/", 1)[0] for k in cases}):
+    x, w, b = (torch.from_numpy(cases[name + "/" + k]) for k in ("x", "w", "b"))
+    dt = getattr(torch, str(cases[name + "/dtype"]))
+    x, w, b = (t.to(dt) for t in (x, w, b))
+    x = x.contiguous(memory_format=torch.channels_last)
+    g, eps = int(cases[name + "/g"]), float(cases[name + "/eps"])
+    for act in ("none", "silu"):
+        y = opbridge.ops.group_norm(x, g, w, b, eps, act)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        out[f"{name}/{act}"] = y.double().numpy()
+np.savez(sys.argv[2], **out)
+"""
+
+
+@pytest.mark.torch
+def test_streamed_stores_give_the_same_bits(rng, tmp_path):
+    torch = pytest.importorskip("torch")
+    cases = {}
+
+    def add(name, shape, g, dtype="float32", eps=1e-5, x=None):
+        c = shape[1]
+        cases.update({f"{name}/x": rng.standard_normal(shape) * 2 + 0.5 if x is None else x,
+                      f"{name}/g": np.int64(g), f"{name}/eps": np.float64(eps), f"{name}/dtype": np.array(dtype),
+                      f"{name}/w": rng.uniform(0.5, 2.0, c), f"{name}/b": rng.standard_normal(c)})
+
+    add("c32", (8, 32, 6, 5), 8)  # 30 rows: seven steps of four, two left
+    add("c64", (9, 64, 5, 5), 32)
+    add("c40", (8, 40, 3, 7), 8)  # 40 channels: two vectors of 16 per step, 8 left per row
+    add("bf16", (8, 96, 4, 5), 32, "bfloat16")
+    add("f16", (8, 128, 3, 3), 32, "float16")
+    add("c128", (8, 128, 3, 3), 32)  # 512 B rows: one row at a time
+    add("tiles", (2, 32, 40, 40), 8)  # two samples: tiles
+    const = rng.standard_normal((8, 32, 6, 5)) * 2 + 0.5
+    const[3, 4:8] = 0.75  # a constant group with eps = 0: its channels are taken in double
+    add("constant", (8, 32, 6, 5), 8, eps=0.0, x=const)
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, **cases)
+    script = tmp_path / "run.py"
+    script.write_text(_STREAM_SCRIPT)
+    outs = {}
+    for stream in ("0", None):
+        env = dict(os.environ, OMP_NUM_THREADS="2")
+        env.pop("OPBRIDGE_GROUP_NORM_STREAM_BYTES", None)
+        if stream is not None:
+            env["OPBRIDGE_GROUP_NORM_STREAM_BYTES"] = stream
+        r = subprocess.run([sys.executable, str(script), str(inputs), str(tmp_path / f"out{stream}.npz")], env=env,
+                           capture_output=True, text=True, timeout=300, check=False)
+        assert r.returncode == 0, r.stderr
+        outs[stream] = dict(np.load(tmp_path / f"out{stream}.npz"))
+    assert outs["0"].keys() == outs[None].keys() and outs["0"]
+    for key, streamed in outs["0"].items():
+        np.testing.assert_array_equal(streamed, outs[None][key], err_msg=key)
+        name, act = key.split("/")
+        dt = str(cases[f"{name}/dtype"])
+        # The reference takes the inputs as the op saw them (rounded to its dtype).
+        x, w, b = (torch.from_numpy(cases[f"{name}/{k}"]).to(getattr(torch, dt)).double().numpy() for k in "xwb")
+        ref = ref_group_norm(x, int(cases[f"{name}/g"]), w, b, float(cases[f"{name}/eps"]), act)
+        tol = {"float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}[dt]
+        np.testing.assert_allclose(streamed, ref, rtol=tol, atol=tol * 4, err_msg=key)
+
+
 @pytest.mark.torch
 def test_torch_op_gives_the_same_bits_on_any_number_of_threads(rng):
     # Each task sums its first group on its own and the rest during the normalization before
