@@ -310,7 +310,7 @@ def test_streamed_stores_give_the_same_bits(rng, tmp_path):
 
     add("c32", (8, 32, 6, 5), 8)  # 30 rows: seven steps of four, two left
     add("c64", (9, 64, 5, 5), 32)
-    add("c40", (8, 40, 3, 7), 8)  # 40 channels: two vectors of 16 per step, 8 left per row
+    add("c40", (8, 40, 3, 7), 8)  # 40 channels: 8 left per row after the steps of 16 (AVX2)
     add("bf16", (8, 96, 4, 5), 32, "bfloat16")
     add("f16", (8, 128, 3, 3), 32, "float16")
     add("c128", (8, 128, 3, 3), 32)  # 512 B rows: one row at a time
