@@ -196,12 +196,7 @@ void gn_bwd_channel_dx(const T* x, const T* dy, T* dx, int64_t n, const GnBwdCha
     }
   }
   for (; i + W <= n; i += W) {
-    const V v = f(I::load(x + i), I::load(dy + i));
-    if (Stream) {
-      I::stream(dx + i, v);
-    } else {
-      I::store(dx + i, v);
-    }
+    gn_store<I, Stream>(dx + i, f(I::load(x + i), I::load(dy + i)));
   }
   if (i < n) {
     const int r = static_cast<int>(n - i);
@@ -322,13 +317,7 @@ void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, con
     const V xv = I::sub(xr, m);
     return I::fmadd(a, gn_dz<I, A>(dyv, xv, a, o), I::fmadd(q, xv, e));
   };
-  const auto put = [](T* p, V v) {
-    if (Stream) {
-      I::stream(p, v);
-    } else {
-      I::store(p, v);
-    }
-  };
+  const auto put = [](T* p, V v) { gn_store<I, Stream>(p, v); };
   int64_t row = 0;
   for (; row + 2 <= rows; row += 2) {
     const T* x0 = x + row * C;

@@ -313,21 +313,24 @@ inline void gn_prefetch(const void* p, int64_t bytes) {
 #endif
 }
 
+// *y = v (Stream: a non-temporal store).
+template <class I, bool Stream, class T>
+void gn_store(T* y, typename I::V v) {
+  if constexpr (Stream) {
+    I::stream(y, v);
+  } else {
+    I::store(y, v);
+  }
+}
+
 // y[i..i + 4 W) = y0..y3 (Stream: non-temporal stores).
 template <class I, bool Stream, class T>
 void gn_store4(T* y, int64_t i, typename I::V y0, typename I::V y1, typename I::V y2, typename I::V y3) {
   constexpr int W = I::W;
-  if (Stream) {
-    I::stream(y + i, y0);
-    I::stream(y + i + W, y1);
-    I::stream(y + i + 2 * W, y2);
-    I::stream(y + i + 3 * W, y3);
-  } else {
-    I::store(y + i, y0);
-    I::store(y + i + W, y1);
-    I::store(y + i + 2 * W, y2);
-    I::store(y + i + 3 * W, y3);
-  }
+  gn_store<I, Stream>(y + i, y0);
+  gn_store<I, Stream>(y + i + W, y1);
+  gn_store<I, Stream>(y + i + 2 * W, y2);
+  gn_store<I, Stream>(y + i + 3 * W, y3);
 }
 
 // y[i..i + 4 W) = act((x - vm) * va + vo) for four vectors at i (Stream: non-temporal stores).
@@ -365,13 +368,7 @@ void gn_apply(const T* x, T* y, int64_t n, float m_hi, float a, float off, const
     gn_apply4<I, A, Stream>(x, y, i, vm, va, vo);
   }
   if (next != nullptr && i < n) gn_prefetch(next + i, (n - i) * static_cast<int64_t>(sizeof(T)));
-  for (; i + W <= n; i += W) {
-    if (Stream) {
-      I::stream(y + i, f(I::load(x + i)));
-    } else {
-      I::store(y + i, f(I::load(x + i)));
-    }
-  }
+  for (; i + W <= n; i += W) gn_store<I, Stream>(y + i, f(I::load(x + i)));
   if (i < n) {
     const int r = static_cast<int>(n - i);
     I::store_n(y + i, f(I::load_n(x + i, r)), r);
@@ -927,13 +924,7 @@ void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficien
       const V x2 = I::load(xr + c + 2 * W), x3 = I::load(xr + c + 3 * W);
       gn_store4<I, Stream>(yr, c, g(x0, c), g(x1, c + W), g(x2, c + 2 * W), g(x3, c + 3 * W));
     }
-    for (; c + W <= C; c += W) {
-      if (Stream) {
-        I::stream(yr + c, f(xr, c));
-      } else {
-        I::store(yr + c, f(xr, c));
-      }
-    }
+    for (; c + W <= C; c += W) gn_store<I, Stream>(yr + c, f(xr, c));
     if (c < C) {
       const int n = static_cast<int>(C - c);
       I::store_n(yr + c, f_n(xr, c, n), n);
@@ -971,13 +962,8 @@ void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficien
           for (int j = 0; j < 4; ++j) {
             const V y0 = gn_act<I, A>(I::fmadd(I::sub(v[2 * j], m0), a0, o0));
             const V y1 = gn_act<I, A>(I::fmadd(I::sub(v[2 * j + 1], m1), a1, o1));
-            if constexpr (Stream) {
-              I::stream(yr + j * C + c, y0);
-              I::stream(yr + j * C + c + W, y1);
-            } else {
-              I::store(yr + j * C + c, y0);
-              I::store(yr + j * C + c + W, y1);
-            }
+            gn_store<I, Stream>(yr + j * C + c, y0);
+            gn_store<I, Stream>(yr + j * C + c + W, y1);
           }
         }
         if (cb < C) {
