@@ -379,14 +379,28 @@ def _session_with_float32_grid_samples(original: str, rewritten: str, providers:
         return None
 
 
+# A full garbage collection between optimize's steps frees a large model's tensors that reference
+# cycles hold (the graph's, ORT's session objects), so that no two steps hold them at once. Below
+# this many bytes of tensors there is nothing worth freeing early, and a collection costs the whole
+# process's heap: 0.25 s each in a process that has imported torch and transformers, ~1 s in a long
+# test session, four per call.
+COLLECT_BYTES = 32 << 20
+
+
+def _release(nbytes: int) -> None:
+    """gc.collect() where the model's tensors (nbytes) are large enough to matter."""
+    if nbytes >= COLLECT_BYTES:
+        gc.collect()
+
+
 def check_against(original: str, rewritten: str, *, providers: Sequence[str], dims: Mapping[str, int],
-                  runs: int, tol: float | None, out: TextIO, seed: int = 0) -> str:
+                  runs: int, tol: float | None, out: TextIO, seed: int = 0, nbytes: int = COLLECT_BYTES) -> str:
     """Runs both models on the same random inputs and compares every output. Returns "" when they
     agree, else what went wrong (also printed).
 
     One ONNX Runtime session at a time: the original runs on every input first and its outputs
     are kept; its session is released before the rewritten model's is made, so that the weights
-    are never held twice."""
+    are never held twice (nbytes: the models' tensor bytes, see COLLECT_BYTES)."""
     ort = import_onnxruntime()
 
     from ._check import random_inputs
@@ -428,7 +442,7 @@ def check_against(original: str, rewritten: str, *, providers: Sequence[str], di
         except Exception as e:
             return f"running the original model failed: {e}"
         session = None
-        gc.collect()  # ORT's session objects may form cycles: its weights go now
+        _release(nbytes)  # ORT's session objects may form cycles: its weights go now
     try:
         session = _session(rewritten, providers)
     except Exception as e:
@@ -472,7 +486,7 @@ def check_against(original: str, rewritten: str, *, providers: Sequence[str], di
             if ratio > 1 and not failure:
                 failure = f"output {name!r} disagrees on run {run + 1}: {summary}"
     session = None
-    gc.collect()
+    _release(nbytes)
     for name, (ratio, summary) in worst.items():
         print(f"  output {name}: {summary}{'' if ratio <= 1 else '  DISAGREES'}", file=out)
     return failure
@@ -510,8 +524,9 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
                                     f"({_reader.short(e.__cause__ or e)})", output_path, out)
     del proto
     external = uses_external_data(model)
-    check_memory(input_path, tensor_bytes(model), external, max_memory)  # exact now
-    external = external or tensor_bytes(model) > AUTO_EXTERNAL_BYTES
+    nbytes = tensor_bytes(model)
+    check_memory(input_path, nbytes, external, max_memory)  # exact now
+    external = external or nbytes > AUTO_EXTERNAL_BYTES
     log.info("read %s: %.3f s", input_path, time.perf_counter() - start)
     start = time.perf_counter()
     try:
@@ -533,7 +548,7 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
         print("no GroupNorm pattern found, nor multi-scale deformable attention: the model is unchanged", file=out)
         # Written as read (the rules' shape inference filled in value types it need not keep).
         model = None
-        gc.collect()
+        _release(nbytes)
         model = load(input_path)
     if result.skipped:
         print("left unchanged:", file=out)
@@ -553,11 +568,11 @@ def optimize(input_path: str, output_path: str, *, silu: bool = True, providers:
             save(model, tmp_model, external)
         log.info("write: %.3f s", time.perf_counter() - start)
         model = None
-        gc.collect()  # the model's graph forms cycles: its tensors go now, before the check
+        _release(nbytes)  # the model's graph forms cycles: its tensors go now, before the check
         if result.changed:
             start = time.perf_counter()
             failure = check_against(input_path, tmp_model, providers=providers, dims=dims or {}, runs=runs,
-                                    tol=tolerance, out=out, seed=seed)
+                                    tol=tolerance, out=out, seed=seed, nbytes=nbytes)
             log.info("check against the original: %.3f s", time.perf_counter() - start)
             if failure:
                 return _not_written(report, failure, output_path, out)

@@ -672,6 +672,26 @@ def test_optimizing_in_place(tmp_path, capsys, rng):
     assert (opbridge.DOMAIN, "GroupNorm") in _ops(src)
 
 
+@pytest.mark.parametrize("large", [False, True])
+def test_full_collections_only_for_models_with_large_tensors(tmp_path, capsys, rng, monkeypatch, large):
+    """Between its steps, optimize frees a large model's tensors held by reference cycles with a
+    full garbage collection (bounded memory: tests/export/test_large_models.py); for a small model
+    that frees nothing worth it and walks the whole process's heap (0.25-1 s each in a process with
+    torch models loaded): none there."""
+    model, p = decomposition_model(rng)
+    if large:
+        # An initializer nothing reads brings the model's tensors to the threshold.
+        pad = numpy_helper.from_array(rng.standard_normal(_optimize.COLLECT_BYTES // 4).astype(np.float32), "unread")
+        model.graph.initializer.append(pad)
+    src = _save(model, tmp_path)
+    calls = []
+    monkeypatch.setattr(_optimize, "gc", type("gc", (), {"collect": staticmethod(lambda: calls.append(1))}))
+    code, out, _ = _optimize_cli(capsys, src, str(tmp_path / "out.onnx"))
+    assert code == 0 and (opbridge.DOMAIN, "GroupNorm") in _ops(str(tmp_path / "out.onnx")), out
+    # Large: after writing, after the original's session, after the rewritten one's.
+    assert len(calls) == (3 if large else 0)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--dim", "N"], "--dim expects NAME=SIZE"),
     (["--dim", "N=-1"], "--dim expects NAME=SIZE"),
