@@ -50,7 +50,9 @@ def _flags(sim: bool) -> list[str]:
         flags += ["-pthread", "-Wno-unknown-pragmas", f"-I{SIM}"]
     flags += [f"-I{ROOT}", f"-I{ROOT / 'cuda'}", f"-I{ROOT / 'cpp' / 'include'}"]
     if _sanitized():
-        flags += ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+        # -g1: line tables (what a report shows) at two thirds of -g's compile time (group_norm_kernel.cu 30 s
+        # against 44 s).
+        flags += ["-g1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
     return flags
 
 
