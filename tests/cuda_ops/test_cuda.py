@@ -408,8 +408,8 @@ def _group_norm_backward_conditioning(g, x, groups, w, eps, unit_roundoff):
     """What rounding the mean alone may cost the backward of a group whose spread is small against
     its values (float64, from the inputs): x - mean carries an error up to u*max|x|, so x_hat one of
     u*max|x|*rstd, dx = rstd*(dxhat - mean(dxhat) - x_hat*mean(dxhat*x_hat)) one of
-    2*u*max|x|*max|dxhat|*max|x_hat|*rstd**2 and dweight = sum(g*x_hat) one of u*sum(|g|*|x|*rstd).
-    A two-element group whose values differ by 0.025 (rstd 79) turns 6e-8 into 1e-4 in dx in float32,
+    2*u*max|x|*max|dxhat|*max|x_hat|*rstd**2 and dweight = sum(g*x_hat) one of u*sum(|g|*|x|*rstd);
+    twice each is allowed. A two-element group whose values differ by 0.025 (rstd 79) turns 6e-8 into 1e-4 in dx in float32,
     in torch's own group_norm backward as in the composite; a well-conditioned group adds ~1e-6."""
     n, c = x.shape[0], x.shape[1]
     xd = x.double().reshape(n, groups, -1)

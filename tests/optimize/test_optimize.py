@@ -678,7 +678,7 @@ def test_full_collections_only_for_models_with_large_tensors(tmp_path, capsys, r
     full garbage collection (bounded memory: tests/export/test_large_models.py); for a small model
     that frees nothing worth it and walks the whole process's heap (0.25-1 s each in a process with
     torch models loaded): none there."""
-    model, p = decomposition_model(rng)
+    model, _ = decomposition_model(rng)
     if large:
         # An initializer nothing reads brings the model's tensors to the threshold.
         pad = numpy_helper.from_array(rng.standard_normal(_optimize.COLLECT_BYTES // 4).astype(np.float32), "unread")
