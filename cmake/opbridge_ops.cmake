@@ -313,8 +313,10 @@ function(opbridge_add_op op)
       endif()
       if(EXISTS "${src}")
         target_sources(${kernels} PRIVATE "${src}")
+        # OPBRIDGE_SANITIZE_ISA_OPTIONS: the sanitizer build's level for these files (opbridge_sanitize.cmake).
+        set(isa_options ${OPBRIDGE_ISA_FLAGS_${isa}} ${OPBRIDGE_SANITIZE_ISA_OPTIONS})
         set_source_files_properties("${src}" TARGET_DIRECTORY ${kernels}
-                                    PROPERTIES COMPILE_OPTIONS "${OPBRIDGE_ISA_FLAGS_${isa}}")
+                                    PROPERTIES COMPILE_OPTIONS "${isa_options}")
       endif()
     endforeach()
   endif()

@@ -6,7 +6,8 @@
 #   scripts/torch_matrix.sh [TORCH_VERSION ...]      default: 2.11.0 2.14.1
 #
 # 1. builds the wheel with the current (dev) Python: pip wheel --no-build-isolation (reuses build/);
-# 2. per version: a venv under $OPBRIDGE_TORCH_MATRIX_DIR/venv-<ver> (created once, then reused:
+# 2. per version (the versions side by side, each one's output printed when all are done): a venv
+#    under $OPBRIDGE_TORCH_MATRIX_DIR/venv-<ver> (created once, then reused:
 #    torch's CUDA builds bring 4-5 GB of nvidia-* wheels, which pip's own cache also keeps) with
 #    torch==<ver>, numpy, onnx, onnxscript, onnxruntime, pytest, hypothesis and the wheel (--no-deps);
 #    torch 2.11 with the `export` extra's floors of onnx, onnxscript and onnx-ir (scripts/extra_floors.py);
@@ -64,11 +65,9 @@ for t in sh bash env uname cat ls rm mkdir cp mv sed grep tr head tail date lscp
   [ -n "$p" ] && ln -s "$p" "$tools/$t"
 done
 
-declare -A result
-status=0
-for v in "${versions[@]}"; do
-  venv="$cache/venv-$v"
-  t0=$SECONDS
+# One version's check, its output to $cache/log-<ver>, its verdict to $cache/result-<ver>.
+check_version() {
+  local v=$1 venv="$cache/venv-$1" t0=$SECONDS
   if [ ! -f "$venv/.ready" ]; then
     echo "== creating $venv"
     rm -rf "$venv"
@@ -76,34 +75,48 @@ for v in "${versions[@]}"; do
     "$venv/bin/python" -m pip install -q "torch==$v" numpy onnx onnxscript onnxruntime pytest hypothesis expecttest
     touch "$venv/.ready"
   fi
-  # The oldest torch runs with the oldest onnx, onnxscript and onnx-ir the `export` extra allows
-  # (its floors, exact); the others keep the newest.
   case "$v" in
-    # shellcheck disable=SC2046  # several requirement specs
     2.11.*) "$venv/bin/python" -m pip install -q $("$py" scripts/extra_floors.py export --skip torch) ;;
   esac
   "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
-  # The user's project in a folder of its own (PYTHONPATH for its tests only): installed in the
-  # venv, its entry point would make opbridge's torch-free tests import it, and torch with it.
   "$venv/bin/python" -m pip uninstall -q -y myops > /dev/null 2>&1 || true
   rm -rf "$cache/user-$v"
   "$venv/bin/python" -m pip install -q --no-deps --target "$cache/user-$v" "$user_wheel"
+  local got user_got
   got=$("$venv/bin/python" -c "import hashlib, opbridge; print(hashlib.sha256(open(opbridge.torch_library_path(), 'rb').read()).hexdigest())")
   echo "== torch $v ($("$venv/bin/python" -c 'import importlib.metadata as m, torch; print(", ".join([torch.__version__] + [f"{d} {m.version(d)}" for d in ("onnx", "onnxscript", "onnx-ir")]))')), libopbridge_torch.so sha256 $got"
   user_got=$(sha256sum "$cache/user-$v"/myops/*_torch.so | cut -d' ' -f1)
   if [ "$got" != "$built" ] || [ "$user_got" != "$user_built" ]; then
-    result[$v]="FAILED (installed library differs from the built one)"
-    status=1
-    continue
+    echo "FAILED (installed library differs from the built one)" > "$cache/result-$v"
+    return 1
   fi
   if env PATH="$venv/bin:$tools" OPBRIDGE_EXPECT_TORCH="$v" "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider "${tests[@]}" \
      && (cd examples/rms_norm && env PATH="$venv/bin:$tools" PYTHONPATH="$cache/user-$v" \
            "$venv/bin/python" -m pytest -q -p no:cacheprovider tests); then
-    result[$v]="passed ($((SECONDS - t0)) s)"
+    echo "passed ($((SECONDS - t0)) s)" > "$cache/result-$v"
   else
-    result[$v]="FAILED ($((SECONDS - t0)) s)"
-    status=1
+    echo "FAILED ($((SECONDS - t0)) s)" > "$cache/result-$v"
+    return 1
   fi
+}
+
+# The versions side by side, each in a process tree of its own (their venvs, user-op folders and
+# logs are separate; the tests write only under pytest's temporary folders): most of a version's
+# time is one Python process importing and exporting, so two versions on two cores take little
+# longer than one. Their logs are printed one after the other once all are done.
+pids=()
+for v in "${versions[@]}"; do
+  rm -f "$cache/result-$v"
+  (check_version "$v") > "$cache/log-$v" 2>&1 &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || true; done
+declare -A result
+status=0
+for v in "${versions[@]}"; do
+  cat "$cache/log-$v"
+  result[$v]=$(cat "$cache/result-$v" 2>/dev/null || echo "FAILED (no verdict: see the log above)")
+  case "${result[$v]}" in passed*) ;; *) status=1 ;; esac
 done
 
 echo "== torch matrix (one libopbridge_torch.so, sha256 ${built:0:16}...; $((SECONDS - t_start)) s; cache $cache: $(du -sh "$cache" | cut -f1))"

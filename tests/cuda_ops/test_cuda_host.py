@@ -11,11 +11,14 @@ real kernels where there is a GPU.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import inspect
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +32,23 @@ HOST = ROOT / "tests" / "cuda_ops" / "cuda_host"
 SIM = HOST / "sim"
 
 
+@functools.cache
 def _sanitized() -> bool:
-    return os.environ.get("OPBRIDGE_CUDA_HOST_SANITIZE") == "1"
+    """Whether the programs are built with AddressSanitizer and UndefinedBehaviorSanitizer: wherever
+    the host compiler can link them, unless OPBRIDGE_CUDA_HOST_SANITIZE=0 (=1: required, an error
+    where the compiler cannot)."""
+    setting = os.environ.get("OPBRIDGE_CUDA_HOST_SANITIZE", "")
+    if setting == "0":
+        return False
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "probe.cpp"
+        src.write_text("int main() { return 0; }\n")
+        r = subprocess.run([_compiler(), "-fsanitize=address,undefined", str(src), "-o", str(Path(tmp) / "probe")],
+                           capture_output=True, text=True)
+    if r.returncode != 0 and setting == "1":
+        pytest.fail(f"OPBRIDGE_CUDA_HOST_SANITIZE=1, but {_compiler()} cannot link -fsanitize=address,undefined:\n"
+                    f"{r.stderr[-2000:]}")
+    return r.returncode == 0
 
 
 def _compiler() -> str:
@@ -42,9 +60,9 @@ def _compiler() -> str:
 
 def _flags(sim: bool) -> list[str]:
     """The host compiler's flags for the programs of tests/cuda_ops/cuda_host/ (sim: those built against
-    the emulated runtime in tests/cuda_ops/cuda_host/sim/). With OPBRIDGE_CUDA_HOST_SANITIZE=1 every load
-    and store is checked by AddressSanitizer and UndefinedBehaviorSanitizer (a read past a tensor's
-    or a shared array's end fails the test)."""
+    the emulated runtime in tests/cuda_ops/cuda_host/sim/). Every load and store is checked by
+    AddressSanitizer and UndefinedBehaviorSanitizer (a read past a tensor's or a shared array's end
+    fails the test) wherever the compiler has them (_sanitized)."""
     flags = ["-std=c++20" if sim else "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror"]
     if sim:
         flags += ["-pthread", "-Wno-unknown-pragmas", f"-I{SIM}"]
@@ -248,9 +266,8 @@ def test_group_norm_nhwc_kernel_decomposition(host_programs, tmp_path, rng, dtyp
 # against tests/cuda_ops/cuda_host/sim/ (a CPU emulation of the CUDA runtime: every CUDA thread a fiber
 # with its own stack, __syncthreads and warp shuffles as real barriers between them, clusters
 # with distributed shared memory, shared memory as exact-size heap buffers; see sim/simt.h), and
-# calls the launchers as the adapters do. Under
-# OPBRIDGE_CUDA_HOST_SANITIZE=1 it is built with AddressSanitizer and UndefinedBehaviorSanitizer:
-# any access outside a buffer (device or shared memory) fails the test, as compute-sanitizer's
+# calls the launchers as the adapters do. It is built with AddressSanitizer and
+# UndefinedBehaviorSanitizer wherever the compiler has them (_sanitized): any access outside a buffer (device or shared memory) fails the test, as compute-sanitizer's
 # memcheck would on a GPU.
 
 EMULATED_OPS = ("inverse", "group_norm", "ms_deform_attn", "furthest_point_sample", "ball_query", "knn", "three_nn",
@@ -266,24 +283,24 @@ SIM_SMS = 1
 
 @pytest.fixture(scope="session")
 def simt_ops(tmp_path_factory):
-    """The simt_ops program (built once per session, the translation units two at a time)."""
+    """The simt_ops program (built once per session, two translation units at a time: a pool of two
+    compilers, each taking the next file as soon as it is done, the kernel files first)."""
     cxx = _compiler()
     out = tmp_path_factory.mktemp("simt_ops")
     flags = _flags(sim=True)
     sources = [(src, ["-x", "c++"]) for src in KERNEL_FILES]
     sources += [(src, []) for src in DECL_FILES + COMMON_FILES]
     sources += [(ROOT / "cuda" / "common" / "device.cpp", []), (SIM / "simt.cpp", []), (HOST / "simt_ops.cpp", [])]
-    objects, pending = [], []
-    for i, (src, lang) in enumerate(sources):
-        obj = out / f"{i}_{src.stem}.o"
-        pending.append(subprocess.Popen([cxx, *flags, *lang, "-c", str(src), "-o", str(obj)], stderr=subprocess.PIPE,
-                                        text=True))
-        objects.append(obj)
-        if len(pending) == 2 or i == len(sources) - 1:
-            for p in pending:
-                _, err = p.communicate()
-                assert p.returncode == 0, err[-4000:]
-            pending = []
+    objects = [out / f"{i}_{src.stem}.o" for i, (src, _) in enumerate(sources)]
+
+    def compile_one(i: int) -> subprocess.CompletedProcess:
+        src, lang = sources[i]
+        return subprocess.run([cxx, *flags, *lang, "-c", str(src), "-o", str(objects[i])], capture_output=True,
+                              text=True)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        for (src, _), result in zip(sources, pool.map(compile_one, range(len(sources)))):
+            assert result.returncode == 0, f"{src}:\n{result.stderr[-4000:]}"
     exe = out / "simt_ops"
     result = subprocess.run([cxx, *flags, *map(str, objects), "-o", str(exe)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-4000:]
@@ -318,7 +335,8 @@ def test_emulation_self_check(simt_selftest, case):
     blocks' shared memory) and reports the mistakes it is there to find, so that a kernel test
     passing on it means something."""
     if case == "shared-oob" and not _sanitized():
-        pytest.skip("an out-of-bounds shared-memory read is reported by AddressSanitizer (OPBRIDGE_CUDA_HOST_SANITIZE=1)")
+        pytest.skip("an out-of-bounds shared-memory read is reported by AddressSanitizer, which this build has not "
+                    "(OPBRIDGE_CUDA_HOST_SANITIZE=0, or the compiler cannot link it)")
     r = subprocess.run([str(simt_selftest), case], capture_output=True, text=True, timeout=120)
     if SELFTEST[case] is None:
         assert r.returncode == 0, r.stderr[-3000:]
@@ -478,7 +496,8 @@ def test_inverse_emulation_catches_the_gpu_read(simt_ops, tmp_path, rng):
     the kernel file with that one change is built with AddressSanitizer and must fail; the real
     file passes the same input in test_inverse_kernels_emulated_singular."""
     if not _sanitized():
-        pytest.skip("needs OPBRIDGE_CUDA_HOST_SANITIZE=1 (the read is found by AddressSanitizer)")
+        pytest.skip("the read is found by AddressSanitizer, which this build has not "
+                    "(OPBRIDGE_CUDA_HOST_SANITIZE=0, or the compiler cannot link it)")
     src = (ROOT / "ops" / "inverse" / "inverse_kernel.cu").read_text()
     fixed = ["return static_cast<long long>(__float_as_uint(v) & 0x7fffffffu);",
              "return __double_as_longlong(v) & 0x7fffffffffffffffLL;"]
