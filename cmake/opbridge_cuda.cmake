@@ -72,11 +72,6 @@ set_target_properties(opbridge_cuda_kernels PROPERTIES
 target_compile_options(opbridge_cuda_kernels PRIVATE
   # Host-side warnings as for the C++ code; device-side ones from nvcc itself.
   $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra> $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
-if(CMAKE_CUDA_COMPILER_ID STREQUAL "NVIDIA" AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 11.5)
-  # Two architectures of a file at a time: group_norm_kernel.cu, the longest compile of the build,
-  # is its last step on 2 cores (143 s alone at one thread, 77 s at two, the same CPU time; nvcc 13).
-  target_compile_options(opbridge_cuda_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--threads=2>)
-endif()
 
 # The default-stream check (cuda/check_streams.py) runs before the kernels compile, so a kernel
 # launched on the default stream fails the build. It reads cuda/common and the folder of every

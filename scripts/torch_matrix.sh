@@ -75,10 +75,15 @@ check_version() {
     "$venv/bin/python" -m pip install -q "torch==$v" numpy onnx onnxscript onnxruntime pytest hypothesis expecttest
     touch "$venv/.ready"
   fi
+  # The oldest torch runs with the oldest onnx, onnxscript and onnx-ir the `export` extra allows
+  # (its floors, exact); the others keep the newest.
   case "$v" in
+    # shellcheck disable=SC2046  # several requirement specs
     2.11.*) "$venv/bin/python" -m pip install -q $("$py" scripts/extra_floors.py export --skip torch) ;;
   esac
   "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$wheel"
+  # The user's project in a folder of its own (PYTHONPATH for its tests only): installed in the
+  # venv, its entry point would make opbridge's torch-free tests import it, and torch with it.
   "$venv/bin/python" -m pip uninstall -q -y myops > /dev/null 2>&1 || true
   rm -rf "$cache/user-$v"
   "$venv/bin/python" -m pip install -q --no-deps --target "$cache/user-$v" "$user_wheel"

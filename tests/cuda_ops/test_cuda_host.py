@@ -267,8 +267,8 @@ def test_group_norm_nhwc_kernel_decomposition(host_programs, tmp_path, rng, dtyp
 # with its own stack, __syncthreads and warp shuffles as real barriers between them, clusters
 # with distributed shared memory, shared memory as exact-size heap buffers; see sim/simt.h), and
 # calls the launchers as the adapters do. It is built with AddressSanitizer and
-# UndefinedBehaviorSanitizer wherever the compiler has them (_sanitized): any access outside a buffer (device or shared memory) fails the test, as compute-sanitizer's
-# memcheck would on a GPU.
+# UndefinedBehaviorSanitizer wherever the compiler has them (_sanitized): any access outside a
+# buffer (device or shared memory) fails the test, as compute-sanitizer's memcheck would on a GPU.
 
 EMULATED_OPS = ("inverse", "group_norm", "ms_deform_attn", "furthest_point_sample", "ball_query", "knn", "three_nn",
                  "grouping_operation", "three_interpolate")
