@@ -32,6 +32,10 @@ HOST = ROOT / "tests" / "cuda_ops" / "cuda_host"
 SIM = HOST / "sim"
 
 
+# What _flags adds where the sanitizers are available (_sanitized probes the compiler with the same).
+SANITIZE_FLAGS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+
+
 @functools.cache
 def _sanitized() -> bool:
     """Whether the programs are built with AddressSanitizer and UndefinedBehaviorSanitizer: wherever
@@ -43,10 +47,10 @@ def _sanitized() -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "probe.cpp"
         src.write_text("int main() { return 0; }\n")
-        r = subprocess.run([_compiler(), "-fsanitize=address,undefined", str(src), "-o", str(Path(tmp) / "probe")],
+        r = subprocess.run([_compiler(), *SANITIZE_FLAGS, str(src), "-o", str(Path(tmp) / "probe")],
                            capture_output=True, text=True)
     if r.returncode != 0 and setting == "1":
-        pytest.fail(f"OPBRIDGE_CUDA_HOST_SANITIZE=1, but {_compiler()} cannot link -fsanitize=address,undefined:\n"
+        pytest.fail(f"OPBRIDGE_CUDA_HOST_SANITIZE=1, but {_compiler()} cannot link {' '.join(SANITIZE_FLAGS)}:\n"
                     f"{r.stderr[-2000:]}")
     return r.returncode == 0
 
@@ -70,7 +74,7 @@ def _flags(sim: bool) -> list[str]:
     if _sanitized():
         # -g1: line tables (what a report shows) at two thirds of -g's compile time (group_norm_kernel.cu 30 s
         # against 44 s).
-        flags += ["-g1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+        flags += ["-g1", *SANITIZE_FLAGS]
     return flags
 
 
