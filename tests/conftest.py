@@ -41,7 +41,8 @@ def pytest_collection_modifyitems(config, items):
     # pytest-xdist workers run tests side by side: a memory measurement would count its neighbours;
     # under AddressSanitizer (scripts/sanitize.sh) memory is the sanitizer's, not the program's.
     skip_serial = pytest.mark.skip(reason="serial: measures memory and needs the machine to itself; "
-                                          "not run under pytest-xdist or AddressSanitizer (run it alone)")
+                                          "not run under pytest-xdist or AddressSanitizer (run alone: the README's "
+                                          "test command runs them after the suite, with -m serial)")
     parallel = os.environ.get("PYTEST_XDIST_WORKER") is not None or "asan" in os.environ.get("LD_PRELOAD", "")
     run_slow = _run_slow(config)
     for item in items:
