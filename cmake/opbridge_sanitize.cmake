@@ -17,10 +17,10 @@ endif()
 # -O1 (after the build type's -O3, so it wins): the instrumented templates compile 1.5x faster than
 # at -O2 (group_norm_cpu.cpp 75 s against 116 s, GCC 12, 2 cores busy), where -O2 was 2.4x faster than
 # -O3 (group_norm_cpu_avx2.cpp 74 s against 175-190 s); the sanitizers check the accesses the source
-# makes at any level. The instruction-set files (*_cpu_avx2.cpp, *_cpu_avx512.cpp) get -O2 (OPBRIDGE_SANITIZE_ISA_OPTIONS, read by
-# opbridge_add_op): their intrinsics may take immediates that exist only once `#pragma GCC unroll`
-# has unrolled a loop (the AVX2 Inverse kernels' blend masks, 1 << k), which -O1 does not do
-# ("the last argument must be an 8-bit immediate").
+# makes at any level. The instruction-set files (*_cpu_avx2.cpp, *_cpu_avx512.cpp) get -O2
+# (OPBRIDGE_SANITIZE_ISA_OPTIONS, read by opbridge_add_op): their intrinsics may take immediates
+# that exist only once `#pragma GCC unroll` has unrolled a loop (the AVX2 Inverse kernels' blend
+# masks, 1 << k), which -O1 does not do ("the last argument must be an 8-bit immediate").
 set(_opbridge_san -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer)
 add_compile_options("$<$<COMPILE_LANGUAGE:CXX>:${_opbridge_san};-g1;-O1>")
 set(OPBRIDGE_SANITIZE_ISA_OPTIONS -O2)
