@@ -506,12 +506,14 @@ struct GnBwdSampleCoefficients {
   int64_t C, G, Cg, S, tps;
   GnBwdRowCoefficients k;
   std::vector<double> mean, rstd, ds, db;
+  std::vector<GnMoments> merged;  // the sample's groups' moments, merged over its tiles
   int64_t have_stats = -1, have_sums = -1;
 
   GnBwdSampleCoefficients(const group_norm_isa::BackwardArgs<T>& args, int64_t C_, int64_t G_, int64_t Cg_,
                           int64_t S_, int64_t tps_)
       : a(args), C(C_), G(G_), Cg(Cg_), S(S_), tps(tps_), k(C_), mean(static_cast<size_t>(G_)),
-        rstd(static_cast<size_t>(G_)), ds(static_cast<size_t>(C_)), db(static_cast<size_t>(C_)) {}
+        rstd(static_cast<size_t>(G_)), ds(static_cast<size_t>(C_)), db(static_cast<size_t>(C_)),
+        merged(static_cast<size_t>(G_)) {}
 
   // part: the sample's tiles' moments ([tps, G]).
   template <class I>
@@ -519,8 +521,9 @@ struct GnBwdSampleCoefficients {
     if (j == have_stats) return;
     // Group by group: an integer division per channel (c / Cg) cost more than the channel's own
     // arithmetic.
+    gn_merge_tiles(part, tps, G, merged.data());
     for (int64_t g = 0; g < G; ++g) {
-      const GnMoments m = gn_merge_tiles(part, tps, G, g);
+      const GnMoments& m = merged[g];
       mean[g] = m.mean;
       rstd[g] = 1.0 / std::sqrt(m.m2 / m.count + a.eps);
       for (int64_t c = g * Cg; c < (g + 1) * Cg; ++c) {

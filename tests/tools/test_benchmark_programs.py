@@ -1,7 +1,8 @@
 """benchmarks/cpp/group_norm_vs_floor.cpp (GroupNorm's kernel against the memory floor) builds
 against the installed package as its header says, its float64 check of the kernel passes, and it
-prints one row per shape and layout. The asv suite's CUDA benchmarks skip at once where there is
-no GPU."""
+prints one row per shape and layout; benchmarks/cpp/group_norm_ab.sh builds two versions of the
+kernel into one program, times them side by side and tells where their outputs differ. The asv
+suite's CUDA benchmarks skip at once where there is no GPU."""
 
 from __future__ import annotations
 
@@ -130,6 +131,64 @@ def test_group_norm_vs_floor_refuses_bad_arguments(program, args, message):
     assert result.returncode == 2
     assert message in result.stderr
     assert result.stdout == ""
+
+
+AB_SCRIPT = REPO / "benchmarks" / "cpp" / "group_norm_ab.sh"
+AB_ROW = re.compile(r"^(?P<shape>\d+,\d+,\d+,\d+)\s+(?P<copy>[\d.]+)\s+(?P<read>[\d.]+)\s+(?P<scale>[\d.]+)\s+"
+                    r"(?P<a>[\d.]+)x\s+(?P<b>[\d.]+)x\s+(?P<ba>[\d.]+)\s+(?P<differing>\d+)$")
+
+
+def run_ab(tmp_path: Path, a_dir: Path, b_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """benchmarks/cpp/group_norm_ab.sh with A and B taken from the folders a_dir and b_dir."""
+    cxx = os.environ.get("CXX") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++ or $CXX)")
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    if not {"avx2", "fma", "f16c"} <= set(flags):
+        pytest.skip("the A/B program is built for AVX2 and FMA, which this CPU lacks")
+    if not (Path(opbridge.__file__).parent / "lib" / "libopbridge_kernels.a").is_file():
+        pytest.skip("opbridge's libopbridge_kernels.a is not installed")
+    env = dict(os.environ, PYTHON=sys.executable, GN_AB_A=str(a_dir), GN_AB_B=str(b_dir),
+               GN_AB_OUT=str(tmp_path / "build"), OMP_NUM_THREADS="2", CXX=cxx)
+    return subprocess.run(["bash", str(AB_SCRIPT), *args], capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=600)
+
+
+def header_copy(folder: Path, replace: tuple[str, str] | None = None) -> Path:
+    """A folder holding the working tree's group_norm_simd.h, with one string replaced if asked."""
+    text = (REPO / "ops" / "group_norm" / "group_norm_simd.h").read_text()
+    if replace is not None:
+        assert text.count(replace[0]) == 1, replace[0]
+        text = text.replace(*replace)
+    folder.mkdir(parents=True)
+    (folder / "group_norm_simd.h").write_text(text)
+    return folder
+
+
+def test_group_norm_ab_times_two_headers_side_by_side(tmp_path):
+    # The same header on both sides: the outputs agree bit for bit, and a row per shape (a
+    # channels-last shape whose samples are cut into tiles, odd sizes) with every ratio positive.
+    a = header_copy(tmp_path / "a")
+    result = run_ab(tmp_path, a, REPO / "ops" / "group_norm", "--rounds", "1", "--groups", "4",
+                    "2,128,40,40", "3,12,5,7")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [m.groupdict() for m in map(AB_ROW.match, result.stdout.splitlines()) if m]
+    assert [r["shape"] for r in rows] == ["2,128,40,40", "3,12,5,7"], result.stdout
+    for r in rows:
+        assert r["differing"] == "0", r
+        assert all(float(r[k]) > 0 for k in ("copy", "read", "scale", "a", "b", "ba")), r
+
+
+def test_group_norm_ab_reports_outputs_that_differ(tmp_path):
+    # B with Chan's update of the running mean off by a part in 10^4: the program counts the
+    # elements that differ from A's and exits with status 1 (in both layouts).
+    a = header_copy(tmp_path / "a")
+    b = header_copy(tmp_path / "b", ("  *mean += delta * w_new;", "  *mean += delta * w_new * 1.0001;"))
+    for layout in ([], ["--nchw"]):
+        result = run_ab(tmp_path, a, b, "--rounds", "1", "--groups", "4", *layout, "3,12,5,7")
+        assert result.returncode == 1, result.stdout + result.stderr
+        rows = [m.groupdict() for m in map(AB_ROW.match, result.stdout.splitlines()) if m]
+        assert len(rows) == 1 and int(rows[0]["differing"]) > 0, result.stdout
 
 
 def test_cuda_kernel_bench_compiles(tmp_path):
