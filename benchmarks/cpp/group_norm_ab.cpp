@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "floor_schedules.h"
+#include "omp_parallel_for.h"
 #include "group_norm_isa.h"
 
 namespace opbridge {
@@ -41,27 +42,9 @@ void gn_ab_a(const group_norm_isa::Args<float>& a, const ParallelFor& pf);
 void gn_ab_b(const group_norm_isa::Args<float>& a, const ParallelFor& pf);
 }  // namespace opbridge
 
-namespace {
-
 using opbridge::ParallelFor;
-
-// [0, n) in at most omp_get_max_threads() contiguous chunks, as torch's at::parallel_for splits it.
-void omp_runner(void*, int64_t n, int64_t grain, ParallelFor::Body body, void* ctx) {
-  const int64_t tasks = std::min<int64_t>(omp_get_max_threads(), (n + grain - 1) / grain);
-  const int64_t chunk = (n + tasks - 1) / tasks;
-#pragma omp parallel num_threads(static_cast<int>(tasks))
-  {
-    const int64_t b = omp_get_thread_num() * chunk, e = std::min(n, b + chunk);
-    if (b < e) body(ctx, b, e);
-  }
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-}  // namespace
+using omp_parallel_for::median;
+using omp_parallel_for::omp_runner;
 
 int main(int argc, char** argv) {
   int rounds = 21;

@@ -43,22 +43,14 @@
 #include <vector>
 
 #include "floor_schedules.h"
+#include "omp_parallel_for.h"
 
 namespace {
 
 using namespace floor_schedules;
 
-// The parallel-for handed to the kernel: [0, n) in at most omp_get_max_threads() contiguous
-// chunks of at least `grain`, one per thread, as torch's at::parallel_for splits a range.
-void omp_runner(void*, int64_t n, int64_t grain, opbridge::ParallelFor::Body body, void* ctx) {
-  const int64_t tasks = std::min<int64_t>(omp_get_max_threads(), (n + grain - 1) / grain);
-  const int64_t chunk = (n + tasks - 1) / tasks;
-#pragma omp parallel num_threads(static_cast<int>(tasks))
-  {
-    const int64_t b = omp_get_thread_num() * chunk, e = std::min(n, b + chunk);
-    if (b < e) body(ctx, b, e);
-  }
-}
+using omp_parallel_for::median;
+using omp_parallel_for::omp_runner;
 
 // float64 GroupNorm of x ([N, C, S], or [N, S, C] when channels_last), with SiLU if silu.
 std::vector<double> reference(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>& b,
@@ -87,11 +79,6 @@ std::vector<double> reference(const std::vector<float>& x, const std::vector<flo
     }
   }
   return y;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 std::string cpu_model() {
