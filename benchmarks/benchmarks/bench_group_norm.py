@@ -292,6 +292,42 @@ class GroupNormVsTorch:
         return measure_speedup(self.ours, self.native)
 
 
+# Channels that are no whole number of vectors (C = 12, 20, 36: rows of 48-144 bytes), 4 groups:
+# channels-last rows each ended in masked loads and stores, and the op took 12-29x a copy on an
+# AMD EPYC Zen 3 (AVX2) where F.group_norm took 7-11x.
+ODD_CHANNEL_SHAPES = ["2x12x100x100", "2x20x64x64", "2x36x64x64"]
+ODD_CHANNEL_GROUPS = 4
+
+
+class _OddChannels:
+    params = (ODD_CHANNEL_SHAPES, LAYOUTS, ACTIVATIONS)
+    param_names = ["shape", "layout", "activation"]
+    timeout = 300
+
+    def setup(self, shape, layout, activation):
+        self.ours, self.native, self.copy = floor_fns(parse_shape(shape), layout, activation,
+                                                      groups=ODD_CHANNEL_GROUPS)
+
+
+class GroupNormOddChannelsVsTorch(_OddChannels):
+    """time(F.group_norm (+ F.silu)) / time(opbridge group_norm) at ODD_CHANNEL_SHAPES, interleaved
+    in one process (goal: >= 1.0). Higher is better."""
+
+    unit = "x"
+
+    def track_speedup(self, shape, layout, activation):
+        return measure_speedup(self.ours, self.native)
+
+
+class GroupNormOddChannelsVsCopy(_OddChannels):
+    """time(opbridge group_norm) / time(x.clone()) at ODD_CHANNEL_SHAPES. Lower is better."""
+
+    unit = "x copy"
+
+    def track_ratio_to_copy(self, shape, layout, activation):
+        return measure_speedup(self.copy, self.ours)
+
+
 # GroupNorm(C, C) of sequences (N, C, L): wav2vec2's feature encoder (and HuBERT's, WavLM's) on 1 s
 # and 4 s of 16 kHz audio, and a batch of shorter clips. Each group is one channel of L elements,
 # which starts inside a vector where L is not a multiple of 16.

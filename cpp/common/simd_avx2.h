@@ -86,6 +86,12 @@ struct SimdAvx2 {
   static void stream(BFloat16* p, V a) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), to_bf16(a)); }
   static void fence() { _mm_sfence(); }
 
+  // The first n < W floats with AVX2's masked moves (lanes from n on: read as 0, never written,
+  // never fault). Through a stack buffer, as the 16-bit types below, each masked load waited for
+  // the buffer's scalar stores to reach the cache (a vector load over several smaller stores
+  // cannot take their data from the store queue).
+  static V load_n(const float* p, int n) { return _mm256_maskload_ps(p, lanes_below(n)); }
+  static void store_n(float* p, V a, int n) { _mm256_maskstore_ps(p, lanes_below(n), a); }
   // AVX2 has no 16-bit masked loads/stores: go through a small stack buffer.
   template <class T>
   static V load_n(const T* p, int n) {
@@ -101,6 +107,9 @@ struct SimdAvx2 {
   }
 
  private:
+  static __m256i lanes_below(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
   // As SimdAvx512::to_bf16, on 8 lanes.
   static __m128i to_bf16(V a) {
     const __m256i u = _mm256_castps_si256(a);

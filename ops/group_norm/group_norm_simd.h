@@ -394,6 +394,11 @@ void gn_apply(const T* x, T* y, int64_t n, float m_hi, float a, float off, const
 // `exact` lists the channels whose coefficients are not finite floats (see gn_coefficients).
 struct GnCoefficients {
   std::vector<float> mh, a, off;
+  // Channels-last rows whose channels are no whole number of vectors: mh, a and off repeated
+  // over `period` elements, the fewest whole rows that are whole vectors (gn_nhwc_period);
+  // empty where not used.
+  std::vector<float> pmh, pa, poff;
+  int64_t period = 0;
   std::vector<int64_t> exact;
   std::vector<double> exact_mean, exact_scale, exact_bias;
 };
@@ -594,6 +599,22 @@ void gn_forward_nchw(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
 
 // ---- [N, S, C] ---------------------------------------------------------------------------------
 
+// Elements per period of channels-last rows of C channels, the fewest whole rows that are whole
+// vectors of W (lcm(C, W)), or 0 where C is a whole number of vectors or the period is longer than
+// kGnMaxPeriod (its three coefficient arrays then no longer fit the L1 comfortably).
+constexpr int64_t kGnMaxPeriod = 1024;
+inline int64_t gn_nhwc_period(int64_t C, int W) {
+  if (C % W == 0) return 0;
+  int64_t a = C, b = W;
+  while (b != 0) {
+    const int64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  const int64_t period = C / a * W;
+  return period <= kGnMaxPeriod ? period : 0;
+}
+
 // One step of gn_rows_sums for one vector of channels: with d = x - s in each of four rows
 // (ld elements apart), a += (d0 + d1) + (d2 + d3) and q += d0^2 + d1^2 + d2^2 + d3^2 (one
 // addition into each per-channel sum per four rows). Both variants below take this step, so
@@ -677,13 +698,23 @@ bool gn_rows_sums_in_registers_upto(int64_t nv, const T* x, int64_t rows, int64_
 // 2,256,64,64, 1,512,64,64 within 2%), and at 5 KB a row (2,1280,8,8) 3.32 -> 3.76; nor for
 // fewer rows, where setting up each block's registers weighs: 4,96,4,4 6.51-6.97 -> 6.95-7.52.
 template <class I, class T>
-void gn_rows_sums(const T* x, int64_t rows, int64_t C, int64_t ld, const float* sh, float* s1, float* s2) {
+void gn_rows_sums_periodic(const T* x, int64_t rows, int64_t C, int64_t period, const float* sh, float* s1, float* s2,
+                           float* scratch);
+
+template <class I, class T>
+void gn_rows_sums(const T* x, int64_t rows, int64_t C, int64_t ld, const float* sh, float* s1, float* s2,
+                  float* periods = nullptr) {
   using V = typename I::V;
   constexpr int W = I::W;
   const int64_t cv = C / W * W;
   const int tail = static_cast<int>(C - cv);
   constexpr int kMaxRegisterVectors = W >= 16 ? 8 : 4;
   if (tail == 0 && gn_rows_sums_in_registers_upto<I, kMaxRegisterVectors>(C / W, x, rows, ld, sh, s1, s2)) return;
+  const int64_t period = C == ld && tail > 0 && periods != nullptr ? gn_nhwc_period(C, W) : 0;
+  if (period > 0 && rows * C >= period) {
+    gn_rows_sums_periodic<I>(x, rows, C, period, sh, s1, s2, periods);
+    return;
+  }
   if (tail == 0 && C <= 128 && rows >= 256) {
     for (int64_t c0 = 0; c0 < C; c0 += kMaxRegisterVectors * W) {
       const int64_t nv = gn_min(int64_t{kMaxRegisterVectors}, (C - c0) / W);
@@ -737,16 +768,45 @@ void gn_rows_sums(const T* x, int64_t rows, int64_t C, int64_t ld, const float* 
   }
 }
 
+// gn_rows_sums for whole rows of C channels that are no whole number of vectors (the rows
+// contiguous, period = gn_nhwc_period(C, W) > 0; scratch: 3 * period floats): the run of rows * C elements summed as rows of
+// `period` elements (whole vectors), each position's sums then added into its channel's; the rows
+// left over (less than a period) row by row. Row by row, each row's last channels took masked
+// loads, and its sums masked loads and stores: channels-last forward, AVX2, AMD EPYC Zen 3,
+// 2 threads, this and the normalization's periods against the previous code side by side in one
+// program (benchmarks/cpp/group_norm_ab.sh), G = 4: 2,12,100,100 0.07-0.11 of the time,
+// 2,20,64,64 0.12-0.13, 2,36,64,64 0.19-0.22, 1,12,256,256 0.07-0.09 (10-37x a copy -> 1.9-3.2x).
+template <class I, class T>
+void gn_rows_sums_periodic(const T* x, int64_t rows, int64_t C, int64_t period, const float* sh, float* s1, float* s2,
+                           float* scratch) {
+  float* psh = scratch;
+  float* ps1 = scratch + period;
+  float* ps2 = scratch + 2 * period;
+  for (int64_t i = 0; i < period; ++i) {
+    psh[i] = sh[i % C];
+    ps1[i] = ps2[i] = 0.f;
+  }
+  const int64_t periods = rows * C / period, done = periods * period / C;
+  gn_rows_sums<I>(x, periods, period, period, psh, ps1, ps2);
+  for (int64_t i = 0; i < period; ++i) {
+    s1[i % C] += ps1[i];
+    s2[i % C] += ps2[i];
+  }
+  if (done < rows) gn_rows_sums<I>(x + done * C, rows - done, C, C, sh, s1, s2);
+}
+
 // Scratch memory of the [N, S, C] statistics of one tile or sample.
 struct GnRowScratch {
   std::vector<float> sh, s1, s2;  // per channel: the shift (its group's) and the two sums
   std::vector<double> sd, sq;     // per group: the folded sums of a block
   std::vector<double> mean, m2;   // per group: the running moments (all groups share one count)
   std::vector<double> first;      // per channel: the sums of the first rows (first shifts)
+  std::vector<float> periods;     // rows of no whole vector: gn_rows_sums_periodic's scratch
   GnRowScratch(int64_t C, int64_t G)
       : sh(static_cast<size_t>(C)), s1(static_cast<size_t>(C)), s2(static_cast<size_t>(C)),
         sd(static_cast<size_t>(G)), sq(static_cast<size_t>(G)), mean(static_cast<size_t>(G)),
-        m2(static_cast<size_t>(G)), first(static_cast<size_t>(C)) {}
+        m2(static_cast<size_t>(G)), first(static_cast<size_t>(C)),
+        periods(C % 16 != 0 ? static_cast<size_t>(3 * kGnMaxPeriod) : 0) {}
 };
 
 // sum of p[0..n) in double, in four independent chains (one chain of dependent double adds per
@@ -797,9 +857,10 @@ struct GnXSums {
   static constexpr int64_t kMaxBlockRows = 4 * kGnMaxBlockRows;
   const T* x;
   int64_t C;
+  float* periods = nullptr;  // gn_rows_sums' scratch for rows of no whole vector (GnRowScratch::periods)
   void start(const float*) {}
   void sum(int64_t r0, int64_t nr, int64_t c0, int64_t width, const float* sh, float* s1, float* s2) {
-    gn_rows_sums<I>(x + r0 * C + c0, nr, width, C, sh + c0, s1 + c0, s2 + c0);
+    gn_rows_sums<I>(x + r0 * C + c0, nr, width, C, sh + c0, s1 + c0, s2 + c0, periods);
   }
   void end_block(const float*) {}
 };
@@ -868,8 +929,23 @@ void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* 
 
 template <class I, class T>
 void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* out, GnRowScratch* sc) {
-  GnXSums<I, T> sums{x, C};
+  GnXSums<I, T> sums{x, C, sc->periods.empty() ? nullptr : sc->periods.data()};
   gn_nhwc_moments<I>(x, rows, C, G, out, sc, sums);
+}
+
+// k's coefficients of C channels repeated over a period (GnCoefficients::pmh ...), where rows of
+// C channels have one.
+template <class I>
+void gn_fill_periods(GnCoefficients* k, int64_t C) {
+  k->period = gn_nhwc_period(C, I::W);
+  k->pmh.resize(static_cast<size_t>(k->period));
+  k->pa.resize(static_cast<size_t>(k->period));
+  k->poff.resize(static_cast<size_t>(k->period));
+  for (int64_t i = 0; i < k->period; ++i) {
+    k->pmh[i] = k->mh[i % C];
+    k->pa[i] = k->a[i % C];
+    k->poff[i] = k->off[i % C];
+  }
 }
 
 // Coefficients of every channel of one sample from its groups' moments (mean, rstd per group).
@@ -901,6 +977,41 @@ void gn_sample_coefficients(const group_norm_isa::Args<T>& a, const GnMoments* m
       }
     }
   }
+  gn_fill_periods<I>(k, C);
+}
+
+// gn_nhwc_apply's rows of C channels that are no whole number of vectors (k.period > 0, ordinary
+// stores), as one run of rows * C elements in periods of whole vectors (k.period elements, whole
+// rows): no row ends in a masked load and store. Four periods per load of the coefficients where
+// there are four. The same arithmetic on every element as row by row. Returns the rows done (the
+// rest, less than a period, are left to the caller).
+template <class I, Activation A, class T>
+int64_t gn_nhwc_apply_periods(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficients& k, const T* next) {
+  using V = typename I::V;
+  constexpr int W = I::W;
+  const int64_t P = k.period, n = rows * C;
+  const float* pm = k.pmh.data();
+  const float* pa = k.pa.data();
+  const float* po = k.poff.data();
+  int64_t i = 0;
+  for (; i + 4 * P <= n; i += 4 * P) {
+    if (next != nullptr) gn_prefetch(next + i, 4 * P * static_cast<int64_t>(sizeof(T)));
+    for (int64_t v = 0; v < P; v += W) {
+      V xv[4];
+      for (int j = 0; j < 4; ++j) xv[j] = I::load(x + i + j * P + v);
+      const V m0 = I::load(pm + v), a0 = I::load(pa + v), o0 = I::load(po + v);
+      for (int j = 0; j < 4; ++j) {
+        gn_store<I, false>(y + i + j * P + v, gn_act<I, A>(I::fmadd(I::sub(xv[j], m0), a0, o0)));
+      }
+    }
+  }
+  for (; i + P <= n; i += P) {
+    for (int64_t v = 0; v < P; v += W) {
+      gn_store<I, false>(y + i + v, gn_act<I, A>(I::fmadd(I::sub(I::load(x + i + v), I::load(pm + v)),
+                                                          I::load(pa + v), I::load(po + v))));
+    }
+  }
+  return i / C;
 }
 
 // Normalizes `rows` rows of C channels with per-channel coefficients. Stream: non-temporal
@@ -946,6 +1057,9 @@ void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficien
     }
   };
   int64_t r = 0;
+  if constexpr (!Stream) {
+    if (k.period > 0 && rows * C >= k.period) r = gn_nhwc_apply_periods<I, A>(x, y, rows, C, k, next);
+  }
   // Four rows per load of the coefficients: six coefficient loads (two channel vectors' mean,
   // scale and offset) serve eight vectors of x, where one row at a time each vector of x took
   // three loads of its own (the same arithmetic on each element, so the same bits).

@@ -144,6 +144,41 @@ def test_nhwc_large_mean_keeps_precision(core_isa, rng):
     np.testing.assert_allclose(y, _nhwc(ref_group_norm(x, 6, w, b)), rtol=0, atol=2e-5)
 
 
+# [N, S, C] samples whose rows are no whole number of vectors (of 4, 8 or 16 floats), taken as runs
+# of whole-vector periods (lcm(C, W) elements): four periods at a time, single periods, the rows
+# left over; the statistics' periods in registers, in column blocks and in L1 (rows = S); and C
+# whose period would be longer than 1024 elements (C = 1036: rows with masked ends).
+NHWC_ODD_SHAPES = [
+    ((2, 12, 32, 32), 4),
+    ((2, 20, 23, 23), 5),
+    ((3, 36, 7, 9), 4),
+    ((2, 100, 9, 9), 4),
+    ((2, 3, 33, 31), 1),
+    ((1, 1036, 4, 4), 4),
+]
+
+
+@pytest.mark.parametrize("dtype,tol", CORE_DTYPES, ids=[np.dtype(d).name for d, _ in CORE_DTYPES])
+@pytest.mark.parametrize("shape,groups", NHWC_ODD_SHAPES, ids=[f"{s}-G{g}" for s, g in NHWC_ODD_SHAPES])
+def test_nhwc_rows_of_no_whole_vector(core_isa, rng, shape, groups, dtype, tol):
+    x, w, b = _inputs(rng, shape, dtype)
+    eps = float(np.float32(1e-5))
+    # Channel means far apart in the first group (re-centred blocks).
+    x[:, 1] = (x[:, 1].astype(np.float64) + 300).astype(dtype)
+    ref = ref_group_norm(x, groups, w, b, eps)
+    y = _core.group_norm(_nhwc(x), groups, w, b, eps, channels_last=True)
+    assert y.dtype == dtype
+    np.testing.assert_allclose(y.astype(np.float64), _nhwc(ref), rtol=tol, atol=tol * 4)
+    # A channel whose coefficients are not finite (weight inf): evaluated apart, in double.
+    w_inf = w.copy()
+    w_inf[shape[1] - 1] = np.inf
+    y = _core.group_norm(_nhwc(x), groups, w_inf, b, eps, channels_last=True)
+    ref = _nhwc(ref_group_norm(x, groups, w_inf.astype(np.float64), b, eps))
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(ref))
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(y.astype(np.float64)[finite], ref[finite], rtol=tol, atol=tol * 4)
+
+
 def test_nan_stays_in_its_group(core_isa, rng):
     x = rng.standard_normal((2, 4, 100)).astype(np.float32)
     x[1, 3, 7] = np.nan
