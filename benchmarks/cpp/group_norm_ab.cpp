@@ -18,24 +18,21 @@
 // default channels-last), --silu, --fresh; then shapes N,C,H,W. The cache choices are the
 // installed library's (group_norm_cpu_choices(): what the OS reports, and the environment's
 // OPBRIDGE_GROUP_NORM_* overrides).
-#include <malloc.h>
 #include <omp.h>
 
 #include "group_norm.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <random>
-#include <string>
 #include <vector>
 
 #include "floor_schedules.h"
-#include "omp_parallel_for.h"
+#include "group_norm_bench.h"
 #include "group_norm_isa.h"
+#include "omp_parallel_for.h"
 
 namespace opbridge {
 void gn_ab_a(const group_norm_isa::Args<float>& a, const ParallelFor& pf);
@@ -47,39 +44,13 @@ using omp_parallel_for::median;
 using omp_parallel_for::omp_runner;
 
 int main(int argc, char** argv) {
-  int rounds = 21;
-  int64_t groups = 32;
-  bool silu = false, channels_last = true, fresh = false;
-  std::vector<std::vector<int64_t>> shapes;
-  for (int i = 1; i < argc; ++i) {
-    const std::string s = argv[i];
-    long long v[4];
-    if (s == "--rounds" && i + 1 < argc) {
-      rounds = std::max(1, std::atoi(argv[++i]));
-    } else if (s == "--groups" && i + 1 < argc) {
-      groups = std::atol(argv[++i]);
-    } else if (s == "--silu") {
-      silu = true;
-    } else if (s == "--nchw") {
-      channels_last = false;
-    } else if (s == "--fresh") {
-      fresh = true;
-    } else if (std::sscanf(argv[i], "%lld,%lld,%lld,%lld", &v[0], &v[1], &v[2], &v[3]) == 4 && v[0] > 0 && v[1] > 0 &&
-               v[2] > 0 && v[3] > 0 && groups > 0 && v[1] % groups == 0) {
-      shapes.push_back({v[0], v[1], v[2], v[3]});
-    } else {
-      std::fprintf(stderr, "usage: %s [--rounds R] [--groups G] [--nchw] [--silu] [--fresh] N,C,H,W ...\n"
-                   "(C a multiple of G; --groups before the shapes)\n", argv[0]);
-      return 2;
-    }
-  }
-  if (shapes.empty()) {
-    std::fprintf(stderr, "%s: no shapes given\n", argv[0]);
-    return 2;
-  }
-  // Freed outputs stay in the heap (the benchmarks' malloc settings), as under the asv suite.
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 2147483647);
+  gn_bench::Options opt;
+  opt.rounds = 21;
+  if (!gn_bench::parse(argc, argv, {"--nchw", "--fresh"}, &opt)) return 2;
+  const int rounds = opt.rounds;
+  const int64_t groups = opt.groups;
+  const bool silu = opt.silu, channels_last = !opt.nchw, fresh = opt.fresh;
+  gn_bench::keep_freed_memory();
   const opbridge::GroupNormCpuChoices& ch = opbridge::group_norm_cpu_choices();
   const ParallelFor pf(omp_runner, nullptr);
   std::printf("%d threads; G = %lld; %s%s; %d rounds; medians of time / a copy's\n", omp_get_max_threads(),
@@ -88,40 +59,18 @@ int main(int argc, char** argv) {
   std::printf("%-16s %8s %6s %6s %7s %7s %7s  %s\n", "N,C,H,W", "copy us", "read", "scale", "A", "B", "B/A",
               "differing");
   bool same = true;
-  for (const auto& sh : shapes) {
+  for (const auto& sh : opt.shapes) {
     const int64_t N = sh[0], C = sh[1], S = sh[2] * sh[3], n = N * C * S;
     const size_t bytes = static_cast<size_t>((n * 4 + 63) / 64 * 64);
     float* x = static_cast<float*>(std::aligned_alloc(64, bytes));
     float* y = static_cast<float*>(std::aligned_alloc(64, bytes));
     float* yb = static_cast<float*>(std::aligned_alloc(64, bytes));
-    std::vector<float> w(static_cast<size_t>(C)), b(static_cast<size_t>(C));
-    std::mt19937 gen(12345);
-    std::normal_distribution<float> normal(0.5f, 2.0f);
-    for (int64_t i = 0; i < n; ++i) x[i] = normal(gen);
-    for (float& v : w) v = normal(gen);
-    for (float& v : b) v = normal(gen);
+    std::vector<float> w, b;
+    gn_bench::fill_inputs(x, n, C, &w, &b);
     std::memset(y, 0, bytes);
     std::memset(yb, 0, bytes);
-    opbridge::GroupNormDims d;
-    d.N = N;
-    d.C = C;
-    d.S = S;
-    d.G = groups;
-    d.channels_last = channels_last;
-    opbridge::group_norm_isa::Args<float> a{x,
-                                            w.data(),
-                                            b.data(),
-                                            y,
-                                            d,
-                                            1e-5,
-                                            silu ? opbridge::Activation::kSilu : opbridge::Activation::kNone,
-                                            nullptr,
-                                            nullptr,
-                                            ch.cache_budget,
-                                            ch.cache_budget_streamed,
-                                            ch.stream_bytes,
-                                            ch.wave_bytes,
-                                            ch.fuse_groups};
+    const opbridge::group_norm_isa::Args<float> a = gn_bench::kernel_args(x, w, b, y, N, C, S, groups, channels_last,
+                                                                          silu, ch);
     opbridge::group_norm_isa::Args<float> a_b = a;
     a_b.y = yb;
     opbridge::gn_ab_a(a, pf);
@@ -153,17 +102,7 @@ int main(int argc, char** argv) {
       opbridge::gn_ab_b(f, pf);
       std::free(f.y);
     };
-    // Calls per timing: about 10 ms of copying, at least 2.
-    const auto t0 = std::chrono::steady_clock::now();
-    copy();
-    copy();
-    const double t_copy = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 2;
-    const int calls = std::max(2, static_cast<int>(0.01 / std::max(t_copy, 1e-7)));
-    const auto timed = [&](const std::function<void()>& f) {
-      const auto s = std::chrono::steady_clock::now();
-      for (int i = 0; i < calls; ++i) f();
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count() / calls;
-    };
+    const gn_bench::Timer timed(copy);
     for (const auto* f : {&copy, &read, &scale, &run_a, &run_b}) timed(*f);  // warm-up
     std::vector<double> r_a, r_b, r_ba, r_read, r_scale, t_c;
     for (int r = 0; r < rounds; ++r) {

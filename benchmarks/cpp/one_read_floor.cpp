@@ -4,11 +4,14 @@
 // statistics' read, from memory), then read it again (from the L2, where it still is) and write
 // y = x * a + b (the normalization's pass). GroupNorm's goal of 1.10x a copy "where a unit fits
 // the L2" assumes this costs about a copy; this program measures how close it comes on the
-// machine at hand, per unit size, with streaming and with ordinary stores.
+// machine at hand, per unit size, with streaming and with ordinary stores. A channels-last unit
+// whose groups are columns of its rows can also be taken a strip of columns at a time (the strip's
+// groups read over all the rows, then normalized): the "strip" schedules walk each thread's half
+// as rows of C floats, a strip of 16 or 32 of them (one or two cache lines a row) at a time.
 //
 // Build and run (any x86-64 with AVX2; AVX-512 is used where the compiler targets it):
 //   g++ -O2 -std=c++17 -march=native -fopenmp benchmarks/cpp/one_read_floor.cpp -o /tmp/one_read_floor
-//   OMP_NUM_THREADS=2 OMP_PROC_BIND=close /tmp/one_read_floor [MiB, default 8]
+//   OMP_NUM_THREADS=2 OMP_PROC_BIND=close /tmp/one_read_floor [MiB, default 8] [C, default 128]
 // Prints, per schedule, the median time of 31 rounds and its ratio to a copy of the same size timed
 // in alternating rounds (the faster of memcpy and a loop of ordinary vector stores, as x.clone()
 // writes: floor_schedules.h's copy_stores).
@@ -40,6 +43,30 @@ void on_threads(int64_t n, const std::function<void(int64_t, int64_t)>& body) {
   }
 }
 
+// The columns [c0, c0 + w) of `rows` rows of C floats: their sum (the read), or y = x * a + b
+// over them walking the rows backwards (the rows read last first), w a multiple of kW.
+float strip_sum(const float* x, int64_t rows, int64_t C, int64_t w) {
+  V a = vzero(), b = vzero();
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) {
+    for (int64_t c = 0; c < w; c += kW) {
+      a = vadd(a, vload(x + r * C + c));
+      b = vadd(b, vload(x + (r + 1) * C + c));
+    }
+  }
+  for (; r < rows; ++r) {
+    for (int64_t c = 0; c < w; c += kW) a = vadd(a, vload(x + r * C + c));
+  }
+  return vsum(vadd(a, b));
+}
+
+void strip_scale_shift(const float* x, float* y, int64_t rows, int64_t C, int64_t w) {
+  const V s = vset(1.1f), o = vset(0.2f);
+  for (int64_t r = rows - 1; r >= 0; --r) {
+    for (int64_t c = 0; c < w; c += kW) vstore(y + r * C + c, vfma(vload(x + r * C + c), s, o));
+  }
+}
+
 double median_us(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -49,6 +76,7 @@ double median_us(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   const int64_t mib = argc > 1 ? std::atol(argv[1]) : 8;
+  const int64_t C = argc > 2 ? std::atol(argv[2]) : 128;
   const int64_t n = mib * (int64_t{1} << 20) / 4;
   float* x = static_cast<float*>(std::aligned_alloc(64, n * 4));
   float* y = static_cast<float*>(std::aligned_alloc(64, n * 4));
@@ -89,13 +117,33 @@ int main(int argc, char** argv) {
     }
   }
 
+  static const char* const kStripNames[2][2] = {
+      {"strips of 16 columns: sum only", "strips of 16 columns: sum, then y = x * a + b"},
+      {"strips of 32 columns: sum only", "strips of 32 columns: sum, then y = x * a + b"}};
+  for (int64_t w : {16, 32}) {
+    if (C % w != 0) continue;
+    for (bool twice : {false, true}) {
+      schedules.push_back({kStripNames[w / 32][twice ? 1 : 0], 0, [=, &sink] {
+                             on_threads(n, [&](int64_t b, int64_t m) {
+                               const int64_t rows = m / C;
+                               for (int64_t c0 = 0; c0 < C; c0 += w) {
+                                 sink = sink + strip_sum(x + b + c0, rows, C, w);
+                                 if (twice) strip_scale_shift(x + b + c0, y + b + c0, rows, C, w);
+                               }
+                             });
+                           }});
+    }
+  }
+
   const auto time_us = [](const std::function<void()>& f) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < 10; ++i) f();
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / 10;
   };
-  std::printf("%lld MiB float32, %d threads, %d-float vectors; ratio = time / time of a copy (memcpy or a store loop)\n",
-              static_cast<long long>(mib), omp_get_max_threads(), kW);
+  std::printf(
+      "%lld MiB float32, %d threads, %d-float vectors, strips in rows of %lld floats; ratio = time / time of a copy "
+      "(memcpy or a store loop)\n",
+      static_cast<long long>(mib), omp_get_max_threads(), kW, static_cast<long long>(C));
   for (const Schedule& s : schedules) {
     for (int i = 0; i < 5; ++i) {
       copy();

@@ -1,7 +1,8 @@
 """benchmarks/cpp/group_norm_vs_floor.cpp (GroupNorm's kernel against the memory floor) builds
 against the installed package as its header says, its float64 check of the kernel passes, and it
 prints one row per shape and layout; benchmarks/cpp/group_norm_ab.sh builds two versions of the
-kernel into one program, times them side by side and tells where their outputs differ. The asv
+kernel into one program, times them side by side and tells where their outputs differ;
+benchmarks/cpp/group_norm_passes.cpp times the channels-last kernel's two passes apart. The asv
 suite's CUDA benchmarks skip at once where there is no GPU."""
 
 from __future__ import annotations
@@ -189,6 +190,45 @@ def test_group_norm_ab_reports_outputs_that_differ(tmp_path):
         assert result.returncode == 1, result.stdout + result.stderr
         rows = [m.groupdict() for m in map(AB_ROW.match, result.stdout.splitlines()) if m]
         assert len(rows) == 1 and int(rows[0]["differing"]) > 0, result.stdout
+
+
+PASSES_SOURCE = REPO / "benchmarks" / "cpp" / "group_norm_passes.cpp"
+PASSES_ROW = re.compile(r"^(?P<shape>\d+,\d+,\d+,\d+)\s+(?P<tiles>\d+)\s+(?P<copy>[\d.]+)\s+(?P<read>[\d.]+)\s+"
+                        r"(?P<scale>[\d.]+)\s+(?P<stats>[\d.]+)\s+(?P<normalize>[\d.]+)\s+(?P<kernel>[\d.]+)\s+"
+                        r"(?P<streamed>yes|no)\s+(?P<differing>\d+)$")
+
+
+def test_group_norm_passes_times_each_pass(tmp_path):
+    """benchmarks/cpp/group_norm_passes.cpp, built as its header says: the channels-last kernel's
+    two passes alone give the kernel's output bit for bit (rows of whole vectors, and rows of 12
+    channels, taken in periods), with a row per shape; a shape whose samples fit the cache budget
+    is refused."""
+    cxx = os.environ.get("CXX") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler (g++ or $CXX)")
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
+    if not {"avx2", "fma", "f16c"} <= set(flags):
+        pytest.skip("the program is built for AVX2 and FMA, which this CPU lacks")
+    library = Path(opbridge.__file__).parent / "lib" / "libopbridge_kernels.a"
+    if not library.is_file():
+        pytest.skip(f"{library} is not installed")
+    exe = tmp_path / "gn_passes"
+    cmd = [cxx, "-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-Iops/group_norm", "-Icpp",
+           "-Icpp/include", "-Ibenchmarks/cpp", str(PASSES_SOURCE), str(library), "-o", str(exe)]
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    for args, shape in ((["2,128,40,40"], "2,128,40,40"), (["--groups", "4", "--silu", "2,12,40,40"], "2,12,40,40")):
+        result = subprocess.run([str(exe), "--rounds", "1", *args], capture_output=True, text=True, env=env,
+                                timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        rows = [m.groupdict() for m in map(PASSES_ROW.match, result.stdout.splitlines()) if m]
+        assert [r["shape"] for r in rows] == [shape], result.stdout
+        assert rows[0]["differing"] == "0" and int(rows[0]["tiles"]) >= 1, rows
+        assert all(float(rows[0][k]) > 0 for k in ("copy", "read", "scale", "stats", "normalize", "kernel")), rows
+    result = subprocess.run([str(exe), "--rounds", "1", "64,32,8,8"], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 2 and "fit the cache budget" in result.stderr, result.stdout + result.stderr
 
 
 def test_cuda_kernel_bench_compiles(tmp_path):
