@@ -36,6 +36,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -395,10 +396,9 @@ void gn_apply(const T* x, T* y, int64_t n, float m_hi, float a, float off, const
 struct GnCoefficients {
   std::vector<float> mh, a, off;
   // Channels-last rows whose channels are no whole number of vectors: mh, a and off repeated
-  // over `period` elements, the fewest whole rows that are whole vectors (gn_nhwc_period);
-  // empty where not used.
+  // over a period, the fewest whole rows that are whole vectors (gn_nhwc_period); empty where
+  // not used.
   std::vector<float> pmh, pa, poff;
-  int64_t period = 0;
   std::vector<int64_t> exact;
   std::vector<double> exact_mean, exact_scale, exact_bias;
 };
@@ -605,13 +605,7 @@ void gn_forward_nchw(const group_norm_isa::Args<T>& a, const ParallelFor& pf) {
 constexpr int64_t kGnMaxPeriod = 1024;
 inline int64_t gn_nhwc_period(int64_t C, int W) {
   if (C % W == 0) return 0;
-  int64_t a = C, b = W;
-  while (b != 0) {
-    const int64_t t = a % b;
-    a = b;
-    b = t;
-  }
-  const int64_t period = C / a * W;
+  const int64_t period = std::lcm(C, int64_t{W});
   return period <= kGnMaxPeriod ? period : 0;
 }
 
@@ -769,9 +763,9 @@ void gn_rows_sums(const T* x, int64_t rows, int64_t C, int64_t ld, const float* 
 }
 
 // gn_rows_sums for whole rows of C channels that are no whole number of vectors (the rows
-// contiguous, period = gn_nhwc_period(C, W) > 0; scratch: 3 * period floats): the run of rows * C elements summed as rows of
-// `period` elements (whole vectors), each position's sums then added into its channel's; the rows
-// left over (less than a period) row by row. Row by row, each row's last channels took masked
+// contiguous, period = gn_nhwc_period(C, W) > 0; scratch: 3 * period floats): the run of
+// rows * C elements summed as rows of `period` elements (whole vectors), each position's sums
+// then added into its channel's; the rows left over (less than a period) row by row. Row by row, each row's last channels took masked
 // loads, and its sums masked loads and stores: channels-last forward, AVX2, AMD EPYC Zen 3,
 // 2 threads, this and the normalization's periods against the previous code side by side in one
 // program (benchmarks/cpp/group_norm_ab.sh), G = 4: 2,12,100,100 0.07-0.11 of the time,
@@ -937,11 +931,11 @@ void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* 
 // C channels have one.
 template <class I>
 void gn_fill_periods(GnCoefficients* k, int64_t C) {
-  k->period = gn_nhwc_period(C, I::W);
-  k->pmh.resize(static_cast<size_t>(k->period));
-  k->pa.resize(static_cast<size_t>(k->period));
-  k->poff.resize(static_cast<size_t>(k->period));
-  for (int64_t i = 0; i < k->period; ++i) {
+  const int64_t period = gn_nhwc_period(C, I::W);
+  k->pmh.resize(static_cast<size_t>(period));
+  k->pa.resize(static_cast<size_t>(period));
+  k->poff.resize(static_cast<size_t>(period));
+  for (int64_t i = 0; i < period; ++i) {
     k->pmh[i] = k->mh[i % C];
     k->pa[i] = k->a[i % C];
     k->poff[i] = k->off[i % C];
@@ -980,16 +974,16 @@ void gn_sample_coefficients(const group_norm_isa::Args<T>& a, const GnMoments* m
   gn_fill_periods<I>(k, C);
 }
 
-// gn_nhwc_apply's rows of C channels that are no whole number of vectors (k.period > 0, ordinary
-// stores), as one run of rows * C elements in periods of whole vectors (k.period elements, whole
-// rows): no row ends in a masked load and store. Four periods per load of the coefficients where
+// gn_nhwc_apply's rows of C channels that are no whole number of vectors (k.pmh not empty,
+// ordinary stores), as one run of rows * C elements in periods of whole vectors (k.pmh.size()
+// elements, whole rows): no row ends in a masked load and store. Four periods per load of the coefficients where
 // there are four. The same arithmetic on every element as row by row. Returns the rows done (the
 // rest, less than a period, are left to the caller).
 template <class I, Activation A, class T>
 int64_t gn_nhwc_apply_periods(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficients& k, const T* next) {
   using V = typename I::V;
   constexpr int W = I::W;
-  const int64_t P = k.period, n = rows * C;
+  const int64_t P = static_cast<int64_t>(k.pmh.size()), n = rows * C;
   const float* pm = k.pmh.data();
   const float* pa = k.pa.data();
   const float* po = k.poff.data();
@@ -1058,7 +1052,8 @@ void gn_nhwc_apply(const T* x, T* y, int64_t rows, int64_t C, const GnCoefficien
   };
   int64_t r = 0;
   if constexpr (!Stream) {
-    if (k.period > 0 && rows * C >= k.period) r = gn_nhwc_apply_periods<I, A>(x, y, rows, C, k, next);
+    const int64_t period = static_cast<int64_t>(k.pmh.size());
+    if (period > 0 && rows * C >= period) r = gn_nhwc_apply_periods<I, A>(x, y, rows, C, k, next);
   }
   // Four rows per load of the coefficients: six coefficient loads (two channel vectors' mean,
   // scale and offset) serve eight vectors of x, where one row at a time each vector of x took
