@@ -62,6 +62,28 @@ if(OPBRIDGE_CPU_DISPATCH AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd6
   set(OPBRIDGE_ISA_FLAGS_avx512 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx2 -mfma -mf16c)
 endif()
 
+# opbridge's C ABI (opbridge/c_abi.h): what every library built on opbridge exports.
+set(OPBRIDGE_C_ABI_SYMBOLS OpbridgeDescribeOps OpbridgeCheckCall OpbridgeRunHost OpbridgeDeclarationErrors
+    OpbridgeAbiLayout)
+
+# opbridge_export_only(<target> [<symbol>...]): the shared library <target> exports these symbols
+# and nothing else (a version script). Hidden visibility alone still leaks weak std:: symbols, and a
+# toolchain that links libstdc++ statically (seen: GCC 13.3 in /opt/gcc) exports all of it; in a
+# process that has loaded another libstdc++ first (torch's) those symbols then bind across
+# libraries, and the first ostream insertion crashed. Two libraries on opbridge's adapters must not
+# share their globals either.
+function(opbridge_export_only target)
+  set(map "${CMAKE_CURRENT_BINARY_DIR}/${target}_exports.map")
+  if(ARGN)
+    list(JOIN ARGN "; " syms)
+    file(CONFIGURE OUTPUT "${map}" CONTENT "{\n  global: ${syms};\n  local: *;\n};\n")
+  else()
+    file(CONFIGURE OUTPUT "${map}" CONTENT "{\n  local: *;\n};\n")
+  endif()
+  target_link_options(${target} PRIVATE "LINKER:--version-script=${map}")
+  set_property(TARGET ${target} APPEND PROPERTY LINK_DEPENDS "${map}")
+endfunction()
+
 # opbridge_add_op_library(<lib> DOMAIN <domain> [NAMESPACE <ns>] [OPS_DIR <dir>] [NO_TORCH])
 # Declares the library <lib>: its ONNX domain, torch namespace (default <lib>) and the folder that
 # holds one folder per op (default ${CMAKE_CURRENT_SOURCE_DIR}/ops).
@@ -165,15 +187,12 @@ OPBRIDGE_ORT_LIBRARY("@domain@", "@lib@")
 ]=])
   target_sources(${lib}_ort PRIVATE "${entry}")
   target_link_libraries(${lib}_ort PRIVATE ${lib}_kernels opbridge::ort_adapter)
-  # Export the entry points only: hidden visibility alone still leaks weak std:: symbols, and two
-  # libraries on opbridge's adapter in one process must not share its globals. nodelete: kept
-  # loaded once ONNX Runtime has loaded it (opbridge's own ORT library says why).
-  target_link_options(${lib}_ort PRIVATE
-    "LINKER:--version-script=${CMAKE_CURRENT_FUNCTION_LIST_DIR}/ort_exports.map" "LINKER:--no-undefined"
-    "LINKER:-z,nodelete")
+  # The entry points only (opbridge_export_only). nodelete: kept loaded once ONNX Runtime has
+  # loaded it (opbridge's own ORT library says why).
+  opbridge_export_only(${lib}_ort RegisterCustomOps ${OPBRIDGE_C_ABI_SYMBOLS})
+  target_link_options(${lib}_ort PRIVATE "LINKER:--no-undefined" "LINKER:-z,nodelete")
   set_target_properties(${lib}_ort PROPERTIES
-    CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON OPBRIDGE_MADE_HERE ON
-    LINK_DEPENDS "${CMAKE_CURRENT_FUNCTION_LIST_DIR}/ort_exports.map")
+    CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON OPBRIDGE_MADE_HERE ON)
 endfunction()
 
 # Makes <lib>_torch; sets <result> to whether it could (it cannot without torch: an opbridge built
@@ -205,6 +224,7 @@ OPBRIDGE_C_ENTRY_POINTS("@domain@", "@lib@")
 ]=])
   target_sources(${lib}_torch PRIVATE "${entry}")
   target_link_libraries(${lib}_torch PRIVATE ${lib}_kernels opbridge::torch_adapter)
+  opbridge_export_only(${lib}_torch ${OPBRIDGE_C_ABI_SYMBOLS})
   set_target_properties(${lib}_torch PROPERTIES CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
   set(${result} ON PARENT_SCOPE)
 endfunction()

@@ -15,7 +15,7 @@
 #   bin/opbridge_check_declarations   the build's check of a library's declarations
 #                                                                            -> opbridge::check_declarations
 #   share/cmake/opbridge/             opbridgeConfig.cmake (+ version, targets), opbridge_add_op(),
-#                                     opbridge_find_torch(), ort_exports.map
+#                                     opbridge_find_torch()
 # Every path in the installed files is relative to the file's own location, so the package can
 # be moved (a wheel installs anywhere). find_package(opbridge CONFIG) finds it through
 # opbridge.cmake_dir(), `python -m opbridge --cmake-dir`, or with opbridge's package folder (or
@@ -107,5 +107,4 @@ install(FILES
   "${CMAKE_CURRENT_BINARY_DIR}/opbridgeConfigVersion.cmake"
   "${CMAKE_CURRENT_LIST_DIR}/opbridge_ops.cmake"
   "${CMAKE_CURRENT_LIST_DIR}/opbridge_find_torch.cmake"
-  "${CMAKE_CURRENT_LIST_DIR}/ort_exports.map"
   DESTINATION "${_cmakedir}")

@@ -12,7 +12,6 @@ import importlib.util
 import os
 import re
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 
 import opbridge
 
-from helpers import cuda_ref
+from helpers import cuda_ref, elf
 from helpers import reference as ref
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,32 +53,10 @@ def test_cuda_kernels_built_where_nvcc_exists():
     assert info["cuda_version"].startswith(release + "."), (info["cuda_version"], release)
 
 
-def _elf_needed(path: str) -> list[str]:
-    """DT_NEEDED entries of a 64-bit little-endian ELF shared library."""
-    data = Path(path).read_bytes()
-    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "expected a 64-bit little-endian ELF"
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    needed = []
-    for _name, sh_type, _flags, _addr, offset, size, link, _info, _align, entsize in sections:
-        if sh_type != 6:  # SHT_DYNAMIC
-            continue
-        strtab = sections[link][4]
-        for off in range(offset, offset + size, entsize or 16):
-            tag, val = struct.unpack_from("<qQ", data, off)
-            if tag == 0:
-                break
-            if tag == 1:  # DT_NEEDED
-                end = data.index(b"\0", strtab + val)
-                needed.append(data[strtab + val : end].decode())
-    return needed
-
-
 def test_ort_library_needs_no_cuda_runtime():
     # cudart is linked statically, so the library loads (and runs its CPU ops) on machines
     # without a CUDA runtime or driver.
-    needed = _elf_needed(opbridge.get_library_path())
+    needed = elf.needed(opbridge.get_library_path())
     assert needed, "could not read the library's dependencies"
     assert not [n for n in needed if n.startswith(("libcudart", "libcuda.", "libcublas", "libcusolver"))], needed
 
@@ -240,6 +217,10 @@ if HAS_TORCH:
 # Absolute tolerance relative to max(1, |reference|): float32 accumulates in float; the 16-bit
 # types round the output once (half: 2^-11, bfloat16: 2^-8 relative) after float statistics.
 GN_TOL = {"float32": 2e-5, "float64": 1e-11, "float16": 2e-3, "bfloat16": 1.6e-2}
+# The eps every GroupNorm call uses: float attributes are float32 in every call (torch, ONNX
+# Runtime), so the float64 references take float32(1e-5); with 1e-5 itself a float64 group of two
+# close values is off by ~1e-10 (seen on an H200, 2026-11-30).
+GN_EPS = float(np.float32(1e-5))
 
 # (x shape, num_groups): tiny groups (many per block), one group per block, groups over a
 # cluster or split in chunks, trailing dims of every rank, sizes that rule out vector accesses.
@@ -296,7 +277,7 @@ def test_group_norm_cuda_matches_reference(rng, dtype, shape, groups, affine):
     else:
         expect = ref.group_norm(
             x.double().numpy(), groups, None if w is None else w.double().numpy(),
-            None if b is None else b.double().numpy()
+            None if b is None else b.double().numpy(), GN_EPS
         )
     got = y.cpu().double().numpy()
     tol = GN_TOL[dtype] * max(1.0, float(np.abs(expect).max()) if expect.size else 1.0)
@@ -666,7 +647,7 @@ def test_group_norm_cuda_channels_last(rng, dtype, shape, groups, activation):
     y = torch.ops.opbridge.group_norm(xd, groups, w.cuda(), b.cuda(), 1e-5, activation)
     torch.cuda.synchronize()
     assert y.is_contiguous(memory_format=fmt) and y.dtype == td and y.shape == x.shape
-    expect = cuda_ref.group_norm_any(x.double().numpy(), groups, w.double().numpy(), b.double().numpy(), 1e-5,
+    expect = cuda_ref.group_norm_any(x.double().numpy(), groups, w.double().numpy(), b.double().numpy(), GN_EPS,
                                      activation)
     tol = GN_TOL[dtype] * max(1.0, float(np.abs(expect).max()))
     np.testing.assert_allclose(y.cpu().double().numpy(), expect, rtol=0, atol=tol)
@@ -685,7 +666,7 @@ def test_group_norm_cuda_silu_every_path(rng, dtype, shape, groups):
     b = _rounded(rng, (shape[1],), td)
     _poison_cuda_allocator(x.numel() * x.element_size())
     y = torch.ops.opbridge.group_norm(x.cuda(), groups, w.cuda(), b.cuda(), 1e-5, "silu")
-    expect = cuda_ref.group_norm_any(x.double().numpy(), groups, w.double().numpy(), b.double().numpy(), 1e-5, "silu")
+    expect = cuda_ref.group_norm_any(x.double().numpy(), groups, w.double().numpy(), b.double().numpy(), GN_EPS, "silu")
     tol = GN_TOL[dtype] * max(1.0, float(np.abs(expect).max()))
     np.testing.assert_allclose(y.cpu().double().numpy(), expect, rtol=0, atol=tol)
 
@@ -727,7 +708,7 @@ def test_group_norm_ort_cuda_activation(rng, dtype, activation):
     )
     sess = _ort_cuda_session(onnx_models.serialize(model))
     (y,) = sess.run(None, {"X": x, "scale": scale, "bias": bias})
-    expect = cuda_ref.group_norm_any(x, groups, scale, bias, 1e-5, activation)
+    expect = cuda_ref.group_norm_any(x, groups, scale, bias, GN_EPS, activation)
     tol = {np.float32: 2e-5, np.float16: 2e-3}[dtype] * max(1.0, np.abs(expect).max())
     np.testing.assert_allclose(y.astype(np.float64), expect, rtol=0, atol=tol)
 
@@ -1039,6 +1020,14 @@ def test_point_cloud_ops_cuda_match_cpu(dtype):
         (ops.grouping_operation, (f, idx3)), (ops.three_interpolate, (f, idx3[:, :, :3], w)),
         (ops.grouping_operation_backward, (torch.randn(2, 8, 40, 5, generator=g).to(dt), f, idx3)),
         (ops.three_interpolate_backward, (torch.randn(2, 8, 40, generator=g).to(dt), f, idx3[:, :, :3], w)),
+    ]
+    # int32 indices: the gathers' and three_interpolate's kernels are instantiated for both.
+    i32 = idx3.int()
+    calls += [
+        (ops.gather_points, (f, i32[:, :, 0])), (ops.grouping_operation, (f, i32)),
+        (ops.three_interpolate, (f, i32[:, :, :3], w)),
+        (ops.grouping_operation_backward, (torch.randn(2, 8, 40, 5, generator=g).to(dt), f, i32)),
+        (ops.three_interpolate_backward, (torch.randn(2, 8, 40, generator=g).to(dt), f, i32[:, :, :3], w)),
     ]
     tol = {"float32": 1e-5, "float64": 1e-12, "float16": 2e-2, "bfloat16": 5e-2}[dtype]
     for op, args in calls:

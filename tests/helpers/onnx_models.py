@@ -14,6 +14,7 @@ NP_TO_ONNX = {
     np.dtype(np.float32): TensorProto.FLOAT,
     np.dtype(np.float64): TensorProto.DOUBLE,
     np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.int64): TensorProto.INT64,
 }
 
 
