@@ -12,6 +12,8 @@ import pytest
 
 import opbridge
 from opbridge._newop import _PLAIN_VALUES
+from helpers import elf
+from helpers.elf import C_ABI
 from helpers.cmake_helpers import REPO
 from helpers.scaffold_helpers import pip_install, run_project_tests, run_readme_block
 
@@ -71,6 +73,10 @@ def test_shapes_example(tmp_path):
         pytest.skip("opbridge was built without torch: the example's torch extension cannot be built")
     project = REPO / "examples" / "shapes"
     pip_install(project, tmp_path / "site", tmp_path / "build")
+    # A user's libraries, as opbridge_add_op links them, export their entry points only.
+    libs = {p.name: elf.exported(p) for p in (tmp_path / "site").rglob("lib*.so")}
+    assert set(libs) == {"libshapes_ort.so", "libshapes_torch.so"}, libs
+    assert libs["libshapes_ort.so"] == {"RegisterCustomOps"} | C_ABI and libs["libshapes_torch.so"] == C_ABI, libs
     out = run_project_tests(project, tmp_path / "site")
     assert re.search(r"\b13 passed\b", out), out
     # The README's Python block, as a user copies it.

@@ -7,6 +7,10 @@ from pathlib import Path
 
 _SHT_DYNSYM, _SHT_DYNAMIC = 11, 6
 
+# opbridge's C ABI (opbridge/c_abi.h): what every library built on opbridge exports.
+C_ABI = frozenset({"OpbridgeDescribeOps", "OpbridgeCheckCall", "OpbridgeRunHost", "OpbridgeDeclarationErrors",
+                   "OpbridgeAbiLayout"})
+
 
 def _sections(data: bytes) -> list[tuple]:
     assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "expected a 64-bit little-endian ELF"

@@ -14,9 +14,7 @@ import pytest
 import opbridge
 
 from helpers import elf
-
-C_ABI = {"OpbridgeDescribeOps", "OpbridgeCheckCall", "OpbridgeRunHost", "OpbridgeDeclarationErrors",
-         "OpbridgeAbiLayout"}
+from helpers.elf import C_ABI
 
 
 def _expected(name: str) -> set[str] | None:
