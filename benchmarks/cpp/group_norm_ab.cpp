@@ -1,6 +1,6 @@
-// Two versions of GroupNorm's forward kernel (ops/group_norm/group_norm_simd.h, AVX2), side by side in
-// one process: a change's effect on speed measured where the host's drift hits both alike. Per
-// shape, rounds alternate
+// Two versions of GroupNorm's kernels (ops/group_norm/group_norm_simd.h and
+// group_norm_backward_simd.h, AVX2), side by side in one process: a change's effect on speed
+// measured where the host's drift hits both alike. Per shape, rounds alternate
 //   copy   x into y with ordinary vector stores (floor_schedules.h: copy_stores), the unit;
 //   A, B   the two kernels, in alternating order, then the copy again (the faster copy of the
 //          round is its unit);
@@ -9,14 +9,16 @@
 // and prints the medians of the per-round ratios to the copy and of B / A. Every side writes the
 // same y, the one the copy writes: a side writing a buffer of its own ran 5-21% slower than the
 // same code writing the copy's (that buffer was in no cache). --fresh gives B a newly allocated y on
-// every call instead (as a torch op's output is). A and B run once on the same input first and
-// their outputs are compared bit for bit: the exit status is 1 where they differ (a change meant
-// to keep the results), 2 on bad arguments.
+// every call instead (as a torch op's output is). --backward times the backward instead (dy drawn
+// as x; the kernel writes dx into y and the per-channel sums; reading x and dy and writing dx is
+// 1.5 copies' traffic). A and B run once on the same input first and their outputs (the
+// backward's: dx, the sums and rstd) are compared bit for bit: the exit status is 1 where they
+// differ (a change meant to keep the results), 2 on bad arguments.
 //
-// Build and run with group_norm_ab.sh (A: a git revision's header or a folder holding one, B: the
+// Build and run with group_norm_ab.sh (A: a git revision's headers or a folder holding them, B: the
 // working tree's). Options: --rounds R (21), --groups G (32), --nchw (contiguous [N, C, H, W];
-// default channels-last), --silu, --fresh; then shapes N,C,H,W. The cache choices are the
-// installed library's (group_norm_cpu_choices(): what the OS reports, and the environment's
+// default channels-last), --silu, --fresh, --backward; then shapes N,C,H,W. The cache choices are
+// the installed library's (group_norm_cpu_choices(): what the OS reports, and the environment's
 // OPBRIDGE_GROUP_NORM_* overrides).
 #include <omp.h>
 
@@ -37,6 +39,8 @@
 namespace opbridge {
 void gn_ab_a(const group_norm_isa::Args<float>& a, const ParallelFor& pf);
 void gn_ab_b(const group_norm_isa::Args<float>& a, const ParallelFor& pf);
+void gn_ab_bwd_a(const group_norm_isa::BackwardArgs<float>& a, const ParallelFor& pf);
+void gn_ab_bwd_b(const group_norm_isa::BackwardArgs<float>& a, const ParallelFor& pf);
 }  // namespace opbridge
 
 using opbridge::ParallelFor;
@@ -46,16 +50,16 @@ using omp_parallel_for::omp_runner;
 int main(int argc, char** argv) {
   gn_bench::Options opt;
   opt.rounds = 21;
-  if (!gn_bench::parse(argc, argv, {"--nchw", "--fresh"}, &opt)) return 2;
+  if (!gn_bench::parse(argc, argv, {"--nchw", "--fresh", "--backward"}, &opt)) return 2;
   const int rounds = opt.rounds;
   const int64_t groups = opt.groups;
-  const bool silu = opt.silu, channels_last = !opt.nchw, fresh = opt.fresh;
+  const bool silu = opt.silu, channels_last = !opt.nchw, fresh = opt.fresh, backward = opt.backward;
   gn_bench::keep_freed_memory();
   const opbridge::GroupNormCpuChoices& ch = opbridge::group_norm_cpu_choices();
   const ParallelFor pf(omp_runner, nullptr);
-  std::printf("%d threads; G = %lld; %s%s; %d rounds; medians of time / a copy's\n", omp_get_max_threads(),
-              static_cast<long long>(groups), channels_last ? "channels-last" : "contiguous", silu ? " + SiLU" : "",
-              rounds);
+  std::printf("%d threads; G = %lld; %s%s%s; %d rounds; medians of time / a copy's\n", omp_get_max_threads(),
+              static_cast<long long>(groups), backward ? "backward, " : "", channels_last ? "channels-last" : "contiguous",
+              silu ? " + SiLU" : "", rounds);
   std::printf("%-16s %8s %6s %6s %7s %7s %7s  %s\n", "N,C,H,W", "copy us", "read", "scale", "A", "B", "B/A",
               "differing");
   bool same = true;
@@ -73,12 +77,43 @@ int main(int argc, char** argv) {
                                                                           silu, ch);
     opbridge::group_norm_isa::Args<float> a_b = a;
     a_b.y = yb;
-    opbridge::gn_ab_a(a, pf);
-    opbridge::gn_ab_b(a_b, pf);
+    // The backward's: dy (drawn as x is), its sums and rstd per side; dx is written into y (yb).
+    std::vector<float> dy, unused_w, unused_b;
+    std::vector<double> sums[2][3];
+    for (auto& side : sums) {
+      for (int k = 0; k < 3; ++k) side[k].assign(static_cast<size_t>(N * (k < 2 ? C : groups)), 0.0);
+    }
+    dy.resize(static_cast<size_t>(n));
+    gn_bench::fill_inputs(dy.data(), n, C, &unused_w, &unused_b);
+    std::reverse(dy.begin(), dy.end());
+    opbridge::group_norm_isa::BackwardArgs<float> g{dy.data(), x,          a.weight,      a.bias,
+                                                    y,         a.d,        a.eps,         a.act,
+                                                    nullptr,   nullptr,    nullptr,       ch.cache_budget,
+                                                    ch.stream_bytes};
+    opbridge::group_norm_isa::BackwardArgs<float> g_b = g;
+    const auto use_sums = [&](opbridge::group_norm_isa::BackwardArgs<float>* args, int side) {
+      args->ds = sums[side][0].data();
+      args->db = sums[side][1].data();
+      args->rstd = sums[side][2].data();
+    };
+    use_sums(&g, 0);
+    use_sums(&g_b, 1);
+    g_b.dx = yb;
     int64_t differing = 0;
+    if (backward) {
+      opbridge::gn_ab_bwd_a(g, pf);
+      opbridge::gn_ab_bwd_b(g_b, pf);
+      for (int k = 0; k < 3; ++k) {
+        for (size_t i = 0; i < sums[0][k].size(); ++i) differing += std::memcmp(&sums[0][k][i], &sums[1][k][i], 8) != 0;
+      }
+    } else {
+      opbridge::gn_ab_a(a, pf);
+      opbridge::gn_ab_b(a_b, pf);
+    }
     for (int64_t i = 0; i < n; ++i) differing += std::memcmp(&y[i], &yb[i], 4) != 0;
     same = same && differing == 0;
     a_b.y = y;
+    g_b.dx = y;
     const std::function<void()> copy = [&] {
       pf(n, int64_t{1} << 16, [&](int64_t b0, int64_t e0) { floor_schedules::copy_stores(x + b0, y + b0, e0 - b0); });
     };
@@ -91,16 +126,25 @@ int main(int argc, char** argv) {
       pf(n, int64_t{1} << 16,
          [&](int64_t b0, int64_t e0) { floor_schedules::scale_shift<false>(x + b0, y + b0, e0 - b0); });
     };
-    const std::function<void()> run_a = [&] { opbridge::gn_ab_a(a, pf); };
-    const std::function<void()> run_b = [&] {
-      if (!fresh) {
-        opbridge::gn_ab_b(a_b, pf);
-        return;
+    const std::function<void()> run_a = [&] {
+      if (backward) {
+        opbridge::gn_ab_bwd_a(g, pf);
+      } else {
+        opbridge::gn_ab_a(a, pf);
       }
-      opbridge::group_norm_isa::Args<float> f = a_b;
-      f.y = static_cast<float*>(std::malloc(bytes));
-      opbridge::gn_ab_b(f, pf);
-      std::free(f.y);
+    };
+    const std::function<void()> run_b = [&] {
+      float* out = fresh ? static_cast<float*>(std::malloc(bytes)) : y;
+      if (backward) {
+        opbridge::group_norm_isa::BackwardArgs<float> f = g_b;
+        f.dx = out;
+        opbridge::gn_ab_bwd_b(f, pf);
+      } else {
+        opbridge::group_norm_isa::Args<float> f = a_b;
+        f.y = out;
+        opbridge::gn_ab_b(f, pf);
+      }
+      if (fresh) std::free(out);
     };
     const gn_bench::Timer timed(copy);
     for (const auto* f : {&copy, &read, &scale, &run_a, &run_b}) timed(*f);  // warm-up

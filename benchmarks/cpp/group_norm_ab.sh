@@ -2,10 +2,10 @@
 # GroupNorm's forward kernel before and after a change, side by side in one process
 # (group_norm_ab.cpp says what it times and prints). From anywhere in the repository, with opbridge
 # installed from it (the program takes the library's cache choices):
-#   benchmarks/cpp/group_norm_ab.sh [--rounds R] [--groups G] [--nchw] [--silu] [--fresh] N,C,H,W ...
-# A: ops/group_norm/group_norm_simd.h at GN_AB_A, a git revision (default HEAD) or a folder holding
-# a group_norm_simd.h; B: the one in the folder GN_AB_B (default: the working tree's
-# ops/group_norm). The other headers are the working tree's. The program is built in GN_AB_OUT
+#   benchmarks/cpp/group_norm_ab.sh [--rounds R] [--groups G] [--nchw] [--silu] [--fresh] [--backward] N,C,H,W ...
+# A: ops/group_norm/group_norm_simd.h and group_norm_backward_simd.h at GN_AB_A, a git revision
+# (default HEAD) or a folder holding both; B: the ones in the folder GN_AB_B (default: the working
+# tree's ops/group_norm). The other headers are the working tree's. The program is built in GN_AB_OUT
 # (default: a new temporary folder) and runs with OMP_NUM_THREADS=2 OMP_PROC_BIND=close unless
 # they are set. Needs g++ (or $CXX) and a CPU with AVX2 and FMA. Exit status: the program's (1
 # where A's and B's outputs differ).
@@ -17,12 +17,17 @@ out=${GN_AB_OUT:-$(mktemp -d)}
 mkdir -p "$out"
 a=${GN_AB_A:-HEAD}
 b=${GN_AB_B:-ops/group_norm}
+headers=(group_norm_simd.h group_norm_backward_simd.h)
 if [ ! -f "$a/group_norm_simd.h" ]; then
   mkdir -p "$out/a"
-  git show "$a:ops/group_norm/group_norm_simd.h" > "$out/a/group_norm_simd.h"
+  for h in "${headers[@]}"; do git show "$a:ops/group_norm/$h" > "$out/a/$h"; done
   a=$out/a
 fi
-[ -f "$b/group_norm_simd.h" ] || { echo "group_norm_ab.sh: no group_norm_simd.h in $b" >&2; exit 2; }
+for side in "$a" "$b"; do
+  for h in "${headers[@]}"; do
+    [ -f "$side/$h" ] || { echo "group_norm_ab.sh: no $h in $side" >&2; exit 2; }
+  done
+done
 cxx=${CXX:-g++}
 flags=(-O3 -std=c++17 -mavx2 -mfma -mf16c -fopenmp)
 inc=(-Iops/group_norm -Icpp -Icpp/include)

@@ -23,12 +23,12 @@ namespace gn_bench {
 struct Options {
   int rounds = 0;
   int64_t groups = 32;
-  bool silu = false, nchw = false, fresh = false;
+  bool silu = false, nchw = false, fresh = false, backward = false;
   std::vector<std::vector<int64_t>> shapes;  // N, C, H, W
 };
 
-// [--rounds R] [--groups G] [--silu] and the program's own `flags` (of "--nchw", "--fresh"), then
-// shapes N,C,H,W (C a multiple of G). False, with the usage printed, on anything else or no shape.
+// [--rounds R] [--groups G] [--silu] and the program's own `flags` (of "--nchw", "--fresh",
+// "--backward"), then shapes N,C,H,W (C a multiple of G). False, with the usage printed, on anything else or no shape.
 inline bool parse(int argc, char** argv, std::initializer_list<const char*> flags, Options* o) {
   std::string usage = std::string("usage: ") + argv[0] + " [--rounds R] [--groups G] [--silu]";
   for (const char* f : flags) usage += std::string(" [") + f + "]";
@@ -49,6 +49,8 @@ inline bool parse(int argc, char** argv, std::initializer_list<const char*> flag
       o->nchw = true;
     } else if (s == "--fresh" && takes(s)) {
       o->fresh = true;
+    } else if (s == "--backward" && takes(s)) {
+      o->backward = true;
     } else if (std::sscanf(argv[i], "%lld,%lld,%lld,%lld", &v[0], &v[1], &v[2], &v[3]) == 4 && v[0] > 0 && v[1] > 0 &&
                v[2] > 0 && v[3] > 0 && o->groups > 0 && v[1] % o->groups == 0) {
       o->shapes.push_back({v[0], v[1], v[2], v[3]});

@@ -166,7 +166,8 @@ Status group_norm_cpu(const T* x, const T* weight, const T* bias, T* y, const Gr
 // Backward on the CPU: gradients of group_norm (with `act`) with respect to x, weight and bias.
 //   dy, x:   in the layout of `d`; weight, bias: [C] or nullptr (bias is needed by SiLU's
 //            derivative, which depends on the pre-activation)
-//   dx:      output in x's layout, or nullptr to skip
+//   dx:      output in x's layout, or nullptr to skip; it may be dy's memory or x's (computed in
+//            place), and must overlap neither otherwise
 //   dweight, dbias: [C] outputs, or nullptr to skip (computed as if weight = 1 when it is absent)
 //   isa:     the instruction-set variant to run, as for group_norm_cpu
 // The group statistics are recomputed from x (one extra read of x, no saved state). An empty x

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "group_norm_isa.h"
@@ -91,29 +92,42 @@ constexpr int64_t kGnBwdBlock = kGnBlock / 2;
 
 // The float lanes of sum(dz * (x - m_hi)) (*a) and sum(dz) (*q) over the elements [b, e) of one
 // channel: two accumulator pairs (two chains of dependent additions per sum), added at the end.
+// dz != nullptr: dz itself is stored there too (indexed as x), for the dx pass to read.
 template <class I, Activation A, class T>
 void gn_bwd_channel_lanes(const T* x, const T* dy, int64_t b, int64_t e, const GnBwdChannel& k, typename I::V* a,
-                          typename I::V* q) {
+                          typename I::V* q, float* dz) {
   using V = typename I::V;
   constexpr int W = I::W;
   const V mh = I::set1(k.m_hi), za = I::set1(k.za), zo = I::set1(k.zo);
   V a0 = I::zero(), a1 = I::zero(), q0 = I::zero(), q1 = I::zero();
   int64_t i = b;
-  for (; i + 2 * W <= e; i += 2 * W) {
-    const V x0 = I::sub(I::load(x + i), mh), x1 = I::sub(I::load(x + i + W), mh);
-    const V d0 = gn_dz<I, A>(I::load(dy + i), x0, za, zo), d1 = gn_dz<I, A>(I::load(dy + i + W), x1, za, zo);
-    a0 = I::fmadd(d0, x0, a0);
-    a1 = I::fmadd(d1, x1, a1);
-    q0 = I::add(q0, d0);
-    q1 = I::add(q1, d1);
-  }
-  for (; i < e; i += W) {
-    const int r = static_cast<int>(gn_min(W, e - i));
-    // Lanes past the end are zero in both sums (dz and x - m_hi both masked to 0).
-    const V xv = I::sub_n(I::load_n(x + i, r), mh, r);
-    const V d = I::sub_n(gn_dz<I, A>(I::load_n(dy + i, r), xv, za, zo), I::zero(), r);
-    a0 = I::fmadd(d, xv, a0);
-    q0 = I::add(q0, d);
+  const auto lanes = [&](auto keep) {
+    for (; i + 2 * W <= e; i += 2 * W) {
+      const V x0 = I::sub(I::load(x + i), mh), x1 = I::sub(I::load(x + i + W), mh);
+      const V d0 = gn_dz<I, A>(I::load(dy + i), x0, za, zo), d1 = gn_dz<I, A>(I::load(dy + i + W), x1, za, zo);
+      if constexpr (decltype(keep)::value) {
+        I::store(dz + i, d0);
+        I::store(dz + i + W, d1);
+      }
+      a0 = I::fmadd(d0, x0, a0);
+      a1 = I::fmadd(d1, x1, a1);
+      q0 = I::add(q0, d0);
+      q1 = I::add(q1, d1);
+    }
+    for (; i < e; i += W) {
+      const int r = static_cast<int>(gn_min(W, e - i));
+      // Lanes past the end are zero in both sums (dz and x - m_hi both masked to 0).
+      const V xv = I::sub_n(I::load_n(x + i, r), mh, r);
+      const V d = I::sub_n(gn_dz<I, A>(I::load_n(dy + i, r), xv, za, zo), I::zero(), r);
+      if constexpr (decltype(keep)::value) I::store_n(dz + i, d, r);
+      a0 = I::fmadd(d, xv, a0);
+      q0 = I::add(q0, d);
+    }
+  };
+  if (dz != nullptr) {
+    lanes(std::true_type{});
+  } else {
+    lanes(std::false_type{});
   }
   *a = I::add(a0, a1);
   *q = I::add(q0, q1);
@@ -123,12 +137,12 @@ void gn_bwd_channel_lanes(const T* x, const T* dy, int64_t b, int64_t e, const G
 // folded into double every kGnBwdBlock elements.
 template <class I, Activation A, class T>
 void gn_bwd_channel_sums(const T* x, const T* dy, int64_t n, const GnBwdChannel& k, double* sum_dzx,
-                         double* sum_dz) {
+                         double* sum_dz, float* dz) {
   using V = typename I::V;
   double s1 = 0.0, s0 = 0.0;
   for (int64_t b0 = 0; b0 < n; b0 += kGnBwdBlock) {
     V a = I::zero(), q = I::zero();
-    gn_bwd_channel_lanes<I, A>(x, dy, b0, gn_min(n, b0 + kGnBwdBlock), k, &a, &q);
+    gn_bwd_channel_lanes<I, A>(x, dy, b0, gn_min(n, b0 + kGnBwdBlock), k, &a, &q, dz);
     s1 += I::hsum(a);
     s0 += I::hsum(q);
   }
@@ -154,7 +168,7 @@ constexpr int64_t kGnBwdShort = A == Activation::kNone ? 128 : 256;
 // of the backward). Fills ds / db as gn_backward_nchw does.
 template <class I, Activation A, class T>
 void gn_bwd_short_channel_sums(const T* xg, const T* dyg, int64_t Cg, int64_t S, const GnBwdChannel* ks,
-                               double* ds, double* db) {
+                               double* ds, double* db, float* dz) {
   using V = typename I::V;
   constexpr int W = I::W;
   V acc_dzx[W], acc_dz[W];
@@ -162,7 +176,8 @@ void gn_bwd_short_channel_sums(const T* xg, const T* dyg, int64_t Cg, int64_t S,
   for (int64_t c0 = 0; c0 < Cg; c0 += W) {
     const int nc = static_cast<int>(gn_min(W, Cg - c0));
     for (int j = 0; j < nc; ++j) {
-      gn_bwd_channel_lanes<I, A>(xg + (c0 + j) * S, dyg + (c0 + j) * S, 0, S, ks[c0 + j], &acc_dzx[j], &acc_dz[j]);
+      gn_bwd_channel_lanes<I, A>(xg + (c0 + j) * S, dyg + (c0 + j) * S, 0, S, ks[c0 + j], &acc_dzx[j], &acc_dz[j],
+                                 dz != nullptr ? dz + (c0 + j) * S : nullptr);
     }
     for (int j = nc; j < W; ++j) acc_dzx[j] = acc_dz[j] = I::zero();
     I::hsum_w(acc_dzx, s_dzx);
@@ -210,6 +225,11 @@ void gn_backward_nchw(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   const int64_t group_elems = Cg * S;
   const int64_t grain = group_elems >= kGnMinTaskElems ? 1 : kGnMinTaskElems / group_elems;
   const bool stream = a.dx != nullptr && a.d.N * C * S * static_cast<int64_t>(sizeof(T)) >= a.stream_bytes;
+  // With an activation in float, the sums keep dz in dx (as gn_backward_nhwc's pass 2), and the dx
+  // pass reads it there while the group is still in the cache, instead of evaluating the
+  // derivative again; not where dx is streamed, nor for 16-bit dx, nor where dx is x's memory.
+  const bool keep_dz = A != Activation::kNone && !stream && std::is_same_v<T, float> && a.dx != nullptr &&
+                       static_cast<const void*>(a.dx) != static_cast<const void*>(a.x);
   pf(a.d.N * G, grain, [&](int64_t begin, int64_t end) {
     std::vector<GnBwdChannel> ks(static_cast<size_t>(Cg));
     for (int64_t ng = begin; ng < end; ++ng) {
@@ -223,12 +243,14 @@ void gn_backward_nchw(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
       double* ds = a.ds + n * C + c0;
       double* db = a.db + n * C + c0;
       for (int64_t ci = 0; ci < Cg; ++ci) ks[ci] = gn_bwd_channel<I>(a.weight, a.bias, c0 + ci, mean, rstd);
+      float* const dzg = keep_dz ? reinterpret_cast<float*>(a.dx) + ng * group_elems : nullptr;
       if (S <= kGnBwdShort<A>) {
-        gn_bwd_short_channel_sums<I, A>(xg, dyg, Cg, S, ks.data(), ds, db);
+        gn_bwd_short_channel_sums<I, A>(xg, dyg, Cg, S, ks.data(), ds, db, dzg);
       } else {
         for (int64_t ci = 0; ci < Cg; ++ci) {
           double s_dzx = 0.0, s_dz = 0.0;
-          gn_bwd_channel_sums<I, A>(xg + ci * S, dyg + ci * S, S, ks[ci], &s_dzx, &s_dz);
+          gn_bwd_channel_sums<I, A>(xg + ci * S, dyg + ci * S, S, ks[ci], &s_dzx, &s_dz,
+                                    dzg != nullptr ? dzg + ci * S : nullptr);
           ds[ci] = s_dzx - ks[ci].m_lo * s_dz;
           db[ci] = s_dz;
         }
@@ -238,7 +260,9 @@ void gn_backward_nchw(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
       gn_bwd_group_coefficients<I>(a.weight, c0, Cg, static_cast<double>(group_elems), mean, rstd, ds, db, &k2, &c3);
       for (int64_t ci = 0; ci < Cg; ++ci) {
         T* dxc = a.dx + ng * group_elems + ci * S;
-        if (stream) {
+        if (keep_dz) {
+          gn_bwd_channel_dx<I, Activation::kNone, false>(xg + ci * S, dxc, dxc, S, ks[ci], k2, c3);
+        } else if (stream) {
           gn_bwd_channel_dx<I, A, true>(xg + ci * S, dyg + ci * S, dxc, S, ks[ci], k2, c3);
         } else {
           gn_bwd_channel_dx<I, A, false>(xg + ci * S, dyg + ci * S, dxc, S, ks[ci], k2, c3);
@@ -257,43 +281,82 @@ struct GnBwdRowCoefficients {
         k2(static_cast<size_t>(C)), c3(static_cast<size_t>(C)) {}
 };
 
-// s1[c] += sum over rows of dz * (x - m_hi), s0[c] += sum of dz, for `rows` rows of C channels.
-// Row-major, two rows at a time, with the per-channel sums in L1 (as gn_rows_sums: sequential
-// streams the hardware prefetchers follow; walking down the columns stalls on every row).
-template <class I, Activation A, class T>
+// s1[c] += sum over rows of dz * (x - m_hi), s0[c] += sum of dz, for `rows` rows of C channels;
+// Keep: dz itself stored at dz (rows of C, as x), for the dx pass to read instead of computing it
+// again. Row-major, two rows at a time, with the per-channel sums in L1 (as gn_rows_sums:
+// sequential streams the hardware prefetchers follow; walking down the columns stalls on every
+// row). Full vectors with plain loads and stores, the channels past the last full vector with
+// masked ones: AVX2's masked stores are microcoded on AMD (Zen 3: masked moves for every vector
+// made this pass, with SiLU, 2.2-2.8x slower at (2, 512, 64, 64) and (8, 256, 32, 32)
+// channels-last).
+template <class I, Activation A, bool Keep, class T>
 void gn_bwd_rows_sums(const T* x, const T* dy, int64_t rows, int64_t C, const GnBwdRowCoefficients& k, float* s1,
-                      float* s0) {
+                      float* s0, float* dz) {
   using V = typename I::V;
   constexpr int W = I::W;
   const float* mh = k.mh.data();
   const float* za = k.za.data();
   const float* zo = k.zo.data();
+  const int64_t cv = C / W * W;
+  const int tail = static_cast<int>(C - cv);
+  const auto keep = [&](int64_t off, V g) {
+    if constexpr (Keep) I::store(dz + off, g);
+  };
+  const auto keep_n = [&](int64_t off, V g) {
+    if constexpr (Keep) I::store_n(dz + off, g, tail);
+  };
   int64_t row = 0;
   for (; row + 2 <= rows; row += 2) {
     const T* x0 = x + row * C;
     const T* x1 = x0 + C;
     const T* d0 = dy + row * C;
     const T* d1 = d0 + C;
-    for (int64_t c = 0; c < C; c += W) {
-      const int r = static_cast<int>(gn_min(W, C - c));
-      const V m = I::load_n(mh + c, r), a = I::load_n(za + c, r), o = I::load_n(zo + c, r);
-      // Lanes past C: x - m_hi and dz are 0 (nothing loaded), and they are not stored.
-      const V xv0 = I::sub(I::load_n(x0 + c, r), m), xv1 = I::sub(I::load_n(x1 + c, r), m);
-      const V g0 = gn_dz<I, A>(I::load_n(d0 + c, r), xv0, a, o), g1 = gn_dz<I, A>(I::load_n(d1 + c, r), xv1, a, o);
-      I::store_n(s1 + c, I::add(I::load_n(s1 + c, r), I::fmadd(g0, xv0, I::mul(g1, xv1))), r);
-      I::store_n(s0 + c, I::add(I::load_n(s0 + c, r), I::add(g0, g1)), r);
+    for (int64_t c = 0; c < cv; c += W) {
+      const V m = I::load(mh + c), a = I::load(za + c), o = I::load(zo + c);
+      const V xv0 = I::sub(I::load(x0 + c), m), xv1 = I::sub(I::load(x1 + c), m);
+      const V g0 = gn_dz<I, A>(I::load(d0 + c), xv0, a, o), g1 = gn_dz<I, A>(I::load(d1 + c), xv1, a, o);
+      keep(row * C + c, g0);
+      keep((row + 1) * C + c, g1);
+      I::store(s1 + c, I::add(I::load(s1 + c), I::fmadd(g0, xv0, I::mul(g1, xv1))));
+      I::store(s0 + c, I::add(I::load(s0 + c), I::add(g0, g1)));
     }
   }
   for (; row < rows; ++row) {
     const T* x0 = x + row * C;
     const T* d0 = dy + row * C;
-    for (int64_t c = 0; c < C; c += W) {
-      const int r = static_cast<int>(gn_min(W, C - c));
-      const V xv0 = I::sub(I::load_n(x0 + c, r), I::load_n(mh + c, r));
-      const V g0 = gn_dz<I, A>(I::load_n(d0 + c, r), xv0, I::load_n(za + c, r), I::load_n(zo + c, r));
-      I::store_n(s1 + c, I::fmadd(g0, xv0, I::load_n(s1 + c, r)), r);
-      I::store_n(s0 + c, I::add(I::load_n(s0 + c, r), g0), r);
+    for (int64_t c = 0; c < cv; c += W) {
+      const V xv0 = I::sub(I::load(x0 + c), I::load(mh + c));
+      const V g0 = gn_dz<I, A>(I::load(d0 + c), xv0, I::load(za + c), I::load(zo + c));
+      keep(row * C + c, g0);
+      I::store(s1 + c, I::fmadd(g0, xv0, I::load(s1 + c)));
+      I::store(s0 + c, I::add(I::load(s0 + c), g0));
     }
+  }
+  if (tail > 0) {
+    // Lanes past C: x - m_hi and dz are 0 (nothing loaded), and they are not stored. The rows in
+    // the order above (pairs, then the odd one), so that each lane sums as the full vectors do.
+    const V m = I::load_n(mh + cv, tail), a = I::load_n(za + cv, tail), o = I::load_n(zo + cv, tail);
+    V t1 = I::load_n(s1 + cv, tail), t0 = I::load_n(s0 + cv, tail);
+    for (row = 0; row + 2 <= rows; row += 2) {
+      const int64_t off = row * C + cv;
+      const V xv0 = I::sub(I::load_n(x + off, tail), m), xv1 = I::sub(I::load_n(x + off + C, tail), m);
+      const V g0 = gn_dz<I, A>(I::load_n(dy + off, tail), xv0, a, o);
+      const V g1 = gn_dz<I, A>(I::load_n(dy + off + C, tail), xv1, a, o);
+      keep_n(off, g0);
+      keep_n(off + C, g1);
+      t1 = I::add(t1, I::fmadd(g0, xv0, I::mul(g1, xv1)));
+      t0 = I::add(t0, I::add(g0, g1));
+    }
+    for (; row < rows; ++row) {
+      const int64_t off = row * C + cv;
+      const V xv0 = I::sub(I::load_n(x + off, tail), m);
+      const V g0 = gn_dz<I, A>(I::load_n(dy + off, tail), xv0, a, o);
+      keep_n(off, g0);
+      t1 = I::fmadd(g0, xv0, t1);
+      t0 = I::add(t0, g0);
+    }
+    I::store_n(s1 + cv, t1, tail);
+    I::store_n(s0 + cv, t0, tail);
   }
 }
 
@@ -621,6 +684,15 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   // Per tile of a wave (local index t) and channel: the sum of dz * (x - shift) and of dz.
   const size_t wave_tiles = static_cast<size_t>(wave_samples * tps);
   constexpr bool kFused = A == Activation::kNone;
+  // With an activation in float, pass 2 keeps dz in dx (a float each, as dz is computed), and pass
+  // 3 reads it there instead of evaluating the activation's derivative again (an exponential and a
+  // division per element: the two passes took 3x the time of the moments pass at (8, 256, 32, 32)
+  // with SiLU). Not where dx is streamed (too large for the caches: dz would go to memory and come
+  // back, which cost more than the arithmetic saved, 1.02-1.14x the time at (2, 512, 64, 64) and
+  // (8, 256, 32, 32) on a Zen 3), and not for 16-bit dx, which cannot hold dz without rounding it.
+  // dx in x's memory (computed in place) cannot keep dz: pass 3 still reads x.
+  const bool keep_dz = !kFused && !stream && std::is_same_v<T, float> && a.dx != nullptr &&
+                       static_cast<const void*>(a.dx) != static_cast<const void*>(a.x);
   GnBwdScratchLease lease;
   GnBwdScratch& scratch = lease.get();
   double* const pds = gn_at_least(&scratch.pds, wave_tiles * static_cast<size_t>(C));
@@ -698,7 +770,13 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
           for (int64_t b0 = 0; b0 < nr; b0 += kGnMaxBlockRows) {
             const int64_t rows = gn_min(kGnMaxBlockRows, nr - b0);
             for (int64_t c = 0; c < C; ++c) s1[c] = s0[c] = 0.f;
-            gn_bwd_rows_sums<I, A>(a.x + off + b0 * C, a.dy + off + b0 * C, rows, C, sample.k, s1.data(), s0.data());
+            const int64_t at = off + b0 * C;
+            if (keep_dz) {
+              gn_bwd_rows_sums<I, A, true>(a.x + at, a.dy + at, rows, C, sample.k, s1.data(), s0.data(),
+                                           reinterpret_cast<float*>(a.dx) + at);
+            } else {
+              gn_bwd_rows_sums<I, A, false>(a.x + at, a.dy + at, rows, C, sample.k, s1.data(), s0.data(), nullptr);
+            }
             for (int64_t c = 0; c < C; ++c) {
               ts1[c] += static_cast<double>(s1[c]);
               ts0[c] += static_cast<double>(s0[c]);
@@ -734,7 +812,14 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
         int64_t j = 0, off = 0, nr = 0;
         tile_range(t, &j, &off, &nr);
         if (j != sample.have_sums) sample_sums(&sample, j, j * tps >= begin);
-        if (stream) {
+        if (keep_dz) {
+          // dz, kept in dx by pass 2: dx = za * dz + k2 * (x - m_hi) + c3 in place.
+          if (stream) {
+            gn_bwd_rows_dx<I, Activation::kNone, true>(a.x + off, a.dx + off, a.dx + off, nr, C, sample.k);
+          } else {
+            gn_bwd_rows_dx<I, Activation::kNone, false>(a.x + off, a.dx + off, a.dx + off, nr, C, sample.k);
+          }
+        } else if (stream) {
           gn_bwd_rows_dx<I, A, true>(a.x + off, a.dy + off, a.dx + off, nr, C, sample.k);
         } else {
           gn_bwd_rows_dx<I, A, false>(a.x + off, a.dy + off, a.dx + off, nr, C, sample.k);

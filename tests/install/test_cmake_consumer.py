@@ -317,7 +317,8 @@ BACKWARD_DIRECT_CASES = [((3, 40, 9, 7), 4), ((2, 64, 40, 40), 8)]
 @pytest.mark.parametrize("shape,groups", BACKWARD_DIRECT_CASES, ids=[str(c[0]) for c in BACKWARD_DIRECT_CASES])
 def test_backward_kernel_without_any_framework(consumer, tmp_path, rng, shape, groups, layout, activation, ranges):
     # group_norm_backward_cpu from C++ with and without dx: dx = nullptr (dweight and dbias only)
-    # is a path of the C++ API that neither torch nor ORT takes.
+    # is a path of the C++ API that neither torch nor ORT takes; so is dx computed in place over dy
+    # or over x, which the API allows.
     from helpers.reference import group_norm_backward as ref_backward
 
     x = (rng.standard_normal(shape) * 1.7 + 0.3).astype(np.float32)
@@ -327,10 +328,13 @@ def test_backward_kernel_without_any_framework(consumer, tmp_path, rng, shape, g
     to_file = (lambda a: np.ascontiguousarray(np.moveaxis(a, 1, -1))) if layout == "nhwc" else (lambda a: a)
     for name, a in (("x", to_file(x)), ("dy", to_file(dy)), ("w", w), ("b", b)):
         np.save(tmp_path / f"{name}.npy", a)
-    dx, dw, db, dw_only, db_only = run_program(
+    dx, dw, db, dw_only, db_only, dx_over_dy, dx_over_x, dx_aligned = run_program(
         consumer / "group_norm_backward_direct",
         [tmp_path / "x.npy", tmp_path / "w.npy", tmp_path / "b.npy", tmp_path / "dy.npy", groups, 1e-5, layout,
-         activation, ranges, tmp_path], tmp_path, n_out=5)
+         activation, ranges, tmp_path], tmp_path, n_out=8)
+    # In place, the same dx bit for bit as from the same x (at the same alignment) not in place.
+    np.testing.assert_array_equal(dx_over_dy, dx)
+    np.testing.assert_array_equal(dx_over_x, dx_aligned)
     if layout == "nhwc":
         dx = np.moveaxis(dx, -1, 1)
     want = ref_backward(x, groups, w, dy, 1e-5, bias=b, activation=activation)

@@ -155,14 +155,17 @@ def run_ab(tmp_path: Path, a_dir: Path, b_dir: Path, *args: str) -> subprocess.C
                           timeout=600)
 
 
-def header_copy(folder: Path, replace: tuple[str, str] | None = None) -> Path:
-    """A folder holding the working tree's group_norm_simd.h, with one string replaced if asked."""
-    text = (REPO / "ops" / "group_norm" / "group_norm_simd.h").read_text()
-    if replace is not None:
-        assert text.count(replace[0]) == 1, replace[0]
-        text = text.replace(*replace)
+def header_copy(folder: Path, replace: tuple[str, str] | None = None,
+                header: str = "group_norm_simd.h") -> Path:
+    """A folder holding the working tree's group_norm_simd.h and group_norm_backward_simd.h, with
+    one string of `header` replaced if asked."""
     folder.mkdir(parents=True)
-    (folder / "group_norm_simd.h").write_text(text)
+    for name in ("group_norm_simd.h", "group_norm_backward_simd.h"):
+        text = (REPO / "ops" / "group_norm" / name).read_text()
+        if replace is not None and name == header:
+            assert text.count(replace[0]) == 1, replace[0]
+            text = text.replace(*replace)
+        (folder / name).write_text(text)
     return folder
 
 
@@ -187,6 +190,28 @@ def test_group_norm_ab_reports_outputs_that_differ(tmp_path):
     b = header_copy(tmp_path / "b", ("  *mean += delta * w_new;", "  *mean += delta * w_new * 1.0001;"))
     for layout in ([], ["--nchw"]):
         result = run_ab(tmp_path, a, b, "--rounds", "1", "--groups", "4", *layout, "3,12,5,7")
+        assert result.returncode == 1, result.stdout + result.stderr
+        rows = [m.groupdict() for m in map(AB_ROW.match, result.stdout.splitlines()) if m]
+        assert len(rows) == 1 and int(rows[0]["differing"]) > 0, result.stdout
+
+
+def test_group_norm_ab_times_the_backward(tmp_path):
+    # --backward: the same headers on both sides agree bit for bit (dx, the sums, rstd; both
+    # layouts, with SiLU); B's backward with its dx coefficient k2 off by a part in 10^4 differs,
+    # and the program exits with status 1.
+    a = header_copy(tmp_path / "a")
+    shapes = ["2,128,40,40", "3,12,5,7"]
+    for layout in ([], ["--nchw"]):
+        result = run_ab(tmp_path, a, REPO / "ops" / "group_norm", "--rounds", "1", "--groups", "4", "--backward",
+                        "--silu", *layout, *shapes)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "backward" in result.stdout.splitlines()[0], result.stdout
+        rows = [m.groupdict() for m in map(AB_ROW.match, result.stdout.splitlines()) if m]
+        assert [r["shape"] for r in rows] == shapes and all(r["differing"] == "0" for r in rows), result.stdout
+    b = header_copy(tmp_path / "b", ("*k2 = static_cast<float>(-rstd", "*k2 = 1.0001f * static_cast<float>(-rstd"),
+                    header="group_norm_backward_simd.h")
+    for layout in ([], ["--nchw"]):
+        result = run_ab(tmp_path, a, b, "--rounds", "1", "--groups", "4", "--backward", *layout, "3,12,5,7")
         assert result.returncode == 1, result.stdout + result.stderr
         rows = [m.groupdict() for m in map(AB_ROW.match, result.stdout.splitlines()) if m]
         assert len(rows) == 1 and int(rows[0]["differing"]) > 0, result.stdout

@@ -8,13 +8,17 @@
 // nhwc: x.npy and dy.npy hold [N, spatial..., C] (channels-last memory); dx is written the same
 // way. ranges: the parallel-for splits every loop into this many ranges (at least its grain) and
 // runs them one after the other, last first, as a thread pool might. Writes <out_dir>/0.npy dx,
-// 1.npy dweight, 2.npy dbias, 3.npy dweight and 4.npy dbias of the call without dx.
+// 1.npy dweight, 2.npy dbias, 3.npy dweight and 4.npy dbias of the call without dx, 5.npy dx
+// computed in place over a copy of dy, and 6.npy over a copy of x (the API allows both) with 7.npy
+// dx from the same x not in place (x's alignment can change the order of the statistics' sums,
+// so both copies of x are 64-byte aligned).
 #include <opbridge/group_norm.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -74,12 +78,34 @@ int main(int argc, char** argv) {
     st = opbridge::group_norm_backward_cpu<float>(f32(dy), f32(x), f32(w), f32(b), nullptr, dw2.data(), db2.data(),
                                                   d, eps, act, pf);
     if (!st.ok()) throw std::runtime_error(st.message());
+    std::vector<float> over_dy(f32(dy), f32(dy) + x.numel());
+    st = opbridge::group_norm_backward_cpu<float>(over_dy.data(), f32(x), f32(w), f32(b), over_dy.data(), nullptr,
+                                                  nullptr, d, eps, act, pf);
+    if (!st.ok()) throw std::runtime_error(st.message());
+    const size_t n = static_cast<size_t>(x.numel()), bytes = (n * sizeof(float) + 63) / 64 * 64;
+    const auto aligned_copy_of_x = [&] {
+      std::unique_ptr<float, decltype(&std::free)> p(static_cast<float*>(std::aligned_alloc(64, bytes)), &std::free);
+      if (p == nullptr) throw std::runtime_error("out of memory");
+      std::copy(f32(x), f32(x) + n, p.get());
+      return p;
+    };
+    const auto x_aligned = aligned_copy_of_x(), over_x = aligned_copy_of_x();
+    std::vector<float> dx_aligned(n);
+    st = opbridge::group_norm_backward_cpu<float>(f32(dy), x_aligned.get(), f32(w), f32(b), dx_aligned.data(),
+                                                  nullptr, nullptr, d, eps, act, pf);
+    if (!st.ok()) throw std::runtime_error(st.message());
+    st = opbridge::group_norm_backward_cpu<float>(f32(dy), over_x.get(), f32(w), f32(b), over_x.get(), nullptr,
+                                                  nullptr, d, eps, act, pf);
+    if (!st.ok()) throw std::runtime_error(st.message());
     const std::vector<int64_t> cs{d.C};
     npy::write(out + "/0.npy", "<f4", x.shape, dx.data(), dx.size() * sizeof(float));
     npy::write(out + "/1.npy", "<f4", cs, dw.data(), C * sizeof(float));
     npy::write(out + "/2.npy", "<f4", cs, db.data(), C * sizeof(float));
     npy::write(out + "/3.npy", "<f4", cs, dw2.data(), C * sizeof(float));
     npy::write(out + "/4.npy", "<f4", cs, db2.data(), C * sizeof(float));
+    npy::write(out + "/5.npy", "<f4", x.shape, over_dy.data(), over_dy.size() * sizeof(float));
+    npy::write(out + "/6.npy", "<f4", x.shape, over_x.get(), n * sizeof(float));
+    npy::write(out + "/7.npy", "<f4", x.shape, dx_aligned.data(), n * sizeof(float));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
