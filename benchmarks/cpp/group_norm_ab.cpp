@@ -83,9 +83,11 @@ int main(int argc, char** argv) {
     for (auto& side : sums) {
       for (int k = 0; k < 3; ++k) side[k].assign(static_cast<size_t>(N * (k < 2 ? C : groups)), 0.0);
     }
-    dy.resize(static_cast<size_t>(n));
-    gn_bench::fill_inputs(dy.data(), n, C, &unused_w, &unused_b);
-    std::reverse(dy.begin(), dy.end());
+    if (backward) {
+      dy.resize(static_cast<size_t>(n));
+      gn_bench::fill_inputs(dy.data(), n, C, &unused_w, &unused_b);
+      std::reverse(dy.begin(), dy.end());
+    }
     opbridge::group_norm_isa::BackwardArgs<float> g{dy.data(), x,          a.weight,      a.bias,
                                                     y,         a.d,        a.eps,         a.act,
                                                     nullptr,   nullptr,    nullptr,       ch.cache_budget,

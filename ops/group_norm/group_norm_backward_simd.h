@@ -85,6 +85,18 @@ void gn_bwd_group_coefficients(const T* weight, int64_t c0, int64_t Cg, double M
   *c3 = static_cast<float>(-rstd * sum_dxhat / M - static_cast<double>(*k2) * m_lo);
 }
 
+// Whether the backward's sums pass keeps dz in dx for the dx pass to read instead of evaluating the
+// activation's derivative again (an exponential and a division per element): with an activation,
+// for float dx that is not streamed (too large for the caches, dz would go to memory and come
+// back, which cost more than the arithmetic saved: 1.02-1.14x the time channels-last at
+// (2, 512, 64, 64) and (8, 256, 32, 32) on a Zen 3) and is not x's memory (computed in place: the
+// dx pass still reads x). 16-bit dx cannot hold dz without rounding it.
+template <Activation A, class T>
+bool gn_bwd_keeps_dz(const group_norm_isa::BackwardArgs<T>& a, bool stream) {
+  return A != Activation::kNone && !stream && std::is_same_v<T, float> && a.dx != nullptr &&
+         static_cast<const void*>(a.dx) != static_cast<const void*>(a.x);
+}
+
 // Elements per block of the channel sums: two accumulator pairs of W lanes, so each float lane
 // sums at most kGnBwdBlock / (2 * W) <= 128 terms, and the pairs are added once, before folding
 // into double (as kGnBlock).
@@ -225,11 +237,8 @@ void gn_backward_nchw(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   const int64_t group_elems = Cg * S;
   const int64_t grain = group_elems >= kGnMinTaskElems ? 1 : kGnMinTaskElems / group_elems;
   const bool stream = a.dx != nullptr && a.d.N * C * S * static_cast<int64_t>(sizeof(T)) >= a.stream_bytes;
-  // With an activation in float, the sums keep dz in dx (as gn_backward_nhwc's pass 2), and the dx
-  // pass reads it there while the group is still in the cache, instead of evaluating the
-  // derivative again; not where dx is streamed, nor for 16-bit dx, nor where dx is x's memory.
-  const bool keep_dz = A != Activation::kNone && !stream && std::is_same_v<T, float> && a.dx != nullptr &&
-                       static_cast<const void*>(a.dx) != static_cast<const void*>(a.x);
+  // Where kept, dz is read back while the group is still in the cache.
+  const bool keep_dz = gn_bwd_keeps_dz<A>(a, stream);
   pf(a.d.N * G, grain, [&](int64_t begin, int64_t end) {
     std::vector<GnBwdChannel> ks(static_cast<size_t>(Cg));
     for (int64_t ng = begin; ng < end; ++ng) {
@@ -282,14 +291,13 @@ struct GnBwdRowCoefficients {
 };
 
 // s1[c] += sum over rows of dz * (x - m_hi), s0[c] += sum of dz, for `rows` rows of C channels;
-// Keep: dz itself stored at dz (rows of C, as x), for the dx pass to read instead of computing it
-// again. Row-major, two rows at a time, with the per-channel sums in L1 (as gn_rows_sums:
+// dz != nullptr: dz itself is stored there too (rows of C, as x), for the dx pass to read. Row-major, two rows at a time, with the per-channel sums in L1 (as gn_rows_sums:
 // sequential streams the hardware prefetchers follow; walking down the columns stalls on every
 // row). Full vectors with plain loads and stores, the channels past the last full vector with
 // masked ones: AVX2's masked stores are microcoded on AMD (Zen 3: masked moves for every vector
 // made this pass, with SiLU, 2.2-2.8x slower at (2, 512, 64, 64) and (8, 256, 32, 32)
 // channels-last).
-template <class I, Activation A, bool Keep, class T>
+template <class I, Activation A, class T>
 void gn_bwd_rows_sums(const T* x, const T* dy, int64_t rows, int64_t C, const GnBwdRowCoefficients& k, float* s1,
                       float* s0, float* dz) {
   using V = typename I::V;
@@ -299,64 +307,72 @@ void gn_bwd_rows_sums(const T* x, const T* dy, int64_t rows, int64_t C, const Gn
   const float* zo = k.zo.data();
   const int64_t cv = C / W * W;
   const int tail = static_cast<int>(C - cv);
-  const auto keep = [&](int64_t off, V g) {
-    if constexpr (Keep) I::store(dz + off, g);
-  };
-  const auto keep_n = [&](int64_t off, V g) {
-    if constexpr (Keep) I::store_n(dz + off, g, tail);
-  };
-  int64_t row = 0;
-  for (; row + 2 <= rows; row += 2) {
-    const T* x0 = x + row * C;
-    const T* x1 = x0 + C;
-    const T* d0 = dy + row * C;
-    const T* d1 = d0 + C;
-    for (int64_t c = 0; c < cv; c += W) {
-      const V m = I::load(mh + c), a = I::load(za + c), o = I::load(zo + c);
-      const V xv0 = I::sub(I::load(x0 + c), m), xv1 = I::sub(I::load(x1 + c), m);
-      const V g0 = gn_dz<I, A>(I::load(d0 + c), xv0, a, o), g1 = gn_dz<I, A>(I::load(d1 + c), xv1, a, o);
-      keep(row * C + c, g0);
-      keep((row + 1) * C + c, g1);
-      I::store(s1 + c, I::add(I::load(s1 + c), I::fmadd(g0, xv0, I::mul(g1, xv1))));
-      I::store(s0 + c, I::add(I::load(s0 + c), I::add(g0, g1)));
-    }
-  }
-  for (; row < rows; ++row) {
-    const T* x0 = x + row * C;
-    const T* d0 = dy + row * C;
-    for (int64_t c = 0; c < cv; c += W) {
-      const V xv0 = I::sub(I::load(x0 + c), I::load(mh + c));
-      const V g0 = gn_dz<I, A>(I::load(d0 + c), xv0, I::load(za + c), I::load(zo + c));
-      keep(row * C + c, g0);
-      I::store(s1 + c, I::fmadd(g0, xv0, I::load(s1 + c)));
-      I::store(s0 + c, I::add(I::load(s0 + c), g0));
-    }
-  }
-  if (tail > 0) {
-    // Lanes past C: x - m_hi and dz are 0 (nothing loaded), and they are not stored. The rows in
-    // the order above (pairs, then the odd one), so that each lane sums as the full vectors do.
-    const V m = I::load_n(mh + cv, tail), a = I::load_n(za + cv, tail), o = I::load_n(zo + cv, tail);
-    V t1 = I::load_n(s1 + cv, tail), t0 = I::load_n(s0 + cv, tail);
-    for (row = 0; row + 2 <= rows; row += 2) {
-      const int64_t off = row * C + cv;
-      const V xv0 = I::sub(I::load_n(x + off, tail), m), xv1 = I::sub(I::load_n(x + off + C, tail), m);
-      const V g0 = gn_dz<I, A>(I::load_n(dy + off, tail), xv0, a, o);
-      const V g1 = gn_dz<I, A>(I::load_n(dy + off + C, tail), xv1, a, o);
-      keep_n(off, g0);
-      keep_n(off + C, g1);
-      t1 = I::add(t1, I::fmadd(g0, xv0, I::mul(g1, xv1)));
-      t0 = I::add(t0, I::add(g0, g1));
+  const auto sums = [&](auto keeps) {
+    constexpr bool kKeep = decltype(keeps)::value;
+    const auto keep = [&](int64_t off, V g) {
+      if constexpr (kKeep) I::store(dz + off, g);
+    };
+    const auto keep_n = [&](int64_t off, V g) {
+      if constexpr (kKeep) I::store_n(dz + off, g, tail);
+    };
+    int64_t row = 0;
+    for (; row + 2 <= rows; row += 2) {
+      const T* x0 = x + row * C;
+      const T* x1 = x0 + C;
+      const T* d0 = dy + row * C;
+      const T* d1 = d0 + C;
+      for (int64_t c = 0; c < cv; c += W) {
+        const V m = I::load(mh + c), a = I::load(za + c), o = I::load(zo + c);
+        const V xv0 = I::sub(I::load(x0 + c), m), xv1 = I::sub(I::load(x1 + c), m);
+        const V g0 = gn_dz<I, A>(I::load(d0 + c), xv0, a, o), g1 = gn_dz<I, A>(I::load(d1 + c), xv1, a, o);
+        keep(row * C + c, g0);
+        keep((row + 1) * C + c, g1);
+        I::store(s1 + c, I::add(I::load(s1 + c), I::fmadd(g0, xv0, I::mul(g1, xv1))));
+        I::store(s0 + c, I::add(I::load(s0 + c), I::add(g0, g1)));
+      }
     }
     for (; row < rows; ++row) {
-      const int64_t off = row * C + cv;
-      const V xv0 = I::sub(I::load_n(x + off, tail), m);
-      const V g0 = gn_dz<I, A>(I::load_n(dy + off, tail), xv0, a, o);
-      keep_n(off, g0);
-      t1 = I::fmadd(g0, xv0, t1);
-      t0 = I::add(t0, g0);
+      const T* x0 = x + row * C;
+      const T* d0 = dy + row * C;
+      for (int64_t c = 0; c < cv; c += W) {
+        const V xv0 = I::sub(I::load(x0 + c), I::load(mh + c));
+        const V g0 = gn_dz<I, A>(I::load(d0 + c), xv0, I::load(za + c), I::load(zo + c));
+        keep(row * C + c, g0);
+        I::store(s1 + c, I::fmadd(g0, xv0, I::load(s1 + c)));
+        I::store(s0 + c, I::add(I::load(s0 + c), g0));
+      }
     }
-    I::store_n(s1 + cv, t1, tail);
-    I::store_n(s0 + cv, t0, tail);
+    if (tail > 0) {
+      // Lanes past C: x - m_hi and dz are 0 (nothing loaded), and they are not stored. The rows in
+      // the order above (pairs, then the odd one), so that each lane sums as the full vectors do.
+      const V m = I::load_n(mh + cv, tail), a = I::load_n(za + cv, tail), o = I::load_n(zo + cv, tail);
+      V t1 = I::load_n(s1 + cv, tail), t0 = I::load_n(s0 + cv, tail);
+      for (row = 0; row + 2 <= rows; row += 2) {
+        const int64_t off = row * C + cv;
+        const V xv0 = I::sub(I::load_n(x + off, tail), m), xv1 = I::sub(I::load_n(x + off + C, tail), m);
+        const V g0 = gn_dz<I, A>(I::load_n(dy + off, tail), xv0, a, o);
+        const V g1 = gn_dz<I, A>(I::load_n(dy + off + C, tail), xv1, a, o);
+        keep_n(off, g0);
+        keep_n(off + C, g1);
+        t1 = I::add(t1, I::fmadd(g0, xv0, I::mul(g1, xv1)));
+        t0 = I::add(t0, I::add(g0, g1));
+      }
+      for (; row < rows; ++row) {
+        const int64_t off = row * C + cv;
+        const V xv0 = I::sub(I::load_n(x + off, tail), m);
+        const V g0 = gn_dz<I, A>(I::load_n(dy + off, tail), xv0, a, o);
+        keep_n(off, g0);
+        t1 = I::fmadd(g0, xv0, t1);
+        t0 = I::add(t0, g0);
+      }
+      I::store_n(s1 + cv, t1, tail);
+      I::store_n(s0 + cv, t0, tail);
+    }
+  };
+  if (dz != nullptr) {
+    sums(std::true_type{});
+  } else {
+    sums(std::false_type{});
   }
 }
 
@@ -684,15 +700,9 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   // Per tile of a wave (local index t) and channel: the sum of dz * (x - shift) and of dz.
   const size_t wave_tiles = static_cast<size_t>(wave_samples * tps);
   constexpr bool kFused = A == Activation::kNone;
-  // With an activation in float, pass 2 keeps dz in dx (a float each, as dz is computed), and pass
-  // 3 reads it there instead of evaluating the activation's derivative again (an exponential and a
-  // division per element: the two passes took 3x the time of the moments pass at (8, 256, 32, 32)
-  // with SiLU). Not where dx is streamed (too large for the caches: dz would go to memory and come
-  // back, which cost more than the arithmetic saved, 1.02-1.14x the time at (2, 512, 64, 64) and
-  // (8, 256, 32, 32) on a Zen 3), and not for 16-bit dx, which cannot hold dz without rounding it.
-  // dx in x's memory (computed in place) cannot keep dz: pass 3 still reads x.
-  const bool keep_dz = !kFused && !stream && std::is_same_v<T, float> && a.dx != nullptr &&
-                       static_cast<const void*>(a.dx) != static_cast<const void*>(a.x);
+  // Pass 2 keeps dz in dx where it can (evaluating the derivative in passes 2 and 3 took 3x the
+  // time of the moments pass each at (8, 256, 32, 32) with SiLU).
+  const bool keep_dz = gn_bwd_keeps_dz<A>(a, stream);
   GnBwdScratchLease lease;
   GnBwdScratch& scratch = lease.get();
   double* const pds = gn_at_least(&scratch.pds, wave_tiles * static_cast<size_t>(C));
@@ -771,12 +781,8 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
             const int64_t rows = gn_min(kGnMaxBlockRows, nr - b0);
             for (int64_t c = 0; c < C; ++c) s1[c] = s0[c] = 0.f;
             const int64_t at = off + b0 * C;
-            if (keep_dz) {
-              gn_bwd_rows_sums<I, A, true>(a.x + at, a.dy + at, rows, C, sample.k, s1.data(), s0.data(),
-                                           reinterpret_cast<float*>(a.dx) + at);
-            } else {
-              gn_bwd_rows_sums<I, A, false>(a.x + at, a.dy + at, rows, C, sample.k, s1.data(), s0.data(), nullptr);
-            }
+            gn_bwd_rows_sums<I, A>(a.x + at, a.dy + at, rows, C, sample.k, s1.data(), s0.data(),
+                                   keep_dz ? reinterpret_cast<float*>(a.dx) + at : nullptr);
             for (int64_t c = 0; c < C; ++c) {
               ts1[c] += static_cast<double>(s1[c]);
               ts0[c] += static_cast<double>(s0[c]);
@@ -813,12 +819,8 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
         tile_range(t, &j, &off, &nr);
         if (j != sample.have_sums) sample_sums(&sample, j, j * tps >= begin);
         if (keep_dz) {
-          // dz, kept in dx by pass 2: dx = za * dz + k2 * (x - m_hi) + c3 in place.
-          if (stream) {
-            gn_bwd_rows_dx<I, Activation::kNone, true>(a.x + off, a.dx + off, a.dx + off, nr, C, sample.k);
-          } else {
-            gn_bwd_rows_dx<I, Activation::kNone, false>(a.x + off, a.dx + off, a.dx + off, nr, C, sample.k);
-          }
+          // dz, kept in dx by pass 2 (never streamed): dx = za * dz + k2 * (x - m_hi) + c3 in place.
+          gn_bwd_rows_dx<I, Activation::kNone, false>(a.x + off, a.dx + off, a.dx + off, nr, C, sample.k);
         } else if (stream) {
           gn_bwd_rows_dx<I, A, true>(a.x + off, a.dy + off, a.dx + off, nr, C, sample.k);
         } else {
