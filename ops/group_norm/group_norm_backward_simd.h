@@ -7,9 +7,11 @@
 //   dx = za[c] * dz + k2 * (x - m_hi) + c3, za[c] = rstd * w[c] and k2, c3 per group (see
 //   gn_bwd_group_coefficients),
 // and the caller forms dweight / dbias from ds, db and rstd. Statistics are recomputed from x
-// with the forward's own moment algorithm (gn_moments / gn_nhwc_moments), so the backward
-// normalizes with exactly the forward's mean and rstd; x - mean is taken as (x - m_hi) - m_lo
-// (the forward's split), so a large common offset costs no digits.
+// with the forward's moment algorithm (gn_moments / gn_nhwc_moments: shifted float sums in
+// blocks, merged in double), so the backward normalizes with the forward's mean and rstd to
+// rounding (channels-last, the per-channel sums take the dy sums' order of additions, not
+// gn_rows_sums'); x - mean is taken as (x - m_hi) - m_lo (the forward's split), so a large
+// common offset costs no digits.
 //
 // [N, C, S]: one task per (n, g) group: moments, the channel sums, then dx, all while the group
 // (x and dy) is still in the thread's cache when it fits; memory is read about once.
@@ -30,6 +32,11 @@
 
 namespace opbridge {
 namespace {
+
+// Rows of at least this many bytes count as long in the channels-last backward: four of them
+// span a page or more, and where they come from memory it reads them one at a time
+// (gn_bwd_row_by_row_moments, gn_bwd_rows_dx).
+constexpr int64_t kGnBwdLongRowBytes = 1024;
 
 // dz = dy * act'(z): silu'(z) = s * (1 + z * (1 - s)), s = 1 / (1 + exp(-z)). Where exp(-z)
 // overflows (z < ~-110) s = 0 and dz = 0 * finite = 0, as the double formula gives.
@@ -398,7 +405,13 @@ void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, con
   };
   const auto put = [](T* p, V v) { gn_store<I, Stream>(p, v); };
   int64_t row = 0;
-  for (; row + 2 <= rows; row += 2) {
+  // Two rows per load of the coefficients; one where dx is streamed (x and dy from memory), rows
+  // are long (kGnBwdLongRowBytes) and there is no activation: six streams instead of three,
+  // 1.10-1.25x the time of the whole backward at (2, 512, 64, 64) and (8, 256, 32, 32) on an AMD
+  // EPYC Zen 3 (2 threads, side by side in one process); the same at (4, 64, 128, 128),
+  // (32, 64, 32, 32) and (64, 32, 32, 32), whose two rows are 512 bytes or less.
+  const bool pairs = !Stream || A != Activation::kNone || C * static_cast<int64_t>(sizeof(T)) < kGnBwdLongRowBytes;
+  for (; pairs && row + 2 <= rows; row += 2) {
     const T* x0 = x + row * C;
     const T* x1 = x0 + C;
     const T* d0 = dy + row * C;
@@ -490,14 +503,53 @@ void gn_bwd_rows_moments(const T* x, const T* dy, int64_t rows, int64_t C, int64
   }
 }
 
+// gn_bwd_rows_moments one row at a time: two sequential streams (x's row, dy's) instead of
+// eight, each per-channel sum (in L1) taking one addition per row (so blocks of kGnMaxBlockRows
+// rows: GnBwdDySums::max_block_rows). For x and dy that come from memory in rows of
+// kGnBwdLongRowBytes or more, where four rows a step reads four pages at once. On an AMD EPYC
+// Zen 3 (AVX2, 2 threads): a plain sum of x and dy at (8, 256, 32, 32) took 1.0-1.3x a copy one
+// row at a time and 1.8-2.6x four rows a step (separate runs); side by side with four rows a
+// step in one process (benchmarks/cpp/group_norm_ab.sh --backward), this pass's change alone
+// 0.80-0.88 of the whole backward's time at (2, 512, 64, 64) and 0.82-0.93 at (8, 256, 32, 32),
+// with the dx pass's (gn_bwd_rows_dx) 0.73-0.79 and 0.61-0.94, (2, 320, 64, 64) 0.62-0.70,
+// (1, 512, 64, 64) the same. Not for short rows, whose four rows are one sequential run already
+// ((32, 64, 32, 32) 1.13, (64, 32, 32, 32) 1.22), nor from the L3 (2 MiB samples: 1.1-1.9x),
+// where the sums' loads and stores are the limit.
+template <class I, class T>
+void gn_bwd_row_by_row_moments(const T* x, const T* dy, int64_t rows, int64_t C, int64_t ld, const float* sh,
+                               float* s1, float* s2, float* s3, float* s4) {
+  using V = typename I::V;
+  constexpr int W = I::W;
+  const int64_t cv = C / W * W;
+  const int tail = static_cast<int>(C - cv);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * ld;
+    const T* gr = dy + r * ld;
+    for (int64_t c = 0; c < cv; c += W) {
+      const V d = I::sub(I::load(xr + c), I::load(sh + c));
+      const V g = I::load(gr + c);
+      I::store(s1 + c, I::add(I::load(s1 + c), d));
+      I::store(s2 + c, I::fmadd(d, d, I::load(s2 + c)));
+      I::store(s3 + c, I::add(I::load(s3 + c), g));
+      I::store(s4 + c, I::fmadd(g, d, I::load(s4 + c)));
+    }
+    if (tail > 0) {
+      const V d = I::sub_n(I::load_n(xr + cv, tail), I::load_n(sh + cv, tail), tail);
+      const V g = I::load_n(gr + cv, tail);
+      I::store_n(s1 + cv, I::add(I::load_n(s1 + cv, tail), d), tail);
+      I::store_n(s2 + cv, I::fmadd(d, d, I::load_n(s2 + cv, tail)), tail);
+      I::store_n(s3 + cv, I::add(I::load_n(s3 + cv, tail), g), tail);
+      I::store_n(s4 + cv, I::fmadd(g, d, I::load_n(s4 + cv, tail)), tail);
+    }
+  }
+}
+
 // The sums policy of gn_nhwc_moments (see GnXSums) for the backward without an activation: in
 // the same read as x's moments, per channel sum_dy and sum_dyx = sum dy * (x - ref), ref[c] the
 // tile's first shift. A group summed again around its own mean has its dy sums redone too (they
 // would otherwise carry a large multiple of sum dy into sum_dyx).
 template <class I, class T>
 struct GnBwdDySums {
-  // gn_bwd_rows_moments adds four rows at a time into each per-channel sum (as GnXSums).
-  static constexpr int64_t kMaxBlockRows = 4 * kGnMaxBlockRows;
   const T* x;
   const T* dy;
   int64_t C;
@@ -506,7 +558,11 @@ struct GnBwdDySums {
   double* sum_dy;    // [C]
   float* s3;         // [C] scratch: the block's sum dy
   float* s4;         // [C] scratch: the block's sum dy * (x - sh)
+  bool row_by_row;   // gn_bwd_row_by_row_moments (x and dy from memory), else gn_bwd_rows_moments
 
+  // gn_bwd_rows_moments adds four rows at a time into each per-channel sum (as GnXSums), the
+  // row-by-row variant one.
+  int64_t max_block_rows() const { return row_by_row ? kGnMaxBlockRows : 4 * kGnMaxBlockRows; }
   void start(const float* sh) {
     for (int64_t c = 0; c < C; ++c) {
       ref[c] = sh[c];
@@ -516,7 +572,11 @@ struct GnBwdDySums {
   void sum(int64_t r0, int64_t nr, int64_t c0, int64_t width, const float* sh, float* s1, float* s2) {
     for (int64_t c = c0; c < c0 + width; ++c) s3[c] = s4[c] = 0.f;
     const int64_t off = r0 * C + c0;
-    gn_bwd_rows_moments<I>(x + off, dy + off, nr, width, C, sh + c0, s1 + c0, s2 + c0, s3 + c0, s4 + c0);
+    if (row_by_row) {
+      gn_bwd_row_by_row_moments<I>(x + off, dy + off, nr, width, C, sh + c0, s1 + c0, s2 + c0, s3 + c0, s4 + c0);
+    } else {
+      gn_bwd_rows_moments<I>(x + off, dy + off, nr, width, C, sh + c0, s1 + c0, s2 + c0, s3 + c0, s4 + c0);
+    }
   }
   void end_block(const float* sh) {
     for (int64_t c = 0; c < C; ++c) {
@@ -694,7 +754,9 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   const int64_t fit = 4 * a.cache_budget / gn_max(1, pair_bytes);
   const int64_t wave_samples = fit >= 2 ? gn_min(N, fit) : N;
   constexpr int64_t kVecBytes = I::W * static_cast<int64_t>(sizeof(T));
-  const bool stream = N * S * row_bytes >= a.stream_bytes && row_bytes % kVecBytes == 0 &&
+  // x and dy come from memory: the size above which the output is streamed (where it can be).
+  const bool from_memory = N * S * row_bytes >= a.stream_bytes;
+  const bool stream = from_memory && row_bytes % kVecBytes == 0 &&
                       reinterpret_cast<uintptr_t>(a.dx) % static_cast<uintptr_t>(kVecBytes) == 0;
 
   // Per tile of a wave (local index t) and channel: the sum of dz * (x - shift) and of dz.
@@ -739,8 +801,9 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
         int64_t j = 0, off = 0, nr = 0;
         tile_range(t, &j, &off, &nr);
         if constexpr (kFused) {
-          GnBwdDySums<I, T> sums{a.x + off,   a.dy + off,  C,         tsh + t * C,
-                                 pds + t * C, pdb + t * C, s3.data(), s4.data()};
+          GnBwdDySums<I, T> sums{a.x + off,   a.dy + off,  C,         tsh + t * C, pds + t * C,
+                                 pdb + t * C, s3.data(), s4.data(),
+                                 from_memory && row_bytes >= kGnBwdLongRowBytes};
           gn_nhwc_moments<I>(a.x + off, nr, C, G, partial + t * G, &sc, sums);
         } else {
           gn_nhwc_moments<I>(a.x + off, nr, C, G, partial + t * G, &sc);

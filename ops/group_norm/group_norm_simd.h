@@ -53,7 +53,7 @@ constexpr int64_t kGnBlock = 4096;
 // Elements per statistics block of [N, S, C] rows (64 KB of float, in L2 for a second pass),
 // and at most 128 rows where each row is one addition into the per-channel float sums, so that
 // each of them takes at most 128 additions (as above); a sums policy that adds several rows at a
-// time takes proportionally more rows (its kMaxBlockRows). Fewer, larger blocks matter where C
+// time takes proportionally more rows (its max_block_rows()). Fewer, larger blocks matter where C
 // is small: each block costs per-group work (fold, merge, new shifts).
 constexpr int64_t kGnRowBlockElems = 65536;
 constexpr int64_t kGnMaxBlockRows = 128;
@@ -840,15 +840,16 @@ void gn_nhwc_first_shifts(const T* x, int64_t rows, int64_t C, int64_t G, float*
 }
 
 // The per-channel sums gn_nhwc_moments takes over the rows of a block: x's only (the forward).
-// A policy with the same three members can take more sums in the same read (the backward's
-// GnBwdDySums): start(sh) once the first shifts are set; sum(r0, nr, c0, width, sh, s1, s2)
-// adds the rows [r0, r0 + nr) of the channels [c0, c0 + width) into s1 / s2 (zeroed by the
-// caller); end_block(sh) once a block's shifts are final.
+// A policy with the same members can take more sums in the same read (the backward's
+// GnBwdDySums): max_block_rows() (see kGnRowBlockElems); start(sh) once the first shifts are
+// set; sum(r0, nr, c0, width, sh, s1, s2) adds the rows [r0, r0 + nr) of the channels
+// [c0, c0 + width) into s1 / s2 (zeroed by the caller); end_block(sh) once a block's shifts are
+// final.
 template <class I, class T>
 struct GnXSums {
   // gn_rows_sums adds the deviations of four rows into each per-channel sum at a time, so four
   // times as many rows as one-row-per-addition sums take the same number of additions.
-  static constexpr int64_t kMaxBlockRows = 4 * kGnMaxBlockRows;
+  static int64_t max_block_rows() { return 4 * kGnMaxBlockRows; }
   const T* x;
   int64_t C;
   float* periods = nullptr;  // gn_rows_sums' scratch for rows of no whole vector (GnRowScratch::periods)
@@ -875,7 +876,7 @@ void gn_nhwc_moments(const T* x, int64_t rows, int64_t C, int64_t G, GnMoments* 
   for (int64_t g = 0; g < G; ++g) mean[g] = m2[g] = 0.0;
   gn_nhwc_first_shifts<I>(x, rows, C, G, sh, sc->first.data());
   sums.start(sh);
-  const int64_t block_rows = gn_max(1, gn_min(Sums::kMaxBlockRows, kGnRowBlockElems / C));
+  const int64_t block_rows = gn_max(1, gn_min(sums.max_block_rows(), kGnRowBlockElems / C));
   // Sums of the channels [c0, c0 + width) of the block, folded per group.
   const auto block_sums = [&](int64_t r0, int64_t nr, int64_t c0, int64_t width) {
     for (int64_t c = c0; c < c0 + width; ++c) s1[c] = s2[c] = 0.f;

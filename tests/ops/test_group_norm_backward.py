@@ -6,6 +6,10 @@ common offset and with an outlier; NaN confinement."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -138,6 +142,76 @@ def test_16bit_backward(torch_isa, rng, dtype, tol, layout):
     for g, wnt in zip(got, want):
         assert g.dtype == tdt
         _check(g, wnt, tol)
+
+
+# The channels-last backward reads x and dy that come from memory (x at least the streaming
+# threshold, OPBRIDGE_GROUP_NORM_STREAM_BYTES: 0 here) in rows of 1 KiB or more one row at a time,
+# in its sums pass and its dx pass (gn_bwd_row_by_row_moments, gn_bwd_rows_dx): whole vectors and
+# a channel tail, several tiles, 16-bit rows, a large common offset (summed over blocks of 128
+# rows there), and short rows beside them (four rows a step). Run in a subprocess on every
+# instruction set this CPU has: the threshold is read once.
+_FROM_MEMORY_SCRIPT = """
+import sys
+import numpy as np
+import torch
+import opbridge.ops
+cases = dict(np.load(sys.argv[1]))
+out = {}
+for isa in ("baseline", "avx2", "avx512"):
+    if torch.ops.opbridge._set_cpu_isa(isa) != isa:
+        continue
+    for name in sorted({k.rsplit("/", 1)[0] for k in cases}):
+        x, dy, w, b = (torch.from_numpy(cases[name + "/" + k]) for k in ("x", "dy", "w", "b"))
+        dt = getattr(torch, str(cases[name + "/dtype"]))
+        x, dy = (t.to(dt).contiguous(memory_format=torch.channels_last) for t in (x, dy))
+        for act in ("none", "silu"):
+            got = torch.ops.opbridge.group_norm_backward(dy, x, int(cases[name + "/g"]), w.to(dt), b.to(dt), 1e-5, act)
+            assert got[0].is_contiguous(memory_format=torch.channels_last)
+            for k, t in zip(("dx", "dw", "db"), got):
+                out[f"{isa}/{name}/{act}/{k}"] = t.double().numpy()
+np.savez(sys.argv[2], **out)
+"""
+
+
+def test_channels_last_backward_from_memory(rng, tmp_path):
+    cases = {}
+
+    def add(name, shape, g, dtype="float32", offset=0.3):
+        x, w, b, dy = _case(rng, shape, offset)
+        x, dy = (t.to(getattr(torch, dtype)).double().numpy() for t in (x, dy))
+        cases.update({f"{name}/x": x, f"{name}/dy": dy, f"{name}/w": w.numpy(), f"{name}/b": b.numpy(),
+                      f"{name}/g": np.int64(g), f"{name}/dtype": np.array(dtype)})
+
+    add("long", (2, 264, 9, 7), 8)  # 1056-byte rows: 33 vectors of 8, 16.5 of 16
+    add("tail", (2, 260, 11, 5), 20)  # 4 channels past the last vector of 8
+    add("tiles", (1, 256, 48, 40), 32)  # 1920 rows of 1 KiB: several tiles
+    add("bf16", (2, 512, 6, 7), 16, "bfloat16")  # 1 KiB rows of 16-bit
+    add("offset", (2, 256, 12, 12), 4, offset=1e6)  # 144 rows: two blocks of 128 and 16
+    add("short", (3, 64, 9, 9), 8)  # 256-byte rows: four rows a step
+    inputs = tmp_path / "inputs.npz"
+    np.savez(inputs, **cases)
+    script = tmp_path / "run.py"
+    script.write_text(_FROM_MEMORY_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="2", OPBRIDGE_GROUP_NORM_STREAM_BYTES="0")
+    r = subprocess.run([sys.executable, str(script), str(inputs), str(tmp_path / "out.npz")], env=env,
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    out = dict(np.load(tmp_path / "out.npz"))
+    assert any(k.startswith("baseline/") for k in out), sorted(out)[:5]
+    for name in {k.rsplit("/", 1)[0] for k in cases}:
+        dt = str(cases[f"{name}/dtype"])
+        tol = 2e-3 if name == "offset" else {"float32": 2e-5, "bfloat16": 5e-2}[dt]
+        w, b = (torch.from_numpy(cases[f"{name}/{k}"]).to(getattr(torch, dt)).double().numpy() for k in "wb")
+        for act in ("none", "silu"):
+            want = ref_backward(cases[f"{name}/x"], int(cases[f"{name}/g"]), w, cases[f"{name}/dy"], 1e-5, bias=b,
+                                activation=act)
+            isas = sorted({k.split("/")[0] for k in out if f"/{name}/{act}/" in k})
+            assert isas
+            for isa in isas:
+                for k, wnt in zip(("dx", "dw", "db"), want):
+                    got = out[f"{isa}/{name}/{act}/{k}"]
+                    scale = max(1.0, float(np.abs(wnt).max()))
+                    np.testing.assert_allclose(got, wnt, rtol=0, atol=tol * scale, err_msg=f"{isa}/{name}/{act}/{k}")
 
 
 @pytest.mark.parametrize("act", ["none", "silu"])
