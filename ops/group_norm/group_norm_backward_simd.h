@@ -298,7 +298,8 @@ struct GnBwdRowCoefficients {
 };
 
 // s1[c] += sum over rows of dz * (x - m_hi), s0[c] += sum of dz, for `rows` rows of C channels;
-// dz != nullptr: dz itself is stored there too (rows of C, as x), for the dx pass to read. Row-major, two rows at a time, with the per-channel sums in L1 (as gn_rows_sums:
+// dz != nullptr: dz itself is stored there too (rows of C, as x), for the dx pass to read.
+// Row-major, two rows at a time, with the per-channel sums in L1 (as gn_rows_sums:
 // sequential streams the hardware prefetchers follow; walking down the columns stalls on every
 // row). Full vectors with plain loads and stores, the channels past the last full vector with
 // masked ones: AVX2's masked stores are microcoded on AMD (Zen 3: masked moves for every vector
@@ -388,7 +389,8 @@ void gn_bwd_rows_sums(const T* x, const T* dy, int64_t rows, int64_t C, const Gn
 // time, so that each vector of the five coefficients serves two rows; full vectors with plain
 // loads, the channels past the last full vector with masked ones.
 template <class I, Activation A, bool Stream, class T>
-void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, const GnBwdRowCoefficients& k) {
+void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, const GnBwdRowCoefficients& k,
+                    bool one_row) {
   using V = typename I::V;
   constexpr int W = I::W;
   const float* mh = k.mh.data();
@@ -405,13 +407,12 @@ void gn_bwd_rows_dx(const T* x, const T* dy, T* dx, int64_t rows, int64_t C, con
   };
   const auto put = [](T* p, V v) { gn_store<I, Stream>(p, v); };
   int64_t row = 0;
-  // Two rows per load of the coefficients; one where dx is streamed (x and dy from memory), rows
-  // are long (kGnBwdLongRowBytes) and there is no activation: six streams instead of three,
-  // 1.10-1.25x the time of the whole backward at (2, 512, 64, 64) and (8, 256, 32, 32) on an AMD
-  // EPYC Zen 3 (2 threads, side by side in one process); the same at (4, 64, 128, 128),
-  // (32, 64, 32, 32) and (64, 32, 32, 32), whose two rows are 512 bytes or less.
-  const bool pairs = !Stream || A != Activation::kNone || C * static_cast<int64_t>(sizeof(T)) < kGnBwdLongRowBytes;
-  for (; pairs && row + 2 <= rows; row += 2) {
+  // Two rows per load of the coefficients, or one (one_row: long rows from memory, see
+  // gn_backward_nhwc): six streams instead of three took 1.10-1.25x the time of the whole
+  // backward at (2, 512, 64, 64) and (8, 256, 32, 32) on an AMD EPYC Zen 3 (2 threads, side by
+  // side in one process); the same at (4, 64, 128, 128), (32, 64, 32, 32) and (64, 32, 32, 32),
+  // whose two rows are 512 bytes or less.
+  for (; !one_row && row + 2 <= rows; row += 2) {
     const T* x0 = x + row * C;
     const T* x1 = x0 + C;
     const T* d0 = dy + row * C;
@@ -522,25 +523,23 @@ void gn_bwd_row_by_row_moments(const T* x, const T* dy, int64_t rows, int64_t C,
   constexpr int W = I::W;
   const int64_t cv = C / W * W;
   const int tail = static_cast<int>(C - cv);
+  // Channels [c, c + r) of row xr / gr (r < W: masked loads and stores; lanes past C are never
+  // stored).
+  const auto one_row = [&](const T* xr, const T* gr, int64_t c, int r) {
+    const auto load = [&](const auto* p) { return r == W ? I::load(p) : I::load_n(p, r); };
+    const auto store = [&](float* p, V v) { r == W ? I::store(p, v) : I::store_n(p, v, r); };
+    const V d = r == W ? I::sub(I::load(xr + c), I::load(sh + c)) : I::sub_n(load(xr + c), load(sh + c), r);
+    const V g = load(gr + c);
+    store(s1 + c, I::add(load(s1 + c), d));
+    store(s2 + c, I::fmadd(d, d, load(s2 + c)));
+    store(s3 + c, I::add(load(s3 + c), g));
+    store(s4 + c, I::fmadd(g, d, load(s4 + c)));
+  };
   for (int64_t r = 0; r < rows; ++r) {
     const T* xr = x + r * ld;
     const T* gr = dy + r * ld;
-    for (int64_t c = 0; c < cv; c += W) {
-      const V d = I::sub(I::load(xr + c), I::load(sh + c));
-      const V g = I::load(gr + c);
-      I::store(s1 + c, I::add(I::load(s1 + c), d));
-      I::store(s2 + c, I::fmadd(d, d, I::load(s2 + c)));
-      I::store(s3 + c, I::add(I::load(s3 + c), g));
-      I::store(s4 + c, I::fmadd(g, d, I::load(s4 + c)));
-    }
-    if (tail > 0) {
-      const V d = I::sub_n(I::load_n(xr + cv, tail), I::load_n(sh + cv, tail), tail);
-      const V g = I::load_n(gr + cv, tail);
-      I::store_n(s1 + cv, I::add(I::load_n(s1 + cv, tail), d), tail);
-      I::store_n(s2 + cv, I::fmadd(d, d, I::load_n(s2 + cv, tail)), tail);
-      I::store_n(s3 + cv, I::add(I::load_n(s3 + cv, tail), g), tail);
-      I::store_n(s4 + cv, I::fmadd(g, d, I::load_n(s4 + cv, tail)), tail);
-    }
+    for (int64_t c = 0; c < cv; c += W) one_row(xr, gr, c, W);
+    if (tail > 0) one_row(xr, gr, cv, tail);
   }
 }
 
@@ -758,10 +757,13 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   const bool from_memory = N * S * row_bytes >= a.stream_bytes;
   const bool stream = from_memory && row_bytes % kVecBytes == 0 &&
                       reinterpret_cast<uintptr_t>(a.dx) % static_cast<uintptr_t>(kVecBytes) == 0;
+  constexpr bool kFused = A == Activation::kNone;
+  // Without an activation, long rows from memory are read one at a time in both passes
+  // (gn_bwd_row_by_row_moments, gn_bwd_rows_dx).
+  const bool one_row = kFused && from_memory && row_bytes >= kGnBwdLongRowBytes;
 
   // Per tile of a wave (local index t) and channel: the sum of dz * (x - shift) and of dz.
   const size_t wave_tiles = static_cast<size_t>(wave_samples * tps);
-  constexpr bool kFused = A == Activation::kNone;
   // Pass 2 keeps dz in dx where it can (evaluating the derivative in passes 2 and 3 took 3x the
   // time of the moments pass each at (8, 256, 32, 32) with SiLU).
   const bool keep_dz = gn_bwd_keeps_dz<A>(a, stream);
@@ -802,8 +804,7 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
         tile_range(t, &j, &off, &nr);
         if constexpr (kFused) {
           GnBwdDySums<I, T> sums{a.x + off,   a.dy + off,  C,         tsh + t * C, pds + t * C,
-                                 pdb + t * C, s3.data(), s4.data(),
-                                 from_memory && row_bytes >= kGnBwdLongRowBytes};
+                                 pdb + t * C, s3.data(), s4.data(), one_row};
           gn_nhwc_moments<I>(a.x + off, nr, C, G, partial + t * G, &sc, sums);
         } else {
           gn_nhwc_moments<I>(a.x + off, nr, C, G, partial + t * G, &sc);
@@ -883,11 +884,11 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
         if (j != sample.have_sums) sample_sums(&sample, j, j * tps >= begin);
         if (keep_dz) {
           // dz, kept in dx by pass 2 (never streamed): dx = za * dz + k2 * (x - m_hi) + c3 in place.
-          gn_bwd_rows_dx<I, Activation::kNone, false>(a.x + off, a.dx + off, a.dx + off, nr, C, sample.k);
+          gn_bwd_rows_dx<I, Activation::kNone, false>(a.x + off, a.dx + off, a.dx + off, nr, C, sample.k, one_row);
         } else if (stream) {
-          gn_bwd_rows_dx<I, A, true>(a.x + off, a.dy + off, a.dx + off, nr, C, sample.k);
+          gn_bwd_rows_dx<I, A, true>(a.x + off, a.dy + off, a.dx + off, nr, C, sample.k, one_row);
         } else {
-          gn_bwd_rows_dx<I, A, false>(a.x + off, a.dy + off, a.dx + off, nr, C, sample.k);
+          gn_bwd_rows_dx<I, A, false>(a.x + off, a.dy + off, a.dx + off, nr, C, sample.k, one_row);
         }
       };
       if (kFused) {
