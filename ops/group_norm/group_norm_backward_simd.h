@@ -292,9 +292,9 @@ void gn_backward_nchw(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
 // Per-channel arrays of one [N, S, C] sample for the row loops.
 struct GnBwdRowCoefficients {
   std::vector<float> mh, za, zo, k2, c3;
-  explicit GnBwdRowCoefficients(int64_t C)
-      : mh(static_cast<size_t>(C)), za(static_cast<size_t>(C)), zo(static_cast<size_t>(C)),
-        k2(static_cast<size_t>(C)), c3(static_cast<size_t>(C)) {}
+  void resize(int64_t C) {
+    for (auto* v : {&mh, &za, &zo, &k2, &c3}) v->resize(static_cast<size_t>(C));
+  }
 };
 
 // s1[c] += sum over rows of dz * (x - m_hi), s0[c] += sum of dz, for `rows` rows of C channels;
@@ -558,16 +558,14 @@ struct GnBwdDySums {
   float* s3;         // [C] scratch: the block's sum dy
   float* s4;         // [C] scratch: the block's sum dy * (x - sh)
   bool row_by_row;   // gn_bwd_row_by_row_moments (x and dy from memory), else gn_bwd_rows_moments
+  // Whether a block was added into sum_dyx / sum_dy yet: the first one stores instead of adding,
+  // so they need no pass of zeros first (their memory is the kept GnBwdScratch).
+  bool started = false;
 
   // gn_bwd_rows_moments adds four rows at a time into each per-channel sum (as GnXSums), the
   // row-by-row variant one.
   int64_t max_block_rows() const { return row_by_row ? kGnMaxBlockRows : 4 * kGnMaxBlockRows; }
-  void start(const float* sh) {
-    for (int64_t c = 0; c < C; ++c) {
-      ref[c] = sh[c];
-      sum_dyx[c] = sum_dy[c] = 0.0;
-    }
-  }
+  void start(const float* sh) { std::copy(sh, sh + C, ref); }
   void sum(int64_t r0, int64_t nr, int64_t c0, int64_t width, const float* sh, float* s1, float* s2) {
     for (int64_t c = c0; c < c0 + width; ++c) s3[c] = s4[c] = 0.f;
     const int64_t off = r0 * C + c0;
@@ -579,10 +577,12 @@ struct GnBwdDySums {
   }
   void end_block(const float* sh) {
     for (int64_t c = 0; c < C; ++c) {
-      sum_dyx[c] += static_cast<double>(s4[c]) +
-                    (static_cast<double>(sh[c]) - static_cast<double>(ref[c])) * static_cast<double>(s3[c]);
-      sum_dy[c] += static_cast<double>(s3[c]);
+      const double dyx = static_cast<double>(s4[c]) +
+                         (static_cast<double>(sh[c]) - static_cast<double>(ref[c])) * static_cast<double>(s3[c]);
+      sum_dyx[c] = started ? sum_dyx[c] + dyx : dyx;
+      sum_dy[c] = started ? sum_dy[c] + static_cast<double>(s3[c]) : static_cast<double>(s3[c]);
     }
+    started = true;
   }
 };
 
@@ -608,55 +608,86 @@ E* gn_at_least(std::vector<E>* v, size_t n) {
   return v->data();
 }
 
-// The calling thread keeps its scratch from one call to the next, up to kGnKeptScratchBytes
-// (about 20 C bytes per tile of 512 KB of x and dy: 1.2% of their size at C = 320, 4.9% at
-// C = 1280; 16 MB serves 330 MB of them at C = 1280). Allocated anew, its pages were
-// faulted in and zeroed at every call, serially before the first pass: (2, 512, 64, 64)
-// channels-last took 2.83-2.86x a copy that way, 2.46-2.50x with the scratch kept (C++ harness,
-// Xeon, 2 threads). A call nested on the same thread (none is known) would find no scratch kept
-// and allocate its own.
+// Scratch of type S that each thread keeps from one use to the next (one call, or one parallel
+// range, then the next), up to kGnKeptScratchBytes (S::bytes()); the users size it and write
+// every element before reading it. The calling thread's GnBwdScratch holds about 20 C bytes per
+// tile of 512 KB of x and dy (1.2% of their size at C = 320, 4.9% at C = 1280; 16 MB serves
+// 330 MB of them at C = 1280). Allocated anew, its pages were faulted in and zeroed at every
+// call, serially before the first pass: (2, 512, 64, 64) channels-last took 2.83-2.86x a copy
+// that way, 2.46-2.50x with the scratch kept (C++ harness, Xeon, 2 threads). The per-range
+// scratch (GnBwdTileScratch, GnBwdSampleCoefficients: a few C-sized arrays) was allocated and
+// zeroed in every range of every pass: at (2, 1280, 8, 8) memset alone was 4-5% of the samples,
+// and the backward took 0.93-0.96x the time with it kept (group_norm_ab.sh --backward, AMD EPYC
+// Zen 3, 2 threads, four runs; with the dy sums' first block stored instead of added to
+// zeros). A use nested on the same thread (none is known) finds nothing kept and allocates its own.
 constexpr size_t kGnKeptScratchBytes = size_t{16} << 20;
-class GnBwdScratchLease {
+template <class S>
+class GnKept {
  public:
-  GnBwdScratchLease() : s_(std::move(kept())) {}
-  ~GnBwdScratchLease() {
-    if (s_.bytes() <= kGnKeptScratchBytes) kept() = std::move(s_);
+  GnKept() : s_(std::move(slot())) {}
+  ~GnKept() {
+    if (s_.bytes() <= kGnKeptScratchBytes) slot() = std::move(s_);
   }
-  GnBwdScratchLease(const GnBwdScratchLease&) = delete;
-  GnBwdScratchLease& operator=(const GnBwdScratchLease&) = delete;
-  GnBwdScratch& get() { return s_; }
+  GnKept(const GnKept&) = delete;
+  GnKept& operator=(const GnKept&) = delete;
+  S& get() { return s_; }
 
  private:
-  static GnBwdScratch& kept() {
-    static thread_local GnBwdScratch s;
+  static S& slot() {
+    static thread_local S s;
     return s;
   }
-  GnBwdScratch s_;
+  S s_;
+};
+
+// The moments pass's per-range scratch: the statistics' (GnRowScratch) and, without an
+// activation, the block's dy sums.
+struct GnBwdTileScratch {
+  GnRowScratch rows;
+  std::vector<float> s3, s4;
+  void reset(int64_t C, int64_t G, bool dy_sums) {
+    rows.reset(C, G);
+    s3.resize(dy_sums ? static_cast<size_t>(C) : 0);
+    s4.resize(s3.size());
+  }
+  size_t bytes() const { return rows.bytes() + (s3.capacity() + s4.capacity()) * sizeof(float); }
 };
 
 // The per-sample steps of the channels-last backward between its passes, for one range of a
 // pass: the statistics of a wave's local sample j from its tiles' moments (mean, rstd per group;
 // the pre-activation constants mh, za, zo per channel), then ds, db from its tiles' channel sums
 // and the dx constants k2, c3. Each step is redone only when the range moves to another sample.
+// Kept per thread (GnKept): reset() before each range.
 template <class T>
 struct GnBwdSampleCoefficients {
-  const group_norm_isa::BackwardArgs<T>& a;
-  int64_t C, G, Cg, S, tps;
+  const group_norm_isa::BackwardArgs<T>* args = nullptr;
+  int64_t C = 0, G = 0, Cg = 0, S = 0, tps = 0;
   GnBwdRowCoefficients k;
   std::vector<double> mean, rstd, ds, db;
   std::vector<GnMoments> merged;  // the sample's groups' moments, merged over its tiles
   int64_t have_stats = -1, have_sums = -1;
 
-  GnBwdSampleCoefficients(const group_norm_isa::BackwardArgs<T>& args, int64_t C_, int64_t G_, int64_t Cg_,
-                          int64_t S_, int64_t tps_)
-      : a(args), C(C_), G(G_), Cg(Cg_), S(S_), tps(tps_), k(C_), mean(static_cast<size_t>(G_)),
-        rstd(static_cast<size_t>(G_)), ds(static_cast<size_t>(C_)), db(static_cast<size_t>(C_)),
-        merged(static_cast<size_t>(G_)) {}
+  void reset(const group_norm_isa::BackwardArgs<T>& a, int64_t C_, int64_t G_, int64_t Cg_, int64_t S_,
+             int64_t tps_) {
+    args = &a;
+    C = C_, G = G_, Cg = Cg_, S = S_, tps = tps_;
+    k.resize(C);
+    for (auto* v : {&mean, &rstd}) v->resize(static_cast<size_t>(G));
+    for (auto* v : {&ds, &db}) v->resize(static_cast<size_t>(C));
+    merged.resize(static_cast<size_t>(G));
+    have_stats = have_sums = -1;
+  }
+  size_t bytes() const {
+    return (k.mh.capacity() + k.za.capacity() + k.zo.capacity() + k.k2.capacity() + k.c3.capacity()) * sizeof(float) +
+           (mean.capacity() + rstd.capacity() + ds.capacity() + db.capacity()) * sizeof(double) +
+           merged.capacity() * sizeof(GnMoments);
+  }
 
   // part: the sample's tiles' moments ([tps, G]).
   template <class I>
   void statistics(int64_t j, const GnMoments* part) {
     if (j == have_stats) return;
+    const group_norm_isa::BackwardArgs<T>& a = *args;
     // Group by group: an integer division per channel (c / Cg) cost more than the channel's own
     // arithmetic.
     gn_merge_tiles(part, tps, G, merged.data());
@@ -699,6 +730,7 @@ struct GnBwdSampleCoefficients {
   // channels innermost), then k2 and c3. n >= 0: also stores ds, db and rstd as sample n's.
   template <class I>
   void sums(int64_t j, const double* pds, const double* pdb, const float* tsh, int64_t n) {
+    const group_norm_isa::BackwardArgs<T>& a = *args;
     for (int64_t c = 0; c < C; ++c) ds[c] = db[c] = 0.0;
     for (int64_t t = 0; t < tps; ++t) {
       const float* shift = tsh != nullptr ? tsh + t * C : k.mh.data();
@@ -767,8 +799,8 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
   // Pass 2 keeps dz in dx where it can (evaluating the derivative in passes 2 and 3 took 3x the
   // time of the moments pass each at (8, 256, 32, 32) with SiLU).
   const bool keep_dz = gn_bwd_keeps_dz<A>(a, stream);
-  GnBwdScratchLease lease;
-  GnBwdScratch& scratch = lease.get();
+  GnKept<GnBwdScratch> kept;
+  GnBwdScratch& scratch = kept.get();
   double* const pds = gn_at_least(&scratch.pds, wave_tiles * static_cast<size_t>(C));
   double* const pdb = gn_at_least(&scratch.pdb, wave_tiles * static_cast<size_t>(C));
   float* const tsh = kFused ? gn_at_least(&scratch.tsh, wave_tiles * static_cast<size_t>(C)) : nullptr;
@@ -797,17 +829,18 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
     // (gn_nhwc_moments with GnBwdDySums): around the tile's first shifts (tsh), moved to the
     // sample's mean afterwards (sum dy (x - m) = sum dy (x - tsh) + (tsh - m) sum dy; tsh is near m).
     pf(tiles, 1, [&](int64_t begin, int64_t end) {
-      GnRowScratch sc(C, G);
-      std::vector<float> s3(kFused ? static_cast<size_t>(C) : 0), s4(s3.size());
+      GnKept<GnBwdTileScratch> range_kept;
+      GnBwdTileScratch& rs = range_kept.get();
+      rs.reset(C, G, kFused);
       for (int64_t t = begin; t < end; ++t) {
         int64_t j = 0, off = 0, nr = 0;
         tile_range(t, &j, &off, &nr);
         if constexpr (kFused) {
-          GnBwdDySums<I, T> sums{a.x + off,   a.dy + off,  C,         tsh + t * C, pds + t * C,
-                                 pdb + t * C, s3.data(), s4.data(), one_row};
-          gn_nhwc_moments<I>(a.x + off, nr, C, G, partial + t * G, &sc, sums);
+          GnBwdDySums<I, T> sums{a.x + off,   a.dy + off,    C,           tsh + t * C, pds + t * C,
+                                 pdb + t * C, rs.s3.data(), rs.s4.data(), one_row};
+          gn_nhwc_moments<I>(a.x + off, nr, C, G, partial + t * G, &rs.rows, sums);
         } else {
-          gn_nhwc_moments<I>(a.x + off, nr, C, G, partial + t * G, &sc);
+          gn_nhwc_moments<I>(a.x + off, nr, C, G, partial + t * G, &rs.rows);
         }
       }
     });
@@ -826,7 +859,9 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
     // The range with a sample's first tile publishes its statistics for pass 3.
     if constexpr (!kFused) {
       pf(tiles, 1, [&](int64_t begin, int64_t end) {
-        GnBwdSampleCoefficients<T> sample(a, C, G, Cg, S, tps);
+        GnKept<GnBwdSampleCoefficients<T>> sample_kept;
+        GnBwdSampleCoefficients<T>& sample = sample_kept.get();
+        sample.reset(a, C, G, Cg, S, tps);
         std::vector<float> s1(static_cast<size_t>(C)), s0(static_cast<size_t>(C));
         for (int64_t t = end - 1; t >= begin; --t) {
           int64_t j = 0, off = 0, nr = 0;
@@ -871,13 +906,17 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
     };
     if (a.dx == nullptr) {
       pf(ns, 1, [&](int64_t begin, int64_t end) {
-        GnBwdSampleCoefficients<T> sample(a, C, G, Cg, S, tps);
+        GnKept<GnBwdSampleCoefficients<T>> sample_kept;
+        GnBwdSampleCoefficients<T>& sample = sample_kept.get();
+        sample.reset(a, C, G, Cg, S, tps);
         for (int64_t j = begin; j < end; ++j) sample_sums(&sample, j, true);
       });
       continue;
     }
     pf(tiles, 1, [&](int64_t begin, int64_t end) {
-      GnBwdSampleCoefficients<T> sample(a, C, G, Cg, S, tps);
+      GnKept<GnBwdSampleCoefficients<T>> sample_kept;
+      GnBwdSampleCoefficients<T>& sample = sample_kept.get();
+      sample.reset(a, C, G, Cg, S, tps);
       const auto dx_tile = [&](int64_t t) {
         int64_t j = 0, off = 0, nr = 0;
         tile_range(t, &j, &off, &nr);

@@ -796,11 +796,20 @@ struct GnRowScratch {
   std::vector<double> mean, m2;   // per group: the running moments (all groups share one count)
   std::vector<double> first;      // per channel: the sums of the first rows (first shifts)
   std::vector<float> periods;     // rows of no whole vector: gn_rows_sums_periodic's scratch
-  GnRowScratch(int64_t C, int64_t G)
-      : sh(static_cast<size_t>(C)), s1(static_cast<size_t>(C)), s2(static_cast<size_t>(C)),
-        sd(static_cast<size_t>(G)), sq(static_cast<size_t>(G)), mean(static_cast<size_t>(G)),
-        m2(static_cast<size_t>(G)), first(static_cast<size_t>(C)),
-        periods(C % 16 != 0 ? static_cast<size_t>(3 * kGnMaxPeriod) : 0) {}
+  GnRowScratch() = default;
+  GnRowScratch(int64_t C, int64_t G) { reset(C, G); }
+  // Sized for C channels in G groups (the users write every element before reading it; only
+  // growth allocates).
+  void reset(int64_t C, int64_t G) {
+    for (auto* v : {&sh, &s1, &s2}) v->resize(static_cast<size_t>(C));
+    for (auto* v : {&sd, &sq, &mean, &m2}) v->resize(static_cast<size_t>(G));
+    first.resize(static_cast<size_t>(C));
+    periods.resize(C % 16 != 0 ? static_cast<size_t>(3 * kGnMaxPeriod) : 0);
+  }
+  size_t bytes() const {
+    return (sh.capacity() + s1.capacity() + s2.capacity() + periods.capacity()) * sizeof(float) +
+           (sd.capacity() + sq.capacity() + mean.capacity() + m2.capacity() + first.capacity()) * sizeof(double);
+  }
 };
 
 // sum of p[0..n) in double, in four independent chains (one chain of dependent double adds per
