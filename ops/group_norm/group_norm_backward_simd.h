@@ -620,11 +620,15 @@ E* gn_at_least(std::vector<E>* v, size_t n) {
 // and the backward took 0.93-0.96x the time with it kept (group_norm_ab.sh --backward, AMD EPYC
 // Zen 3, 2 threads, four runs; with the dy sums' first block stored instead of added to
 // zeros). A use nested on the same thread (none is known) finds nothing kept and allocates its own.
+// Arguments, where given, go to S::reset (sizing it for this use) as it is taken.
 constexpr size_t kGnKeptScratchBytes = size_t{16} << 20;
 template <class S>
 class GnKept {
  public:
-  GnKept() : s_(std::move(slot())) {}
+  template <class... R>
+  explicit GnKept(const R&... r) : s_(std::move(slot())) {
+    if constexpr (sizeof...(R) > 0) s_.reset(r...);
+  }
   ~GnKept() {
     if (s_.bytes() <= kGnKeptScratchBytes) slot() = std::move(s_);
   }
@@ -657,7 +661,7 @@ struct GnBwdTileScratch {
 // pass: the statistics of a wave's local sample j from its tiles' moments (mean, rstd per group;
 // the pre-activation constants mh, za, zo per channel), then ds, db from its tiles' channel sums
 // and the dx constants k2, c3. Each step is redone only when the range moves to another sample.
-// Kept per thread (GnKept): reset() before each range.
+// Kept per thread (GnKept, reset for each range).
 template <class T>
 struct GnBwdSampleCoefficients {
   const group_norm_isa::BackwardArgs<T>* args = nullptr;
@@ -829,9 +833,8 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
     // (gn_nhwc_moments with GnBwdDySums): around the tile's first shifts (tsh), moved to the
     // sample's mean afterwards (sum dy (x - m) = sum dy (x - tsh) + (tsh - m) sum dy; tsh is near m).
     pf(tiles, 1, [&](int64_t begin, int64_t end) {
-      GnKept<GnBwdTileScratch> range_kept;
+      GnKept<GnBwdTileScratch> range_kept(C, G, kFused);
       GnBwdTileScratch& rs = range_kept.get();
-      rs.reset(C, G, kFused);
       for (int64_t t = begin; t < end; ++t) {
         int64_t j = 0, off = 0, nr = 0;
         tile_range(t, &j, &off, &nr);
@@ -859,9 +862,8 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
     // The range with a sample's first tile publishes its statistics for pass 3.
     if constexpr (!kFused) {
       pf(tiles, 1, [&](int64_t begin, int64_t end) {
-        GnKept<GnBwdSampleCoefficients<T>> sample_kept;
+        GnKept<GnBwdSampleCoefficients<T>> sample_kept(a, C, G, Cg, S, tps);
         GnBwdSampleCoefficients<T>& sample = sample_kept.get();
-        sample.reset(a, C, G, Cg, S, tps);
         std::vector<float> s1(static_cast<size_t>(C)), s0(static_cast<size_t>(C));
         for (int64_t t = end - 1; t >= begin; --t) {
           int64_t j = 0, off = 0, nr = 0;
@@ -906,17 +908,15 @@ void gn_backward_nhwc(const group_norm_isa::BackwardArgs<T>& a, const ParallelFo
     };
     if (a.dx == nullptr) {
       pf(ns, 1, [&](int64_t begin, int64_t end) {
-        GnKept<GnBwdSampleCoefficients<T>> sample_kept;
+        GnKept<GnBwdSampleCoefficients<T>> sample_kept(a, C, G, Cg, S, tps);
         GnBwdSampleCoefficients<T>& sample = sample_kept.get();
-        sample.reset(a, C, G, Cg, S, tps);
         for (int64_t j = begin; j < end; ++j) sample_sums(&sample, j, true);
       });
       continue;
     }
     pf(tiles, 1, [&](int64_t begin, int64_t end) {
-      GnKept<GnBwdSampleCoefficients<T>> sample_kept;
+      GnKept<GnBwdSampleCoefficients<T>> sample_kept(a, C, G, Cg, S, tps);
       GnBwdSampleCoefficients<T>& sample = sample_kept.get();
-      sample.reset(a, C, G, Cg, S, tps);
       const auto dx_tile = [&](int64_t t) {
         int64_t j = 0, off = 0, nr = 0;
         tile_range(t, &j, &off, &nr);
