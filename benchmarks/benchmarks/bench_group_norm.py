@@ -14,8 +14,9 @@ sample (channels_last) fits the kernel's cache budget, <= 1.6x where it does not
 The kernel's cache-dependent choices come from the caches the OS reports (opbridge's
 group_norm_cpu_choices(); benchmarks/cpp/group_norm_vs_floor.cpp prints them); the environment
 variables OPBRIDGE_GROUP_NORM_CACHE_BUDGET, OPBRIDGE_GROUP_NORM_STREAM_BYTES and
-OPBRIDGE_GROUP_NORM_WAVE_BYTES replace them for experiments, and OPBRIDGE_GROUP_NORM_FUSE=0 turns
-off the fused contiguous pass."""
+OPBRIDGE_GROUP_NORM_WAVE_BYTES replace them for experiments, OPBRIDGE_GROUP_NORM_L2_BYTES and
+OPBRIDGE_GROUP_NORM_L3_BYTES replace the cache sizes they are derived from, and
+OPBRIDGE_GROUP_NORM_FUSE=0 turns off the fused contiguous pass."""
 
 from __future__ import annotations
 

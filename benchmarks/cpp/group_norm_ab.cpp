@@ -1,5 +1,5 @@
 // Two versions of GroupNorm's kernels (ops/group_norm/group_norm_simd.h and
-// group_norm_backward_simd.h, AVX2), side by side in one process: a change's effect on speed
+// group_norm_backward_simd.h, AVX2 or AVX-512), side by side in one process: a change's effect on speed
 // measured where the host's drift hits both alike. Per shape, rounds alternate
 //   copy   x into y with ordinary vector stores (floor_schedules.h: copy_stores), the unit;
 //   A, B   the two kernels, in alternating order, then the copy again (the faster copy of the
@@ -16,7 +16,9 @@
 // differ (a change meant to keep the results), 2 on bad arguments.
 //
 // Build and run with group_norm_ab.sh (A: a git revision's headers or a folder holding them, B: the
-// working tree's). Options: --rounds R (21), --groups G (32), --nchw (contiguous [N, C, H, W];
+// working tree's). The environment's GN_AB_B_STREAM_BYTES (bytes, K/M suffixes) and GN_AB_B_FUSE
+// (0 or 1) give B's kernels another streaming threshold or fused-pass choice than A's, so that
+// the same headers on both sides compare two settings of a cache choice in one process. Options: --rounds R (21), --groups G (32), --nchw (contiguous [N, C, H, W];
 // default channels-last), --silu, --fresh, --backward; then shapes N,C,H,W. The cache choices are
 // the installed library's (group_norm_cpu_choices(): what the OS reports, and the environment's
 // OPBRIDGE_GROUP_NORM_* overrides).
@@ -47,6 +49,20 @@ using opbridge::ParallelFor;
 using omp_parallel_for::median;
 using omp_parallel_for::omp_runner;
 
+namespace {
+// A byte count from the environment: -1 where unset, -2 where not a count (digits, then K or M).
+int64_t env_bytes(const char* name) {
+  const char* s = std::getenv(name);
+  if (s == nullptr || *s == '\0') return -1;
+  char* end = nullptr;
+  const long long n = std::strtoll(s, &end, 10);
+  if (end == s || n < 0) return -2;
+  const int64_t mult = *end == 'K' ? 1024 : *end == 'M' ? 1024 * 1024 : 1;
+  if (*end != '\0' && (mult == 1 || end[1] != '\0')) return -2;
+  return static_cast<int64_t>(n) * mult;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   gn_bench::Options opt;
   opt.rounds = 21;
@@ -57,9 +73,26 @@ int main(int argc, char** argv) {
   gn_bench::keep_freed_memory();
   const opbridge::GroupNormCpuChoices& ch = opbridge::group_norm_cpu_choices();
   const ParallelFor pf(omp_runner, nullptr);
-  std::printf("%d threads; G = %lld; %s%s%s; %d rounds; medians of time / a copy's\n", omp_get_max_threads(),
+  const int64_t b_stream_bytes = env_bytes("GN_AB_B_STREAM_BYTES");
+  const int b_fuse = env_bytes("GN_AB_B_FUSE") < 0 ? -1 : static_cast<int>(env_bytes("GN_AB_B_FUSE"));
+  if (b_stream_bytes == -2 || b_fuse == -2 || b_fuse > 1) {
+    std::fprintf(stderr, "GN_AB_B_STREAM_BYTES must be a byte count (K/M suffixes), GN_AB_B_FUSE 0 or 1\n");
+    return 2;
+  }
+#if defined(__AVX512F__)
+  const char* isa = "AVX-512";
+#else
+  const char* isa = "AVX2";
+#endif
+  std::printf("%s, %d threads; G = %lld; %s%s%s; %d rounds; medians of time / a copy's\n", isa, omp_get_max_threads(),
               static_cast<long long>(groups), backward ? "backward, " : "", channels_last ? "channels-last" : "contiguous",
               silu ? " + SiLU" : "", rounds);
+  if (b_stream_bytes >= 0 || b_fuse >= 0) {
+    std::printf("B: stream_bytes %lld, fuse_groups %d (A: %lld, %d)\n",
+                static_cast<long long>(b_stream_bytes >= 0 ? b_stream_bytes : ch.stream_bytes),
+                b_fuse >= 0 ? b_fuse : static_cast<int>(ch.fuse_groups), static_cast<long long>(ch.stream_bytes),
+                static_cast<int>(ch.fuse_groups));
+  }
   std::printf("%-16s %8s %6s %6s %7s %7s %7s  %s\n", "N,C,H,W", "copy us", "read", "scale", "A", "B", "B/A",
               "differing");
   bool same = true;
@@ -76,6 +109,8 @@ int main(int argc, char** argv) {
     const opbridge::group_norm_isa::Args<float> a = gn_bench::kernel_args(x, w, b, y, N, C, S, groups, channels_last,
                                                                           silu, ch);
     opbridge::group_norm_isa::Args<float> a_b = a;
+    if (b_stream_bytes >= 0) a_b.stream_bytes = b_stream_bytes;
+    if (b_fuse >= 0) a_b.fuse_groups = b_fuse == 1;
     a_b.y = yb;
     // The backward's: dy (drawn as x is), its sums and rstd per side; dx is written into y (yb).
     std::vector<float> dy, unused_w, unused_b;
@@ -93,6 +128,7 @@ int main(int argc, char** argv) {
                                                     nullptr,   nullptr,    nullptr,       ch.cache_budget,
                                                     ch.stream_bytes};
     opbridge::group_norm_isa::BackwardArgs<float> g_b = g;
+    if (b_stream_bytes >= 0) g_b.stream_bytes = b_stream_bytes;
     const auto use_sums = [&](opbridge::group_norm_isa::BackwardArgs<float>* args, int side) {
       args->ds = sums[side][0].data();
       args->db = sums[side][1].data();

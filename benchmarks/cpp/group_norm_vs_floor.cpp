@@ -143,7 +143,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(ch.l2_bytes / 1024), static_cast<long long>(ch.l3_bytes / 1024),
               static_cast<long long>(ch.cache_budget / 1024), static_cast<long long>(ch.cache_budget_streamed / 1024),
               static_cast<long long>(ch.stream_bytes / 1024), static_cast<long long>(ch.wave_bytes / 1024),
-              ch.fuse_groups ? "yes" : "no", ch.overridden ? " (set by OPBRIDGE_GROUP_NORM_CACHE_BUDGET / _STREAM_BYTES / _WAVE_BYTES / _FUSE)" : "");
+              ch.fuse_groups ? "yes" : "no", ch.overridden ? " (set by OPBRIDGE_GROUP_NORM_CACHE_BUDGET / _STREAM_BYTES / _WAVE_BYTES / _FUSE / _L2_BYTES / _L3_BYTES)" : "");
   std::printf("time / time of a copy (medians of per-round ratios); unit: a group (NCHW) or a sample (NHWC)\n");
   std::printf("%-14s %-13s %9s  %-11s %-11s %-11s %s\n", "N,C,H,W", "layout", "unit KiB", "floor", "kernel",
               "+ SiLU", "max |error|");

@@ -120,7 +120,9 @@ GroupNormParams group_norm_params(const KernelCall& k);
 // sysfs has none). For experiments, OPBRIDGE_GROUP_NORM_CACHE_BUDGET,
 // OPBRIDGE_GROUP_NORM_STREAM_BYTES and OPBRIDGE_GROUP_NORM_WAVE_BYTES (bytes, optional K / M / G
 // suffix; read on first use; other values are ignored) replace the derived values (the first
-// sets both budgets), and OPBRIDGE_GROUP_NORM_FUSE=0 turns off the fused [N, C, S] schedule.
+// sets both budgets), and OPBRIDGE_GROUP_NORM_FUSE=0 turns off the fused [N, C, S] schedule;
+// OPBRIDGE_GROUP_NORM_L2_BYTES and OPBRIDGE_GROUP_NORM_L3_BYTES replace the cache sizes the OS
+// reports (0: none), and the values derived from them follow, as on a machine with those caches.
 struct GroupNormCpuChoices {
   int64_t l2_bytes = 0;      // per-core L2 (0: not reported)
   int64_t l3_bytes = 0;      // L3 that CPU 0 shares (0: not reported)
@@ -129,7 +131,7 @@ struct GroupNormCpuChoices {
   int64_t stream_bytes = 0;  // outputs of at least this many bytes are written with streaming stores
   int64_t wave_bytes = 0;    // channels-last input a wave of tiles may hold, at least (half the L3)
   bool fuse_groups = true;   // [N, C, S]: sum each group while normalizing the one before it
-  bool overridden = false;   // whether the environment replaced a derived value
+  bool overridden = false;   // whether the environment replaced a derived value or a cache size
 };
 const GroupNormCpuChoices& group_norm_cpu_choices();
 

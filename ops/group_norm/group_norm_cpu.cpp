@@ -75,6 +75,12 @@ GroupNormCpuChoices detect_choices() {
 #if defined(_SC_LEVEL2_CACHE_SIZE)
   if (c.l2_bytes <= 0) c.l2_bytes = std::max<long>(0, sysconf(_SC_LEVEL2_CACHE_SIZE));
 #endif
+  // The sizes the choices below are derived from, as another machine would report them: for
+  // experiments, and for checking the derivation on any machine.
+  const int64_t l2_set = env_bytes("OPBRIDGE_GROUP_NORM_L2_BYTES");
+  const int64_t l3_set = env_bytes("OPBRIDGE_GROUP_NORM_L3_BYTES");
+  if (l2_set >= 0) c.l2_bytes = l2_set;
+  if (l3_set >= 0) c.l3_bytes = l3_set;
   // Half the per-core L2: what one thread may keep in cache between the statistics pass and the
   // normalization, leaving the rest for the output and everything else; 512 KB where the OS
   // reports nothing (every current x86 core has at least 1 MB of L2).
@@ -83,20 +89,25 @@ GroupNormCpuChoices detect_choices() {
   // Where the output is streamed it takes no room in the L2, so x may have all of it. On an EPYC
   // Zen 4 (1 MB L2), 8,256,32,32 channels-last (1 MB samples) then runs one task per sample
   // instead of waves of tiles: 1.44-1.87x -> 0.88-1.15x a copy (forward, 2 threads, paired
-  // single calls under load). With a 2 MB L2 (the Xeon) no asv shape changes path.
+  // single calls under load). With a 2 MB L2 (the Xeons) it lets a 2 MB channels-last sample
+  // (2,128,64,64) run as one task from the L2 once its output is streamed.
   c.cache_budget_streamed = 2 * c.cache_budget;
   // Outputs too large to stay in the caches until the next op reads them are written with
   // streaming (non-temporal) stores: skipping the read-for-ownership of every output line saves a
   // third of the memory traffic. "Too large": at least the L2s of two cores and a quarter of the
-  // L3 (x and y then fill half of it), the L3 counted at most 32 MiB (a large L3 is shared by many
-  // cores: a guest gets a part of it); 4 MiB where the OS reports no L3. Measured (forward, fp32,
-  // 2 threads, x 128 channels of 64x64, N = 1..12): on an EPYC Zen 4 (1 MB L2, 32 MB L3) ordinary
-  // stores were faster up to 6 MB (1.7-1.9x a copy against 3.2-3.3x streamed), streaming from
-  // 12 MB (1.05x against 1.9-2.0x), 8 MB either way; on a Zen 5 (the same caches) streaming was
-  // 1.3-1.8x faster at 8-16 MB; on a Xeon (2 MB L2, 260 MB L3) still 1.1-1.2x at 8 MB. All three
-  // give 8 MiB.
-  const int64_t l3_counted = std::min<int64_t>(c.l3_bytes, int64_t{32} << 20);
-  c.stream_bytes = std::max<int64_t>(2 * c.l2_bytes, c.l3_bytes > 0 ? l3_counted / 4 : int64_t{4} << 20);
+  // L3 (x and y then fill half of it) where the L3 is one of at most 32 MiB, as an EPYC's
+  // 8-core CCX reports; 4 MiB where the OS reports no L3 or a larger one, a mesh shared by
+  // dozens of cores (the Xeons measured: 105 and 260 MiB, with 2 MiB L2s), where streaming paid
+  // from 4 MiB. Measured (forward, fp32, 2 threads, 128 channels of 64x64, N = 1..12): on an
+  // EPYC Zen 4 (1 MB L2, 32 MB L3) ordinary stores were faster up to 6 MB (1.7-1.9x a copy
+  // against 3.2-3.3x streamed), streaming from 12 MB (1.05x against 1.9-2.0x), 8 MB either way;
+  // on a Zen 5 (the same caches) streaming was 1.3-1.8x faster at 8-16 MB: 8 MiB. On a Xeon with
+  // a 260 MB L3 streaming was 1.1-1.2x faster at 8 MB; on one with 105 MB (one-process A/B,
+  // group_norm_ab.sh with AVX-512) streaming from 4 MiB instead of 8 MiB took 0.74-0.88 of the
+  // time at 4-6 MiB channels-last (0.85-0.88 in the backward) and 0.90-1.0 contiguous, but
+  // 1.09-1.14 contiguous with SiLU: 4 MiB.
+  const bool l3_counted = c.l3_bytes > 0 && c.l3_bytes <= (int64_t{32} << 20);
+  c.stream_bytes = std::max<int64_t>(2 * c.l2_bytes, l3_counted ? c.l3_bytes / 4 : int64_t{4} << 20);
   // Channels-last samples too large for the budget are cut into tiles and taken in waves: the
   // statistics of every tile of a wave, then their normalization. Half the L3 keeps a wave's x
   // there between the two passes (the other half for y and everything else), so fewer, larger
@@ -113,7 +124,7 @@ GroupNormCpuChoices detect_choices() {
   if (budget > 0) c.cache_budget = c.cache_budget_streamed = budget;
   if (stream >= 0) c.stream_bytes = stream;
   if (wave >= 0) c.wave_bytes = wave;
-  c.overridden = budget > 0 || stream >= 0 || wave >= 0 || fuse_set;
+  c.overridden = budget > 0 || stream >= 0 || wave >= 0 || fuse_set || l2_set >= 0 || l3_set >= 0;
   return c;
 }
 

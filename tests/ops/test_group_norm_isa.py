@@ -241,7 +241,9 @@ def test_backward_runs_the_variant_a_call_asks_for(rng):
 # normalized) takes channels of whole steps of four vectors (S a multiple of 64 serves AVX-512
 # too), groups that fit the cache budget, and x aligned to a vector; it must give exactly what
 # the split schedule gives (the backward recomputes the statistics the split way), whichever way
-# the groups fall into tasks. Run in subprocesses: OPBRIDGE_GROUP_NORM_FUSE is read once.
+# the groups fall into tasks. It is taken without an activation only (with SiLU both runs take the
+# split schedule, checked against the reference all the same). Run in subprocesses:
+# OPBRIDGE_GROUP_NORM_FUSE is read once.
 _FUSED_SCRIPT = """
 import sys
 import numpy as np

@@ -45,8 +45,8 @@ def program(tmp_path_factory) -> Path:
     return exe
 
 
-def run(program: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="2")
+def run(program: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="2", **(env or {}))
     return subprocess.run([str(program), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -100,9 +100,40 @@ def test_group_norm_vs_floor_prints_the_kernel_choices(program):
         assert int(m["budget"]) == min(max(l2 // 2, 128), 8192), result.stdout
         assert int(m["budget_streamed"]) == 2 * int(m["budget"]), result.stdout
     l3 = int(m["l3"])
-    assert int(m["stream"]) == max(2 * l2, min(l3, 32768) // 4 if l3 > 0 else 4096), result.stdout
+    assert int(m["stream"]) == expected_stream_kib(l2, l3), result.stdout
     assert int(m["wave"]) == int(m["l3"]) // 2, result.stdout
     assert m["fused"] == "yes" and m["set"] == "", result.stdout
+
+
+def expected_stream_kib(l2_kib: int, l3_kib: int) -> int:
+    """The streaming threshold for these caches (KiB): at least twice the L2, and a quarter of an
+    L3 of at most 32 MiB (an EPYC's CCX); 4 MiB where there is no L3 or a larger one (a Xeon's mesh)."""
+    return max(2 * l2_kib, l3_kib // 4 if 0 < l3_kib <= 32768 else 4096)
+
+
+@pytest.mark.parametrize("l2, l3, stream_kib", [
+    ("2M", "105M", 4096),   # a Xeon (2 MiB L2, 105 MiB mesh L3): streaming paid from 4 MiB
+    ("2M", "260M", 4096),   # another Xeon
+    ("1M", "32M", 8192),    # EPYC Zen 4 / Zen 5
+    ("512K", "32M", 8192),  # EPYC Zen 3
+    ("512K", "16M", 4096),  # a smaller CCX
+    ("4M", "0", 8192),      # no L3 reported: twice the L2
+    ("1M", "0", 4096),
+])
+def test_group_norm_choices_follow_the_cache_sizes(program, l2, l3, stream_kib):
+    # OPBRIDGE_GROUP_NORM_L2_BYTES / _L3_BYTES stand for the sizes the OS reports: the choices are
+    # those of a machine with these caches, whatever this one has.
+    env = {"OPBRIDGE_GROUP_NORM_L2_BYTES": l2, "OPBRIDGE_GROUP_NORM_L3_BYTES": l3}
+    result = run(program, "--rounds", "1", "--groups", "4", "2,64,9,9", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    m = CHOICES.search(result.stdout)
+    assert m is not None, result.stdout
+    l2_kib, l3_kib = (0 if s == "0" else int(s[:-1]) * {"K": 1, "M": 1024}[s[-1]] for s in (l2, l3))
+    assert (int(m["l2"]), int(m["l3"])) == (l2_kib, l3_kib), result.stdout
+    assert int(m["stream"]) == stream_kib == expected_stream_kib(l2_kib, l3_kib), result.stdout
+    assert int(m["budget"]) == l2_kib // 2 and int(m["budget_streamed"]) == l2_kib, result.stdout
+    assert int(m["wave"]) == l3_kib // 2, result.stdout
+    assert "set by" in m["set"], result.stdout
 
 
 def test_group_norm_vs_floor_overrides_stay_exact(program):
@@ -139,8 +170,16 @@ AB_ROW = re.compile(r"^(?P<shape>\d+,\d+,\d+,\d+)\s+(?P<copy>[\d.]+)\s+(?P<read>
                     r"(?P<a>[\d.]+)x\s+(?P<b>[\d.]+)x\s+(?P<ba>[\d.]+)\s+(?P<differing>\d+)$")
 
 
-def run_ab(tmp_path: Path, a_dir: Path, b_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    """benchmarks/cpp/group_norm_ab.sh with A and B taken from the folders a_dir and b_dir."""
+@pytest.fixture(scope="module")
+def ab_out(tmp_path_factory) -> Path:
+    """One GN_AB_OUT for the module's A/B runs: the script keeps each object under a hash of its
+    sources, so a side built once (the working tree's headers) is not compiled again."""
+    return tmp_path_factory.mktemp("gn_ab")
+
+
+def run_ab(out: Path, a_dir: Path, b_dir: Path, *args: str,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """benchmarks/cpp/group_norm_ab.sh with A and B taken from the folders a_dir and b_dir, built in out."""
     cxx = os.environ.get("CXX") or shutil.which("g++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++ or $CXX)")
@@ -150,7 +189,7 @@ def run_ab(tmp_path: Path, a_dir: Path, b_dir: Path, *args: str) -> subprocess.C
     if not (Path(opbridge.__file__).parent / "lib" / "libopbridge_kernels.a").is_file():
         pytest.skip("opbridge's libopbridge_kernels.a is not installed")
     env = dict(os.environ, PYTHON=sys.executable, GN_AB_A=str(a_dir), GN_AB_B=str(b_dir),
-               GN_AB_OUT=str(tmp_path / "build"), OMP_NUM_THREADS="2", CXX=cxx)
+               GN_AB_OUT=str(out), OMP_NUM_THREADS="2", CXX=cxx, **(env or {}))
     return subprocess.run(["bash", str(AB_SCRIPT), *args], capture_output=True, text=True, env=env, cwd=REPO,
                           timeout=600)
 
@@ -169,40 +208,51 @@ def header_copy(folder: Path, replace: tuple[str, str] | None = None,
     return folder
 
 
-def test_group_norm_ab_times_two_headers_side_by_side(tmp_path):
+def test_group_norm_ab_times_two_headers_side_by_side(tmp_path, ab_out):
     # The same header on both sides: the outputs agree bit for bit, and a row per shape (a
     # channels-last shape whose samples are cut into tiles, odd sizes) with every ratio positive.
+    # B streams every output (GN_AB_B_STREAM_BYTES=0), A none: streaming stores store the same
+    # values. Built for AVX-512 where the CPU has it (GN_AB_ISA), the set the library runs there.
     a = header_copy(tmp_path / "a")
-    result = run_ab(tmp_path, a, REPO / "ops" / "group_norm", "--rounds", "1", "--groups", "4",
-                    "2,128,40,40", "3,12,5,7")
+    isa = "avx512" if "avx512bw" in Path("/proc/cpuinfo").read_text().split() else "avx2"
+    result = run_ab(ab_out, a, REPO / "ops" / "group_norm", "--rounds", "1", "--groups", "4",
+                    "2,128,40,40", "3,12,5,7", env={"GN_AB_B_STREAM_BYTES": "0", "GN_AB_ISA": isa,
+                                                  "OPBRIDGE_GROUP_NORM_STREAM_BYTES": "1G"})
     assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("AVX-512" if isa == "avx512" else "AVX2"), result.stdout
+    assert "B: stream_bytes 0, fuse_groups 1 (A: 1073741824, 1)" in result.stdout, result.stdout
     rows = [m.groupdict() for m in map(AB_ROW.match, result.stdout.splitlines()) if m]
     assert [r["shape"] for r in rows] == ["2,128,40,40", "3,12,5,7"], result.stdout
     for r in rows:
         assert r["differing"] == "0", r
-        assert all(float(r[k]) > 0 for k in ("copy", "read", "scale", "a", "b", "ba")), r
+        # The copy's time is printed in whole tenths of a µs: 0.0 for the smallest shape on a fast CPU.
+        assert float(r["copy"]) >= 0 and all(float(r[k]) > 0 for k in ("read", "scale", "a", "b", "ba")), r
 
 
-def test_group_norm_ab_reports_outputs_that_differ(tmp_path):
+def test_group_norm_ab_reports_outputs_that_differ(tmp_path, ab_out):
     # B with Chan's update of the running mean off by a part in 10^4: the program counts the
-    # elements that differ from A's and exits with status 1 (in both layouts).
+    # elements that differ from A's and exits with status 1 (in both layouts). The second run has
+    # the first's headers: it compiles nothing, and B is the changed header, not a kept object.
     a = header_copy(tmp_path / "a")
     b = header_copy(tmp_path / "b", ("  *mean += delta * w_new;", "  *mean += delta * w_new * 1.0001;"))
+    objects = []
     for layout in ([], ["--nchw"]):
-        result = run_ab(tmp_path, a, b, "--rounds", "1", "--groups", "4", *layout, "3,12,5,7")
+        result = run_ab(ab_out, a, b, "--rounds", "1", "--groups", "4", *layout, "3,12,5,7")
         assert result.returncode == 1, result.stdout + result.stderr
         rows = [m.groupdict() for m in map(AB_ROW.match, result.stdout.splitlines()) if m]
         assert len(rows) == 1 and int(rows[0]["differing"]) > 0, result.stdout
+        objects.append({p.name: p.stat().st_mtime_ns for p in ab_out.glob("*.o")})
+    assert objects[0] == objects[1], objects
 
 
-def test_group_norm_ab_times_the_backward(tmp_path):
+def test_group_norm_ab_times_the_backward(tmp_path, ab_out):
     # --backward: the same headers on both sides agree bit for bit (dx, the sums, rstd; both
     # layouts, with SiLU); B's backward with its dx coefficient k2 off by a part in 10^4 differs,
     # and the program exits with status 1.
     a = header_copy(tmp_path / "a")
     shapes = ["2,128,40,40", "3,12,5,7"]
     for layout in ([], ["--nchw"]):
-        result = run_ab(tmp_path, a, REPO / "ops" / "group_norm", "--rounds", "1", "--groups", "4", "--backward",
+        result = run_ab(ab_out, a, REPO / "ops" / "group_norm", "--rounds", "1", "--groups", "4", "--backward",
                         "--silu", *layout, *shapes)
         assert result.returncode == 0, result.stdout + result.stderr
         assert "backward" in result.stdout.splitlines()[0], result.stdout
@@ -211,7 +261,7 @@ def test_group_norm_ab_times_the_backward(tmp_path):
     b = header_copy(tmp_path / "b", ("*k2 = static_cast<float>(-rstd", "*k2 = 1.0001f * static_cast<float>(-rstd"),
                     header="group_norm_backward_simd.h")
     for layout in ([], ["--nchw"]):
-        result = run_ab(tmp_path, a, b, "--rounds", "1", "--groups", "4", "--backward", *layout, "3,12,5,7")
+        result = run_ab(ab_out, a, b, "--rounds", "1", "--groups", "4", "--backward", *layout, "3,12,5,7")
         assert result.returncode == 1, result.stdout + result.stderr
         rows = [m.groupdict() for m in map(AB_ROW.match, result.stdout.splitlines()) if m]
         assert len(rows) == 1 and int(rows[0]["differing"]) > 0, result.stdout
@@ -334,3 +384,28 @@ def test_compare_ort_libraries_times_every_case_on_one_library():
     for line in rows:
         ratio = float(re.search(r"new/old (\S+)", line).group(1))
         assert 0.05 < ratio < 20, line
+
+
+def test_compare_ort_libraries_times_given_group_norm_shapes():
+    """--group-norm replaces the cases with GroupNorm at the shapes given (',silu': fused SiLU),
+    --rtol is accepted beside it; a shape that is no N,C,H,W with C a multiple of 32 is refused."""
+    library = Path(opbridge.__file__).parent / "libopbridge_ort.so"
+    script = REPO / "benchmarks" / "compare_ort_libraries.py"
+    cmd = [sys.executable, str(script), str(library), str(library), "--rounds", "1", "--runs", "1", "--threads", "2"]
+    result = subprocess.run([*cmd, "--rtol", "1e-6", "--group-norm", "2,64,8,8", "1,32,5,7,silu"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split(" old ")[0].strip() for line in result.stdout.splitlines() if "new/old" in line and " us " in line]
+    assert rows == ["GroupNorm (2, 64, 8, 8)", "GroupNorm (1, 32, 5, 7) silu"], result.stdout
+    assert "differ" not in result.stdout, result.stdout  # the same library: the same bits
+    for bad in ("2,30,8,8", "2,64,8", "2,64,8,x"):
+        result = subprocess.run([*cmd, "--group-norm", bad], capture_output=True, text=True, timeout=300)
+        assert result.returncode == 2 and "N,C,H,W[,silu]" in result.stderr and bad in result.stderr, result.stderr
+
+
+def test_group_norm_ab_refuses_an_unknown_instruction_set(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable, GN_AB_OUT=str(tmp_path), GN_AB_ISA="sse2")
+    result = subprocess.run(["bash", str(AB_SCRIPT), "1,32,8,8"], capture_output=True, text=True, env=env, cwd=REPO,
+                            timeout=120)
+    assert result.returncode == 2 and "GN_AB_ISA must be avx2 or avx512, got 'sse2'" in result.stderr, result.stderr
+    assert not (tmp_path / "gn_ab").exists()
