@@ -16,9 +16,11 @@
 // differ (a change meant to keep the results), 2 on bad arguments.
 //
 // Build and run with group_norm_ab.sh (A: a git revision's headers or a folder holding them, B: the
-// working tree's). The environment's GN_AB_B_STREAM_BYTES (bytes, K/M suffixes) and GN_AB_B_FUSE
-// (0 or 1) give B's kernels another streaming threshold or fused-pass choice than A's, so that
-// the same headers on both sides compare two settings of a cache choice in one process. Options: --rounds R (21), --groups G (32), --nchw (contiguous [N, C, H, W];
+// working tree's). The environment's GN_AB_B_STREAM_BYTES, GN_AB_B_CACHE_BUDGET, GN_AB_B_WAVE_BYTES
+// (bytes, K/M suffixes) and GN_AB_B_FUSE (0 or 1) give B's kernels another streaming threshold,
+// cache budget (both the plain and the streamed one, as OPBRIDGE_GROUP_NORM_CACHE_BUDGET sets
+// them), channels-last wave size or fused-pass choice than A's, so that the same headers on both
+// sides compare two settings of a cache choice in one process. Options: --rounds R (21), --groups G (32), --nchw (contiguous [N, C, H, W];
 // default channels-last), --silu, --fresh, --backward; then shapes N,C,H,W. The cache choices are
 // the installed library's (group_norm_cpu_choices(): what the OS reports, and the environment's
 // OPBRIDGE_GROUP_NORM_* overrides).
@@ -74,9 +76,13 @@ int main(int argc, char** argv) {
   const opbridge::GroupNormCpuChoices& ch = opbridge::group_norm_cpu_choices();
   const ParallelFor pf(omp_runner, nullptr);
   const int64_t b_stream_bytes = env_bytes("GN_AB_B_STREAM_BYTES");
+  const int64_t b_budget = env_bytes("GN_AB_B_CACHE_BUDGET");
+  const int64_t b_wave_bytes = env_bytes("GN_AB_B_WAVE_BYTES");
   const int b_fuse = env_bytes("GN_AB_B_FUSE") < 0 ? -1 : static_cast<int>(env_bytes("GN_AB_B_FUSE"));
-  if (b_stream_bytes == -2 || b_fuse == -2 || b_fuse > 1) {
-    std::fprintf(stderr, "GN_AB_B_STREAM_BYTES must be a byte count (K/M suffixes), GN_AB_B_FUSE 0 or 1\n");
+  if (b_stream_bytes == -2 || b_budget == -2 || b_budget == 0 || b_wave_bytes == -2 || b_fuse == -2 || b_fuse > 1) {
+    std::fprintf(stderr,
+                 "GN_AB_B_STREAM_BYTES and GN_AB_B_WAVE_BYTES must be byte counts (K/M suffixes), "
+                 "GN_AB_B_CACHE_BUDGET one above 0, GN_AB_B_FUSE 0 or 1\n");
     return 2;
   }
 #if defined(__AVX512F__)
@@ -87,11 +93,16 @@ int main(int argc, char** argv) {
   std::printf("%s, %d threads; G = %lld; %s%s%s; %d rounds; medians of time / a copy's\n", isa, omp_get_max_threads(),
               static_cast<long long>(groups), backward ? "backward, " : "", channels_last ? "channels-last" : "contiguous",
               silu ? " + SiLU" : "", rounds);
-  if (b_stream_bytes >= 0 || b_fuse >= 0) {
-    std::printf("B: stream_bytes %lld, fuse_groups %d (A: %lld, %d)\n",
+  if (b_stream_bytes >= 0 || b_budget > 0 || b_wave_bytes >= 0 || b_fuse >= 0) {
+    std::printf("B: stream_bytes %lld, cache_budget %lld (streamed %lld), wave_bytes %lld, fuse_groups %d "
+                "(A: %lld, %lld (%lld), %lld, %d)\n",
                 static_cast<long long>(b_stream_bytes >= 0 ? b_stream_bytes : ch.stream_bytes),
+                static_cast<long long>(b_budget > 0 ? b_budget : ch.cache_budget),
+                static_cast<long long>(b_budget > 0 ? b_budget : ch.cache_budget_streamed),
+                static_cast<long long>(b_wave_bytes >= 0 ? b_wave_bytes : ch.wave_bytes),
                 b_fuse >= 0 ? b_fuse : static_cast<int>(ch.fuse_groups), static_cast<long long>(ch.stream_bytes),
-                static_cast<int>(ch.fuse_groups));
+                static_cast<long long>(ch.cache_budget), static_cast<long long>(ch.cache_budget_streamed),
+                static_cast<long long>(ch.wave_bytes), static_cast<int>(ch.fuse_groups));
   }
   std::printf("%-16s %8s %6s %6s %7s %7s %7s  %s\n", "N,C,H,W", "copy us", "read", "scale", "A", "B", "B/A",
               "differing");
@@ -110,6 +121,8 @@ int main(int argc, char** argv) {
                                                                           silu, ch);
     opbridge::group_norm_isa::Args<float> a_b = a;
     if (b_stream_bytes >= 0) a_b.stream_bytes = b_stream_bytes;
+    if (b_budget > 0) a_b.cache_budget = a_b.cache_budget_streamed = b_budget;
+    if (b_wave_bytes >= 0) a_b.wave_bytes = b_wave_bytes;
     if (b_fuse >= 0) a_b.fuse_groups = b_fuse == 1;
     a_b.y = yb;
     // The backward's: dy (drawn as x is), its sums and rstd per side; dx is written into y (yb).
@@ -129,6 +142,7 @@ int main(int argc, char** argv) {
                                                     ch.stream_bytes};
     opbridge::group_norm_isa::BackwardArgs<float> g_b = g;
     if (b_stream_bytes >= 0) g_b.stream_bytes = b_stream_bytes;
+    if (b_budget > 0) g_b.cache_budget = b_budget;
     const auto use_sums = [&](opbridge::group_norm_isa::BackwardArgs<float>* args, int side) {
       args->ds = sums[side][0].data();
       args->db = sums[side][1].data();

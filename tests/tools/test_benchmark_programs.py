@@ -220,13 +220,30 @@ def test_group_norm_ab_times_two_headers_side_by_side(tmp_path, ab_out):
                                                   "OPBRIDGE_GROUP_NORM_STREAM_BYTES": "1G"})
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("AVX-512" if isa == "avx512" else "AVX2"), result.stdout
-    assert "B: stream_bytes 0, fuse_groups 1 (A: 1073741824, 1)" in result.stdout, result.stdout
+    assert re.search(r"^B: stream_bytes 0, cache_budget (\d+) \(streamed (\d+)\), wave_bytes (\d+), fuse_groups 1 "
+                     r"\(A: 1073741824, \1 \(\2\), \3, 1\)$", result.stdout, re.M), result.stdout
     rows = [m.groupdict() for m in map(AB_ROW.match, result.stdout.splitlines()) if m]
     assert [r["shape"] for r in rows] == ["2,128,40,40", "3,12,5,7"], result.stdout
     for r in rows:
         assert r["differing"] == "0", r
         # The copy's time is printed in whole tenths of a µs: 0.0 for the smallest shape on a fast CPU.
         assert float(r["copy"]) >= 0 and all(float(r[k]) > 0 for k in ("read", "scale", "a", "b", "ba")), r
+
+
+def test_group_norm_ab_gives_b_another_cache_budget_and_wave(tmp_path, ab_out):
+    # GN_AB_B_CACHE_BUDGET / GN_AB_B_WAVE_BYTES: B's kernels take them (printed beside A's), and
+    # a budget of 0 or a malformed size is refused with status 2.
+    a = header_copy(tmp_path / "a")
+    result = run_ab(ab_out, a, REPO / "ops" / "group_norm", "--rounds", "1", "--groups", "4", "2,128,40,40",
+                    env={"GN_AB_B_CACHE_BUDGET": "64K", "GN_AB_B_WAVE_BYTES": "1M"})
+    assert result.returncode in (0, 1), result.stdout + result.stderr
+    assert re.search(r"^B: stream_bytes (\d+), cache_budget 65536 \(streamed 65536\), wave_bytes 1048576, "
+                     r"fuse_groups \d \(A: \1, \d+ \(\d+\), \d+, \d\)$", result.stdout, re.M), result.stdout
+    rows = [m.groupdict() for m in map(AB_ROW.match, result.stdout.splitlines()) if m]
+    assert [r["shape"] for r in rows] == ["2,128,40,40"], result.stdout
+    for bad in ({"GN_AB_B_CACHE_BUDGET": "0"}, {"GN_AB_B_WAVE_BYTES": "1X"}):
+        result = run_ab(ab_out, a, REPO / "ops" / "group_norm", "--rounds", "1", "2,128,40,40", env=bad)
+        assert result.returncode == 2 and "GN_AB_B_CACHE_BUDGET" in result.stderr, (bad, result.stderr)
 
 
 def test_group_norm_ab_reports_outputs_that_differ(tmp_path, ab_out):
@@ -277,33 +294,42 @@ def test_group_norm_passes_times_each_pass(tmp_path):
     """benchmarks/cpp/group_norm_passes.cpp, built as its header says: the channels-last kernel's
     two passes alone give the kernel's output bit for bit (rows of whole vectors, and rows of 12
     channels, taken in periods), with a row per shape; a shape whose samples fit the cache budget
-    is refused."""
+    is refused. Where the CPU has AVX-512, built for it as well (the kernel the library dispatches
+    to there), and the header says which instruction set was timed."""
     cxx = os.environ.get("CXX") or shutil.which("g++")
     if cxx is None:
         pytest.skip("no C++ compiler (g++ or $CXX)")
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").exists() else []
-    if not {"avx2", "fma", "f16c"} <= set(flags):
+    flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").exists() else set()
+    if not {"avx2", "fma", "f16c"} <= flags:
         pytest.skip("the program is built for AVX2 and FMA, which this CPU lacks")
     library = Path(opbridge.__file__).parent / "lib" / "libopbridge_kernels.a"
     if not library.is_file():
         pytest.skip(f"{library} is not installed")
-    exe = tmp_path / "gn_passes"
-    cmd = [cxx, "-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-Iops/group_norm", "-Icpp",
-           "-Icpp/include", "-Ibenchmarks/cpp", str(PASSES_SOURCE), str(library), "-o", str(exe)]
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, result.stderr
+    builds = [("AVX2", [])]
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        builds.append(("AVX-512", ["-DGN_PASSES_AVX512", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]))
     env = dict(os.environ, OMP_NUM_THREADS="2")
-    for args, shape in ((["2,128,40,40"], "2,128,40,40"), (["--groups", "4", "--silu", "2,12,40,40"], "2,12,40,40")):
-        result = subprocess.run([str(exe), "--rounds", "1", *args], capture_output=True, text=True, env=env,
+    for isa, isa_flags in builds:
+        exe = tmp_path / f"gn_passes_{len(isa_flags)}"
+        cmd = [cxx, "-O3", "-std=c++17", "-mavx2", "-mfma", "-mf16c", *isa_flags, "-fopenmp", "-Iops/group_norm",
+               "-Icpp", "-Icpp/include", "-Ibenchmarks/cpp", str(PASSES_SOURCE), str(library), "-o", str(exe)]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
+        assert result.returncode == 0, result.stderr
+        cases = [(["2,128,40,40"], "2,128,40,40")]
+        if isa == "AVX2":
+            cases.append((["--groups", "4", "--silu", "2,12,40,40"], "2,12,40,40"))
+        for args, shape in cases:
+            result = subprocess.run([str(exe), "--rounds", "1", *args], capture_output=True, text=True, env=env,
+                                    timeout=300)
+            assert result.returncode == 0, result.stdout + result.stderr
+            assert result.stdout.startswith(f"{isa}; 2 threads;"), result.stdout
+            rows = [m.groupdict() for m in map(PASSES_ROW.match, result.stdout.splitlines()) if m]
+            assert [r["shape"] for r in rows] == [shape], result.stdout
+            assert rows[0]["differing"] == "0" and int(rows[0]["tiles"]) >= 1, rows
+            assert all(float(rows[0][k]) > 0 for k in ("copy", "read", "scale", "stats", "normalize", "kernel")), rows
+        result = subprocess.run([str(exe), "--rounds", "1", "64,32,8,8"], capture_output=True, text=True, env=env,
                                 timeout=300)
-        assert result.returncode == 0, result.stdout + result.stderr
-        rows = [m.groupdict() for m in map(PASSES_ROW.match, result.stdout.splitlines()) if m]
-        assert [r["shape"] for r in rows] == [shape], result.stdout
-        assert rows[0]["differing"] == "0" and int(rows[0]["tiles"]) >= 1, rows
-        assert all(float(rows[0][k]) > 0 for k in ("copy", "read", "scale", "stats", "normalize", "kernel")), rows
-    result = subprocess.run([str(exe), "--rounds", "1", "64,32,8,8"], capture_output=True, text=True, env=env,
-                            timeout=300)
-    assert result.returncode == 2 and "fit the cache budget" in result.stderr, result.stdout + result.stderr
+        assert result.returncode == 2 and "fit the cache budget" in result.stderr, result.stdout + result.stderr
 
 
 def test_cuda_kernel_bench_compiles(tmp_path):
