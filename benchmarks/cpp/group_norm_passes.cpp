@@ -1,5 +1,5 @@
 // GroupNorm's channels-last forward pass by pass, each against its own floor, side by side in one
-// process (AVX2, or AVX-512 where built with -DGN_PASSES_AVX512): where a sample is cut into tiles (gn_forward_nhwc's tile path, the samples larger
+// process (AVX2, or AVX-512 where built for it): where a sample is cut into tiles (gn_forward_nhwc's tile path, the samples larger
 // than the cache budget), the kernel is a statistics pass over every tile, then a normalization
 // pass, and its time over a copy's is the sum of the two. Per shape, rounds alternate
 //   copy       x into y with ordinary vector stores (floor_schedules.h: copy_stores), the unit;
@@ -26,11 +26,12 @@
 //       benchmarks/cpp/group_norm_passes.cpp $P/lib/libopbridge_kernels.a -o /tmp/gn_passes  (one line)
 //   OMP_NUM_THREADS=2 OMP_PROC_BIND=close /tmp/gn_passes [--rounds R] [--groups G] [--silu] N,C,H,W ...
 // On a machine with AVX-512 (which the installed library's kernel dispatches to there), time that
-// kernel instead: add -DGN_PASSES_AVX512 -mavx512f -mavx512bw -mavx512vl -mavx512dq. The two
+// kernel instead: add -mavx512f -mavx512bw -mavx512vl -mavx512dq (as group_norm_ab_side.cpp, the
+// instruction set follows the compiler's target). The two
 // differ there: on an AMD EPYC Zen 4, 2,128,64,64, the statistics pass took 1.06-1.10x a copy with
 // AVX2 and 0.76-0.83x with AVX-512, the whole forward 2.37-2.80x and 2.08-2.46x.
 // Exit status: 0, 1 (passes and kernel differ), 2 (bad arguments).
-#if defined(GN_PASSES_AVX512)
+#if defined(__AVX512F__)
 #define OPBRIDGE_ISA_AVX512 1
 #else
 #define OPBRIDGE_ISA_AVX2 1
@@ -187,9 +188,14 @@ int main(int argc, char** argv) {
   gn_bench::keep_freed_memory();
   const opbridge::GroupNormCpuChoices& ch = opbridge::group_norm_cpu_choices();
   const ParallelFor pf(omp_parallel_for::omp_runner, nullptr);
+#if defined(__AVX512F__)
+  const char* const kIsaName = "AVX-512";
+#else
+  const char* const kIsaName = "AVX2";
+#endif
   std::printf("%s; %d threads; G = %lld; channels-last%s; cache budget %lld KiB, streaming from %lld KiB, waves of %lld KiB; "
               "%d rounds; medians of time / a copy's\n",
-              opbridge::SimdIsa::W == 16 ? "AVX-512" : "AVX2", omp_get_max_threads(), static_cast<long long>(groups),
+              kIsaName, omp_get_max_threads(), static_cast<long long>(groups),
               silu ? " + SiLU" : "",
               static_cast<long long>(ch.cache_budget >> 10), static_cast<long long>(ch.stream_bytes >> 10),
               static_cast<long long>(ch.wave_bytes >> 10), opt.rounds);
