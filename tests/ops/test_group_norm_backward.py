@@ -264,6 +264,29 @@ def test_channels_last_outlier_in_first_row(torch_isa, rng, act):
         _check(g, wnt, 2e-5)
 
 
+@pytest.mark.parametrize("act", ["none", "silu"])
+@pytest.mark.parametrize("shape,groups", [((2, 8, 128, 128), 2), ((1, 2048, 16, 8), 1)], ids=["long", "short"])
+def test_contiguous_group_far_from_its_first_shift(torch_isa, rng, shape, groups, act):
+    # Contiguous, without an activation, the moments and the channel sums are taken in one pass
+    # around the group's first shift (the mean of its first 16 elements). Here the first 16
+    # elements of the last sample's last group are 1e4 away from the rest of it (65536 or 262144
+    # elements): its mean lies further from the shift than its spread, and summed around the shift
+    # its variance and channel sums lose digits (dweight and that group's dx off by 3e-5 to 9e-5 of
+    # their size); they must be taken again around the mean. Long channels, and short ones
+    # (summed several at a time). Each checked against its own size: that group's dx is small
+    # beside the others'.
+    x, w, b, dy = _case(rng, shape)
+    n, cg = shape[0] - 1, shape[1] // groups
+    c0 = (groups - 1) * cg
+    x[n, c0].view(-1)[:16] = 1e4
+    x32 = x.float()
+    want = ref_backward(x32.double().numpy(), groups, w.numpy(), dy.numpy(), 1e-5, bias=b.numpy(), activation=act)
+    got = torch.ops.opbridge.group_norm_backward(dy.float(), x32, groups, w.float(), b.float(), 1e-5, act)
+    parts = [(got[0][n, c0:], want[0][n, c0:]), (got[0], want[0]), (got[1], want[1]), (got[2], want[2])]
+    for g, wnt in parts:
+        np.testing.assert_allclose(g.double().numpy(), wnt, rtol=0, atol=5e-6 * float(np.abs(wnt).max()))
+
+
 def test_backward_checks_come_from_the_declarations(rng):
     # group_norm_backward declares no check of its own: gradient_of(group_norm) runs the forward's
     # checks on the forward's arguments, then grad against the shape of the forward's output, in
