@@ -214,10 +214,12 @@ void gn_bwd_short_channel_sums(const T* xg, const T* dyg, int64_t Cg, int64_t S,
 // Without an activation (dz = dy), the channel sums need not wait for the group's moments: one
 // pass over the group takes, per channel, sum(dy * (x - shift)) (into sa), sum(dy) (db) and the
 // shifted moments sum(x - shift), sum((x - shift)^2) (added into *sd, *sq), shift being the
-// forward's first shift (gn_first_shift). The moments pass over x this saves was about a sixth
-// of the backward at (2, 1280, 8, 8) (the channel sums with moments over one channel only took
-// 0.84 of the time on a Zen 3). Float lanes as gn_bwd_channel_lanes: W channels at a time folded
-// by I::hsum_w where channels are short, otherwise folded into double every kGnBwdBlock elements.
+// forward's first shift (gn_first_shift). The separate moments pass over x was about a sixth of
+// the backward at (2, 1280, 8, 8) (with moments over one channel only it took 0.84 of the time
+// on a Zen 3); this pass, which does that arithmetic still, took 0.89-0.92 of the time there and
+// 0.73-0.89 at 2,128,64,64 to 1,128,256,256 (group_norm_ab.sh --backward --nchw). Float lanes as
+// gn_bwd_channel_lanes: W channels at a time folded by I::hsum_w where channels are short,
+// otherwise folded into double every kGnBwdBlock elements.
 template <class I, class T>
 void gn_bwd_fused_lanes(const T* x, const T* dy, int64_t b, int64_t e, typename I::V sh, typename I::V* a,
                         typename I::V* q, typename I::V* d, typename I::V* s) {
